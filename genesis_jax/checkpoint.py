@@ -1,0 +1,214 @@
+"""Orbax checkpoints of a whole training state, loss scaler included.
+
+A checkpoint holds two items: `state` (the pytree as a Flax state dict: params, optimizer
+state, scaler with its configuration, counters, PRNG key) and `meta` (JSON: precision,
+the run's config, package versions, the scaler's type and a shape/dtype spec of every
+leaf). The spec lets a restore name exactly what differs before anything is read.
+
+>>> store = CheckpointStore("runs/x/checkpoints")          # doctest: +SKIP
+>>> store.save(100, train_state, {"config": {...}})          # doctest: +SKIP
+>>> train_state, meta = store.restore(train_state)           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import serialization
+
+from genesis_jax.loss_scale import SCALER_TYPES, NoOpLossScale
+
+logger = logging.getLogger("genesis_jax")
+
+_VERSIONED_PACKAGES = ("genesis-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jmp", "numpy")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the state it is restored into."""
+
+
+def _scaler_to_state_dict(scaler):
+    return {f: getattr(scaler, f) for f in scaler._fields}
+
+
+def _scaler_from_state_dict(target, state):
+    return target._replace(**{f: jnp.asarray(state[f], getattr(target, f).dtype) for f in target._fields})
+
+
+for _cls in SCALER_TYPES.values():
+    serialization.register_serialization_state(
+        _cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True
+    )
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _flat_spec(state_dict) -> dict[str, str]:
+    """'path/to/leaf' -> 'float32[64,4]' for every leaf."""
+    leaves = jax.tree_util.tree_flatten_with_path(state_dict)[0]
+    spec = {}
+    for path, leaf in leaves:
+        key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        arr = np.asarray(leaf) if not hasattr(leaf, "dtype") else leaf
+        spec[key] = f"{jnp.dtype(arr.dtype).name}[{','.join(map(str, np.shape(arr)))}]"
+    return spec
+
+
+def _find_train_state(obj, path=(), depth=3):
+    """(path of field names, TrainState) of the first TrainState in a dataclass tree."""
+    if type(obj).__name__ == "TrainState":
+        return path, obj
+    if depth == 0:
+        return None, None
+    for name in getattr(obj, "__dataclass_fields__", {}):
+        found_path, found = _find_train_state(getattr(obj, name), path + (name,), depth - 1)
+        if found is not None:
+            return found_path, found
+    return None, None
+
+
+def _set_in(tree: dict, path: tuple, value) -> dict:
+    if not path:
+        return value
+    return {**tree, path[0]: _set_in(tree[path[0]], path[1:], value)}
+
+
+def describe_differences(saved: dict[str, str], target: dict[str, str], limit: int = 5) -> str:
+    """One sentence naming what differs between two leaf specs."""
+    missing = sorted(set(saved) - set(target))
+    extra = sorted(set(target) - set(saved))
+    # Parameters first: they are what a reader recognises; optimizer moments repeat them.
+    changed = sorted((k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k))
+    parts = []
+    if changed:
+        parts.append("; ".join(f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit]))
+    if missing:
+        parts.append("only in the checkpoint: " + ", ".join(missing[:limit]))
+    if extra:
+        parts.append("only in the run: " + ", ".join(extra[:limit]))
+    return "; ".join(parts)
+
+
+class CheckpointStore:
+    """A `CheckpointManager` for one run directory (asynchronous saves, waited for on close)."""
+
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, save_interval_steps: int = 1, async_save: bool = True):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state, meta: dict | None = None, force: bool = False) -> bool:
+        """Saves `state` at `step` (if the interval says so, or `force`). Returns whether it saved."""
+        state_dict = jax.tree.map(jnp.asarray, serialization.to_state_dict(state))
+        _, train_state = _find_train_state(state)
+        full_meta = {
+            **(meta or {}),
+            "step": int(step),
+            "precision": getattr(train_state, "precision", None),
+            "scaler_type": type(train_state.loss_scale).__name__ if train_state is not None else None,
+            "versions": package_versions(),
+            "spec": _flat_spec(state_dict),
+        }
+        return self._manager.save(
+            int(step),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta)),
+            force=force,
+        )
+
+    def read_meta(self, step: int | None = None) -> dict:
+        step = self._resolve_step(step)
+        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def _resolve_step(self, step):
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        return step
+
+    def restore(self, target, step: int | None = None) -> tuple[Any, dict]:
+        """Restores the newest (or given) step into the structure and dtypes of `target`."""
+        step = self._resolve_step(step)
+        meta = self.read_meta(step)
+        target_dict = serialization.to_state_dict(target)
+        ts_path, target_ts = _find_train_state(target)
+        target_scaler = None if target_ts is None else target_ts.loss_scale
+        target_precision = None if target_ts is None else target_ts.precision
+        saved_scaler = meta.get("scaler_type")
+        fresh_scaler = (
+            target_scaler is not None
+            and saved_scaler == NoOpLossScale.__name__
+            and type(target_scaler).__name__ != saved_scaler
+        )
+        scaler_path = (ts_path or ()) + ("loss_scale",)
+        if fresh_scaler:
+            # A run without scaler state (fp32, bf16) continued with loss scaling.
+            target_dict = _set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
+        elif target_scaler is not None and saved_scaler != type(target_scaler).__name__:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {type(target_scaler).__name__}"
+            )
+        if not fresh_scaler and meta.get("precision") != target_precision:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} was written in precision {meta.get('precision')!r}, "
+                f"the run uses {target_precision!r}"
+            )
+        saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
+        if saved_spec != target_spec:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
+            )
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), target_dict)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+        )["state"]
+        if fresh_scaler:
+            logger.warning(
+                "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
+                step,
+                meta.get("precision"),
+            )
+            restored = _set_in(restored, scaler_path, serialization.to_state_dict(target_scaler))
+        return serialization.from_state_dict(target, restored), meta
+
+    def wait(self):
+        self._manager.wait_until_finished()
+
+    def close(self):
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

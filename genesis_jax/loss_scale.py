@@ -1,0 +1,181 @@
+"""Loss scaling with exactly PyTorch `torch.amp.GradScaler` semantics.
+
+All three scalers share jmp's interface (`scale`, `unscale`, `adjust`) and are pytrees
+whose every field, configuration included, is a leaf: they pass through `jit`,
+`tree_map` and a checkpoint round trip unchanged.
+
+>>> import jax.numpy as jnp
+>>> from genesis_jax import DynamicLossScale
+>>> s = DynamicLossScale(init_scale=4.0, growth_interval=2)
+>>> s = s.adjust(jnp.array(False))   # overflow: back off
+>>> float(s.loss_scale), int(s.growth_tracker)
+(2.0, 0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _scale_tree(tree, factor):
+    # Multiply in float32 (or wider) so a scaled float32 loss never rounds through half.
+    return jax.tree.map(lambda x: (x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor), tree)
+
+
+class _LossScaleBase:
+    """Shared pytree plumbing: every field listed in `_fields` is a leaf."""
+
+    _fields: tuple[str, ...] = ()
+
+    def tree_flatten(self):
+        return tuple(getattr(self, f) for f in self._fields), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)  # skip validation: leaves may be tracers or shape structs
+        for name, value in zip(cls._fields, children):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def _replace(self, **changes):
+        return self.tree_unflatten(None, [changes.get(f, getattr(self, f)) for f in self._fields])
+
+    def __repr__(self):
+        inner = ", ".join(f"{f}={getattr(self, f)}" for f in self._fields)
+        return f"{type(self).__name__}({inner})"
+
+    def unscale(self, tree):
+        """Divides every leaf by the scale, in float32, as `x * (1 / scale)` like PyTorch."""
+        return _scale_tree(tree, jnp.reciprocal(self.loss_scale))
+
+    def scale(self, tree):
+        """Multiplies every leaf by the scale (in float32 for half-precision leaves)."""
+        return _scale_tree(tree, self.loss_scale)
+
+
+@jax.tree_util.register_pytree_node_class
+class NoOpLossScale(_LossScaleBase):
+    """No scaling: the scale is 1 and `adjust` changes nothing."""
+
+    _fields = ("loss_scale",)
+
+    def __init__(self):
+        self.loss_scale = jnp.asarray(1.0, jnp.float32)
+
+    def scale(self, tree):
+        return tree
+
+    def unscale(self, tree):
+        return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), tree)
+
+    def adjust(self, grads_finite) -> "NoOpLossScale":
+        del grads_finite
+        return self
+
+
+@jax.tree_util.register_pytree_node_class
+class StaticLossScale(_LossScaleBase):
+    """A fixed scale; non-finite steps are still skipped by the update step."""
+
+    _fields = ("loss_scale",)
+
+    def __init__(self, loss_scale: float):
+        if _is_concrete(loss_scale) and not (math.isfinite(float(loss_scale)) and float(loss_scale) > 0):
+            raise ValueError(f"loss_scale must be finite and > 0, got {loss_scale!r}")
+        self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
+
+    def adjust(self, grads_finite) -> "StaticLossScale":
+        del grads_finite
+        return self
+
+
+@jax.tree_util.register_pytree_node_class
+class DynamicLossScale(_LossScaleBase):
+    """PyTorch `GradScaler`'s dynamic scale, as a pytree.
+
+    Rule (torch `_amp_update_scale_`): on a non-finite step the scale is multiplied by
+    `backoff_factor` and the tracker reset; on a finite step the tracker is incremented
+    and, when it reaches `growth_interval`, the scale is multiplied by `growth_factor`
+    unless that overflows to inf, and the tracker reset. `min_scale` (optional, not in
+    PyTorch) floors the scale after a backoff; it is stored as 0.0 when absent.
+    """
+
+    _fields = ("loss_scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval", "min_scale")
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float | None = None,
+    ):
+        _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
+        self.loss_scale = jnp.asarray(init_scale, jnp.float32)
+        self.growth_tracker = jnp.asarray(0, jnp.int32)
+        self.growth_factor = jnp.asarray(growth_factor, jnp.float32)
+        self.backoff_factor = jnp.asarray(backoff_factor, jnp.float32)
+        self.growth_interval = jnp.asarray(growth_interval, jnp.int32)
+        self.min_scale = jnp.asarray(0.0 if min_scale is None else min_scale, jnp.float32)
+
+    def adjust(self, grads_finite) -> "DynamicLossScale":
+        """The scaler after one step whose gradients were (not) all finite."""
+        grads_finite = jnp.asarray(grads_finite, bool)
+        backed_off = jnp.maximum(self.loss_scale * self.backoff_factor, self.min_scale)
+        successful = self.growth_tracker + 1
+        grows = successful == self.growth_interval
+        grown = self.loss_scale * self.growth_factor
+        grown = jnp.where(jnp.isfinite(grown), grown, self.loss_scale)
+        finite_scale = jnp.where(grows, grown, self.loss_scale)
+        finite_tracker = jnp.where(grows, 0, successful)
+        return self._replace(
+            loss_scale=jnp.where(grads_finite, finite_scale, backed_off).astype(jnp.float32),
+            growth_tracker=jnp.where(grads_finite, finite_tracker, 0).astype(jnp.int32),
+        )
+
+
+def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale):
+    values = (init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
+    if not all(_is_concrete(v) for v in values if v is not None):
+        return
+    if not (math.isfinite(float(init_scale)) and float(init_scale) > 0):
+        raise ValueError(f"init_scale must be finite and > 0, got {init_scale!r}")
+    if not float(growth_factor) > 1:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
+    if not 0 < float(backoff_factor) < 1:
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
+    if int(np.asarray(growth_interval)) != np.asarray(growth_interval) or int(np.asarray(growth_interval)) < 1:
+        raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+    if min_scale is not None and not (math.isfinite(float(min_scale)) and 0 < float(min_scale) <= float(init_scale)):
+        raise ValueError(f"min_scale must be finite, > 0 and <= init_scale, got {min_scale!r}")
+
+
+LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
+SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
+
+
+def make_loss_scale(kind: str, init_scale: float = 2.0**16, **dynamic_kwargs) -> LossScale:
+    """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'."""
+    if kind == "dynamic":
+        return DynamicLossScale(init_scale=init_scale, **dynamic_kwargs)
+    if kind == "static":
+        return StaticLossScale(init_scale)
+    if kind == "none":
+        return NoOpLossScale()
+    raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
+
+
+def all_finite(tree) -> jax.Array:
+    """True when every element of every leaf is finite (a scalar bool)."""
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.asarray(True)
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]).all()

@@ -1,0 +1,6 @@
+"""Flax modules: compute in the policy's dtype, params in float32, outputs in float32."""
+
+from genesis_jax.nets.mlp import MLP
+from genesis_jax.nets.actor_critic import ActorCritic
+
+__all__ = ["MLP", "ActorCritic"]

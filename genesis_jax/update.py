@@ -1,0 +1,137 @@
+"""The one mixed-precision update step every trainer uses.
+
+Order of operations (PyTorch's FP16-trainer pattern): scale the loss, differentiate,
+unscale in float32, decide "all gradients finite" (on the all-reduced gradients under
+data parallelism), clip the *unscaled* global norm, apply the optimizer, keep the old
+params and optimizer state where the step was not finite, adjust the scale, count.
+
+Casting to the compute dtype happens inside the networks (Flax `dtype=` / `param_dtype=`
+at each matmul, like `torch.autocast`), so float32-only parts such as a log-std stay
+exact; `cast_params=True` additionally casts the whole params tree for plain functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from genesis_jax.loss_scale import LossScale, all_finite
+from genesis_jax.precision import Precision
+
+# loss_fn(params, batch) -> (float32 loss, aux pytree)
+LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+
+
+class TrainState(struct.PyTreeNode):
+    """Everything one update needs and a checkpoint keeps."""
+
+    params: Any
+    opt_state: Any
+    loss_scale: LossScale
+    step: jax.Array  # updates attempted
+    skipped: jax.Array  # updates skipped because a gradient was not finite
+    rng: jax.Array
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    precision: str = struct.field(pytree_node=False, default="fp32")
+
+    @classmethod
+    def create(cls, params, tx, loss_scale, rng=None, precision: Precision | str = "fp32"):
+        name = precision.name if isinstance(precision, Precision) else precision
+        if isinstance(precision, Precision):
+            params = precision.policy.cast_to_param(params)
+        return cls(
+            params=params,
+            opt_state=tx.init(params),
+            loss_scale=loss_scale,
+            step=jnp.asarray(0, jnp.int32),
+            skipped=jnp.asarray(0, jnp.int32),
+            rng=jax.random.PRNGKey(0) if rng is None else rng,
+            tx=tx,
+            precision=name,
+        )
+
+
+def clip_by_global_norm(grads, max_norm: float | None):
+    """(clipped grads, pre-clip global norm), with torch `clip_grad_norm_`'s coefficient."""
+    norm = optax.tree.norm(grads)
+    if max_norm is None:
+        return grads, norm
+    coef = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    return jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads), norm
+
+
+def _keep_if(finite, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
+def mixed_precision_update(
+    state: TrainState,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    max_grad_norm: float | None = 1.0,
+    axis_name: str | None = None,
+    compute_dtype=None,
+    grad_transform: Callable[[Any, Any], Any] | None = None,
+) -> tuple[TrainState, dict]:
+    """One pure, jit-able update. Returns the new state and float32 metrics.
+
+    `compute_dtype` (optional) casts floating params to it before `loss_fn` sees them.
+    `grad_transform(grads, state)` (optional) edits the unscaled gradients before the
+    finite check; fault injection uses it.
+    """
+
+    def scaled_loss(params):
+        if compute_dtype is not None:
+            params = jax.tree.map(
+                lambda p: p.astype(compute_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
+            )
+        loss, aux = loss_fn(params, batch)
+        loss = loss.astype(jnp.float32)
+        return state.loss_scale.scale(loss), (loss, aux)
+
+    scaled_grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    grads = state.loss_scale.unscale(scaled_grads)
+    if axis_name is not None:
+        grads = jax.lax.pmean(grads, axis_name)
+        loss = jax.lax.pmean(loss, axis_name)
+    if grad_transform is not None:
+        grads = grad_transform(grads, state)
+    finite = all_finite(grads)
+    grads, grad_norm = clip_by_global_norm(grads, max_grad_norm)
+    # Back to the params' dtypes (float16 in fp16-full) so the optimizer state keeps its dtype.
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    updates, new_opt_state = state.tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(
+        params=_keep_if(finite, new_params, state.params),
+        opt_state=_keep_if(finite, new_opt_state, state.opt_state),
+        loss_scale=state.loss_scale.adjust(finite),
+        step=state.step + 1,
+        skipped=state.skipped + jnp.where(finite, 0, 1).astype(jnp.int32),
+    )
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm.astype(jnp.float32),
+        "loss_scale": new_state.loss_scale.loss_scale,
+        "grads_finite": finite,
+        "aux": aux,
+    }
+    return new_state, metrics
+
+
+def stats(state: TrainState) -> dict:
+    """Host-side summary: training_steps, overflow_steps, overflow_rate, current_scale, precision."""
+    steps = int(state.step)
+    overflow = int(state.skipped)
+    return {
+        "training_steps": steps,
+        "overflow_steps": overflow,
+        "overflow_rate": overflow / steps if steps else 0.0,
+        "current_scale": float(state.loss_scale.loss_scale),
+        "precision": state.precision,
+    }

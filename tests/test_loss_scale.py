@@ -1,0 +1,115 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from genesis_jax import DynamicLossScale, NoOpLossScale, StaticLossScale
+
+
+def reference_update(scale, tracker, finite, growth=2.0, backoff=0.5, interval=2000):
+    """PyTorch's _amp_update_scale_cpu_ written out in numpy float32."""
+    scale = np.float32(scale)
+    if not finite:
+        return np.float32(scale * np.float32(backoff)), 0
+    successful = tracker + 1
+    if successful == interval:
+        with np.errstate(over="ignore"):
+            grown = np.float32(scale * np.float32(growth))
+        return (grown if np.isfinite(grown) else scale), 0
+    return scale, successful
+
+
+def run(scaler, flags):
+    adjust = jax.jit(lambda s, f: s.adjust(f))
+    out = []
+    for f in flags:
+        scaler = adjust(scaler, jnp.asarray(f))
+        out.append((float(scaler.loss_scale), int(scaler.growth_tracker)))
+    return scaler, out
+
+
+def test_defaults_match_gradscaler():
+    s = DynamicLossScale()
+    assert s.loss_scale.dtype == jnp.float32 and float(s.loss_scale) == 65536.0
+    assert s.growth_tracker.dtype == jnp.int32 and int(s.growth_tracker) == 0
+    assert float(s.growth_factor) == 2.0 and float(s.backoff_factor) == 0.5 and int(s.growth_interval) == 2000
+
+
+def test_growth_exactly_at_2000th_finite_step():
+    s, out = run(DynamicLossScale(), [True] * 2000)
+    assert out[1998] == (65536.0, 1999)
+    assert out[1999] == (131072.0, 0)
+
+
+def test_backoff_resets_tracker():
+    s, out = run(DynamicLossScale(), [True] * 1999 + [False] + [True] * 1999)
+    assert out[1999] == (32768.0, 0)
+    assert out[-1] == (32768.0, 1999)
+
+
+def test_long_overflow_burst_keeps_halving_without_floor():
+    s, out = run(DynamicLossScale(init_scale=1.0), [False] * 30)
+    assert out[-1][0] == 2.0**-30
+    s, out = run(DynamicLossScale(init_scale=1.0, min_scale=0.25), [False] * 30)
+    assert out[-1][0] == 0.25
+
+
+def test_no_growth_to_inf_near_float32_max():
+    big = float(np.finfo(np.float32).max) / 1.5
+    s, out = run(DynamicLossScale(init_scale=big, growth_interval=1), [True] * 3)
+    assert all(v == (np.float32(big), 0) for v in out)
+
+
+def test_random_sequence_against_reference():
+    rng = np.random.default_rng(0)
+    flags = rng.random(3000) > 0.02
+    s, out = run(DynamicLossScale(init_scale=8.0, growth_interval=7, growth_factor=3.0, backoff_factor=0.25), flags)
+    scale, tracker = np.float32(8.0), 0
+    for f, got in zip(flags, out):
+        scale, tracker = reference_update(scale, tracker, f, 3.0, 0.25, 7)
+        assert got == (float(scale), tracker)
+
+
+def test_pytree_keeps_configuration_through_jit_and_tree_map():
+    s = DynamicLossScale(init_scale=4.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=5, min_scale=0.5)
+    assert len(jax.tree.leaves(s)) == 6
+    back = jax.jit(lambda x: x)(s)
+    doubled = jax.tree.map(lambda x: x, s)
+    for t in (back, doubled):
+        assert isinstance(t, DynamicLossScale)
+        assert (float(t.growth_factor), float(t.backoff_factor), int(t.growth_interval), float(t.min_scale)) == (3.0, 0.25, 5, 0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"growth_factor": 1.0}, "growth_factor"),
+        ({"backoff_factor": 1.0}, "backoff_factor"),
+        ({"backoff_factor": 0.0}, "backoff_factor"),
+        ({"growth_interval": 0}, "growth_interval"),
+        ({"init_scale": float("inf")}, "init_scale"),
+        ({"init_scale": -1.0}, "init_scale"),
+        ({"min_scale": -1.0}, "min_scale"),
+    ],
+)
+def test_validation(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        DynamicLossScale(**kwargs)
+
+
+def test_scale_unscale_roundtrip_in_float32():
+    s = DynamicLossScale(init_scale=1024.0)
+    g = {"a": jnp.array([1.0, 2.0], jnp.float16)}
+    scaled = s.scale(g)
+    assert scaled["a"].dtype == jnp.float32
+    np.testing.assert_array_equal(s.unscale(scaled)["a"], np.array([1.0, 2.0], np.float32))
+
+
+def test_static_and_noop():
+    st = StaticLossScale(128.0)
+    assert float(st.adjust(jnp.asarray(False)).loss_scale) == 128.0
+    assert float(st.scale(jnp.asarray(2.0))) == 256.0
+    n = NoOpLossScale()
+    assert float(n.adjust(False).loss_scale) == 1.0 and float(n.scale(jnp.asarray(3.0))) == 3.0
+    with pytest.raises(ValueError):
+        StaticLossScale(0.0)

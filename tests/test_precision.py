@@ -1,0 +1,75 @@
+import logging
+
+import jax.numpy as jnp
+import pytest
+
+from genesis_jax.precision import PRECISION_NAMES, get_policy, get_precision, resolve_precision_name
+
+
+@pytest.mark.parametrize(
+    "name, param, compute, output, scaling",
+    [
+        ("fp32", jnp.float32, jnp.float32, jnp.float32, "none"),
+        ("bf16", jnp.float32, jnp.bfloat16, jnp.float32, "none"),
+        ("fp16", jnp.float32, jnp.float16, jnp.float32, "dynamic"),
+        ("fp16-full", jnp.float16, jnp.float16, jnp.float32, "dynamic"),
+    ],
+)
+def test_named_policies(name, param, compute, output, scaling):
+    if name == "fp16-full":
+        with pytest.warns(UserWarning, match="less stable"):
+            p = get_precision(name)
+    else:
+        p = get_precision(name)
+    assert (p.policy.param_dtype, p.policy.compute_dtype, p.policy.output_dtype) == (param, compute, output)
+    assert p.loss_scaling == scaling
+
+
+def test_jmp_policy_string_and_override():
+    p = get_precision("params=float32,compute=float16,output=float32")
+    assert p.compute_dtype == jnp.float16 and p.loss_scaling == "dynamic"
+    assert get_precision("params=float32,compute=bfloat16,output=bfloat16").loss_scaling == "none"
+    assert get_precision("fp16", loss_scaling="static").loss_scaling == "static"
+    assert get_policy("FP16").compute_dtype == jnp.float16
+
+
+def test_auto_says_what_it_chose(caplog):
+    with caplog.at_level(logging.INFO, logger="genesis_jax"):
+        p = get_precision("auto")
+    assert p.name == "fp32"  # the test suite runs on CPU
+    assert "chose fp32" in caplog.text
+
+
+@pytest.mark.parametrize("bad", ["fp8", "", "float17", "params=float32,compute=int3,output=float32"])
+def test_unknown_precision_lists_accepted(bad):
+    with pytest.raises(ValueError) as err:
+        get_precision(bad)
+    for name in PRECISION_NAMES:
+        assert name in str(err.value)
+
+
+def test_bad_loss_scaling():
+    with pytest.raises(ValueError, match="dynamic, static, none"):
+        get_precision("fp16", loss_scaling="sometimes")
+
+
+@pytest.mark.parametrize(
+    "explicit, env, expected",
+    [
+        (None, {}, "fp32"),
+        (None, {"ENABLE_FP16_TRAINING": "true"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "YES"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "1"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "no"}, "fp32"),
+        (None, {"ENABLE_FP16_TRAINING": "0"}, "fp32"),
+        (None, {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "bf16"),
+        ("fp32", {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "fp32"),
+    ],
+)
+def test_environment_resolution(explicit, env, expected):
+    assert resolve_precision_name(explicit, env) == expected
+
+
+def test_bad_enable_flag_is_a_clear_error():
+    with pytest.raises(ValueError, match="ENABLE_FP16_TRAINING='maybe'"):
+        resolve_precision_name(None, {"ENABLE_FP16_TRAINING": "maybe"})
