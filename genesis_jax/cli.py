@@ -1,0 +1,190 @@
+"""`genesis-jax`: train PPO (and more) in reduced precision from the command line.
+
+Bad input ends with one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not the usage block
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 64,64, got {text!r}") from None
+    return values
+
+
+def _add_precision_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", default=None, help="fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string "
+                   "(default: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32)")
+    p.add_argument("--loss-scaling", choices=("dynamic", "static", "none"), default=None,
+                   help="default: dynamic for fp16, none for fp32/bf16")
+    p.add_argument("--init-loss-scale", type=float, default=2.0**16)
+    p.add_argument("--growth-interval", type=int, default=2000)
+    p.add_argument("--min-loss-scale", type=float, default=None, help="floor for the dynamic scale (default: none)")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="run directory for metrics.jsonl, summary.json, the plot and checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS", help="checkpoint every STEPS (0: only at the end)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="genesis-jax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train an agent or a model")
+    train_sub = train.add_subparsers(dest="workload", required=True, parser_class=_Parser)
+
+    ppo = train_sub.add_parser("ppo", help="PPO on a gymnax or gymnasium environment")
+    ppo.add_argument("--env", default="CartPole-v1")
+    ppo.add_argument("--env-backend", choices=("gymnax", "gymnasium"), default=None,
+                     help="default: gymnax where it has the id, else gymnasium")
+    _add_precision_args(ppo)
+    ppo.add_argument("--rollout-precision", default=None, help="precision of the acting policy (default: --precision)")
+    ppo.add_argument("--total-steps", type=int, default=500_000)
+    ppo.add_argument("--num-envs", type=int, default=4)
+    ppo.add_argument("--num-steps", type=int, default=128, help="rollout length per env per update")
+    ppo.add_argument("--update-epochs", type=int, default=4)
+    ppo.add_argument("--num-minibatches", type=int, default=4)
+    ppo.add_argument("--lr", type=float, default=2.5e-4)
+    ppo.add_argument("--no-anneal-lr", action="store_true")
+    ppo.add_argument("--gamma", type=float, default=0.99)
+    ppo.add_argument("--gae-lambda", type=float, default=0.95)
+    ppo.add_argument("--clip-eps", type=float, default=0.2)
+    ppo.add_argument("--no-clip-value", action="store_true")
+    ppo.add_argument("--ent-coef", type=float, default=0.01)
+    ppo.add_argument("--vf-coef", type=float, default=0.5)
+    ppo.add_argument("--max-grad-norm", type=float, default=0.5, help="<= 0 turns clipping off")
+    ppo.add_argument("--hidden", type=_int_list, default=(64, 64))
+    ppo.add_argument("--activation", choices=("tanh", "relu", "gelu", "silu"), default="tanh")
+    ppo.add_argument("--num-seeds", type=int, default=1, help="seeds trained together in one compiled run (gymnax)")
+    ppo.add_argument("--vectorization", choices=("sync", "async"), default="sync", help="gymnasium vectorisation")
+    ppo.add_argument("--action-repeat", type=int, default=1, help="gymnasium only")
+    ppo.add_argument("--updates-per-chunk", type=int, default=None, help="updates per compiled chunk between reports")
+    _add_run_args(ppo)
+
+    demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
+    _add_precision_args(demo)
+    demo.add_argument("--steps", type=int, default=500)
+    demo.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _ppo_config(args):
+    from genesis_jax.ppo import PPOConfig
+
+    return PPOConfig(
+        env=args.env,
+        env_backend=args.env_backend,
+        precision=args.precision,
+        rollout_precision=args.rollout_precision,
+        loss_scaling=args.loss_scaling,
+        init_loss_scale=args.init_loss_scale,
+        growth_interval=args.growth_interval,
+        min_loss_scale=args.min_loss_scale,
+        total_steps=args.total_steps,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        update_epochs=args.update_epochs,
+        num_minibatches=args.num_minibatches,
+        lr=args.lr,
+        anneal_lr=not args.no_anneal_lr,
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        clip_eps=args.clip_eps,
+        clip_value=not args.no_clip_value,
+        ent_coef=args.ent_coef,
+        vf_coef=args.vf_coef,
+        max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
+        hidden=args.hidden,
+        activation=args.activation,
+        seed=args.seed,
+        num_seeds=args.num_seeds,
+        vectorization=args.vectorization,
+        action_repeat=args.action_repeat,
+        updates_per_chunk=args.updates_per_chunk,
+    )
+
+
+def _run_ppo(args) -> int:
+    from genesis_jax.envs.registry import resolve_env
+    from genesis_jax.ppo import train
+
+    config = _ppo_config(args)
+    resolve_env(config.env, config.env_backend)  # a bad id fails before anything is written
+    result = train(
+        config,
+        out_dir=args.out,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    s = result.summary
+    print(
+        f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+        f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
+        f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
+    )
+    if args.out:
+        print(f"wrote {args.out}/summary.json, metrics.jsonl, ppo.png")
+    return 0
+
+
+def _run_demo(args) -> int:
+    from genesis_jax.demo import run_demo
+
+    result = run_demo(
+        precision=args.precision or "fp16",
+        steps=args.steps,
+        seed=args.seed,
+        loss_scaling=args.loss_scaling,
+        init_loss_scale=args.init_loss_scale,
+        growth_interval=args.growth_interval,
+        min_loss_scale=args.min_loss_scale,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    from genesis_jax.checkpoint import CheckpointMismatchError
+    from genesis_jax.runs import RunDirectoryError
+
+    try:
+        if args.command == "demo":
+            return _run_demo(args)
+        if args.command == "train" and args.workload == "ppo":
+            return _run_ppo(args)
+    except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
+        print(f"genesis-jax: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("genesis-jax: interrupted", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""gymnax environments behind a small vmapped interface with flat float32 observations."""
+
+from __future__ import annotations
+
+import math
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from genesis_jax.envs.registry import EnvSpec
+
+
+def _space_info(space):
+    if hasattr(space, "n"):
+        return int(space.n), False, None, None
+    shape = tuple(space.shape) or (1,)
+    low = np.broadcast_to(np.asarray(space.low, np.float32), shape).reshape(-1)
+    high = np.broadcast_to(np.asarray(space.high, np.float32), shape).reshape(-1)
+    return int(np.prod(shape)), True, tuple(map(float, low)), tuple(map(float, high))
+
+
+def gymnax_spec(env_id: str) -> EnvSpec:
+    env, params = gymnax.make(env_id)
+    obs_shape = env.observation_space(params).shape
+    action_dim, continuous, low, high = _space_info(env.action_space(params))
+    return EnvSpec(env_id, "gymnax", int(math.prod(obs_shape)), action_dim, continuous, low, high)
+
+
+class GymnaxVecEnv:
+    """`num_envs` copies of a gymnax env, stepped together under `vmap`.
+
+    `step` returns (obs, state, reward, terminated, truncated, final_obs); it resets
+    finished envs itself and `final_obs` is the observation before that reset.
+    """
+
+    def __init__(self, env_id: str, num_envs: int):
+        self.env, self.params = gymnax.make(env_id)
+        self.spec = gymnax_spec(env_id)
+        self.num_envs = num_envs
+
+    def _flat(self, obs):
+        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+    def reset(self, key):
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        return self._flat(obs), state
+
+    def step(self, key, state, action):
+        if self.spec.continuous:
+            action = jnp.clip(action, jnp.asarray(self.spec.action_low), jnp.asarray(self.spec.action_high))
+            action = action.reshape((self.num_envs, *self.env.action_space(self.params).shape))
+        keys = jax.random.split(key, self.num_envs)
+        obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+            keys, state, action, self.params
+        )
+        return (
+            self._flat(obs),
+            state,
+            reward.astype(jnp.float32),
+            terminated.astype(bool),
+            jnp.logical_and(truncated, jnp.logical_not(terminated)),
+            self._flat(info["final_observation"]),
+        )

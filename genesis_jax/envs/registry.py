@@ -1,0 +1,66 @@
+"""Which backend knows an environment id, and what its spaces look like."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+BACKENDS = ("gymnax", "gymnasium")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Spaces of an environment, flattened: observations are float32 vectors."""
+
+    env_id: str
+    backend: str
+    obs_dim: int
+    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
+    continuous: bool
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+
+
+def gymnax_ids() -> list[str]:
+    import gymnax
+
+    return list(gymnax.registered_envs)
+
+
+def gymnasium_ids() -> list[str]:
+    import gymnasium
+
+    return list(gymnasium.envs.registry.keys())
+
+
+def resolve_backend(env_id: str, backend: str | None = None) -> str:
+    """The backend that runs `env_id`: the asked one, else gymnax where it has the id."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown env backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+    known = {"gymnax": env_id in gymnax_ids(), "gymnasium": env_id in gymnasium_ids()}
+    if backend is not None:
+        if not known[backend]:
+            raise ValueError(f"{backend} has no environment {env_id!r}{_close_matches(env_id, backend)}")
+        return backend
+    if known["gymnax"]:
+        return "gymnax"
+    if known["gymnasium"]:
+        return "gymnasium"
+    raise ValueError(f"unknown environment id {env_id!r}{_close_matches(env_id)}")
+
+
+def _close_matches(env_id: str, backend: str | None = None) -> str:
+    pool = (gymnax_ids() if backend != "gymnasium" else []) + (gymnasium_ids() if backend != "gymnax" else [])
+    matches = difflib.get_close_matches(env_id, list(dict.fromkeys(pool)), n=5, cutoff=0.5)
+    return f"; did you mean {', '.join(matches)}?" if matches else "; see gymnax.registered_envs or gymnasium.envs.registry"
+
+
+def resolve_env(env_id: str, backend: str | None = None) -> EnvSpec:
+    backend = resolve_backend(env_id, backend)
+    if backend == "gymnax":
+        from genesis_jax.envs.gymnax_env import gymnax_spec
+
+        return gymnax_spec(env_id)
+    from genesis_jax.envs.gymnasium_env import gymnasium_spec
+
+    return gymnasium_spec(env_id)

@@ -1,0 +1,125 @@
+"""What both PPO loops share: networks, optimizer, train state and the update from a rollout.
+
+A rollout (`traj`) is a dict of [T, N, ...] float32/int arrays with keys obs, action,
+log_prob (the rollout policy's, "mu"), value, reward (truncations already bootstrapped),
+done and probs (mu's action probabilities, for the mismatch metric).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from genesis_jax.envs.registry import EnvSpec
+from genesis_jax.loss_scale import make_loss_scale
+from genesis_jax.nets.actor_critic import ActorCritic
+from genesis_jax.ppo import distributions
+from genesis_jax.ppo.config import PPOConfig
+from genesis_jax.ppo.gae import compute_gae
+from genesis_jax.ppo.loss import ppo_loss
+from genesis_jax.update import TrainState, mixed_precision_update
+
+
+def make_network(config: PPOConfig, spec: EnvSpec, precision) -> ActorCritic:
+    return ActorCritic(
+        action_dim=spec.action_dim,
+        continuous=spec.continuous,
+        hidden=config.hidden,
+        activation=config.activation,
+        dtype=precision.compute_dtype,
+        param_dtype=jnp.float32,
+    )
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    """Adam (eps 1e-5); the learning rate anneals linearly per update when asked.
+
+    Clipping is done by the update step on the unscaled gradients, not here."""
+    if not config.anneal_lr:
+        return optax.adam(config.lr, eps=1e-5)
+    steps_per_update = config.update_epochs * config.num_minibatches
+
+    def schedule(count):
+        return config.lr * (1.0 - (count // steps_per_update) / config.num_updates)
+
+    return optax.adam(schedule, eps=1e-5)
+
+
+def init_train_state(config: PPOConfig, spec: EnvSpec, key) -> TrainState:
+    precision = config.train_precision()
+    net_key, state_key = jax.random.split(key)
+    network = make_network(config, spec, precision)
+    params = network.init(net_key, jnp.zeros((1, spec.obs_dim), jnp.float32))
+    scaler = make_loss_scale(
+        precision.loss_scaling,
+        init_scale=config.init_loss_scale,
+        **({"growth_interval": config.growth_interval, "min_scale": config.min_loss_scale} if precision.loss_scaling == "dynamic" else {}),
+    )
+    return TrainState.create(params, make_optimizer(config), scaler, state_key, precision)
+
+
+def mismatch_metrics(log_mu, log_pi, probs_mu, probs_pi) -> dict:
+    """The Precision-RL training-inference mismatch between rollout (mu) and learner (pi)."""
+    diff = log_mu - log_pi
+    return {
+        "mismatch_kl_v1": jnp.mean(diff),
+        "mismatch_kl_v2": 0.5 * jnp.mean(jnp.square(diff)),
+        "mismatch_max_dp": jnp.max(jnp.abs(probs_mu - probs_pi)),
+        "mismatch_ratio_dev": jnp.mean(jnp.abs(jnp.exp(log_pi - log_mu) - 1.0)),
+    }
+
+
+def _flatten_time_env(tree):
+    return jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), tree)
+
+
+def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
+    """`update(train_state, traj, last_value, key) -> (train_state, metrics)`: GAE, the
+    mismatch measurement, then epochs x minibatches of the mixed-precision update step."""
+    network = make_network(config, spec, config.train_precision())
+
+    def loss_fn(params, batch):
+        pi_params, values = network.apply(params, batch["obs"])
+        return ppo_loss(pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value)
+
+    step = functools.partial(
+        mixed_precision_update, loss_fn=loss_fn, max_grad_norm=config.max_grad_norm, grad_transform=grad_transform
+    )
+
+    def update(train_state: TrainState, traj: dict, last_value, key):
+        advantages, targets = compute_gae(
+            traj["reward"], traj["value"], traj["done"], last_value, config.gamma, config.gae_lambda
+        )
+        data = _flatten_time_env(
+            {"obs": traj["obs"], "action": traj["action"], "log_prob": traj["log_prob"], "value": traj["value"],
+             "advantage": advantages, "target": targets}
+        )
+        # The learner's view of the rollout before any parameter changes this update.
+        pi_params, _ = network.apply(train_state.params, data["obs"])
+        log_pi = distributions.log_prob(pi_params, data["action"])
+        probs_pi = distributions.action_probs(pi_params, data["action"])
+        mismatch = mismatch_metrics(data["log_prob"], log_pi, traj["probs"].reshape(probs_pi.shape), probs_pi)
+
+        def epoch(state, epoch_key):
+            perm = jax.random.permutation(epoch_key, config.batch_size)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
+            return jax.lax.scan(step, state, shuffled)
+
+        skipped_before = train_state.skipped
+        train_state, metrics = jax.lax.scan(epoch, train_state, jax.random.split(key, config.update_epochs))
+        aux = jax.tree.map(jnp.mean, metrics.pop("aux"))
+        finite = metrics["grads_finite"]
+        finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)  # noqa: E731
+        return train_state, {
+            "loss": finite_mean(metrics["loss"]),
+            "grad_norm": finite_mean(metrics["grad_norm"]),
+            "loss_scale": train_state.loss_scale.loss_scale,
+            "skipped": train_state.skipped - skipped_before,
+            **aux,
+            **mismatch,
+        }
+
+    return update

@@ -1,0 +1,94 @@
+"""PPO on gymnax environments: rollout, GAE, epochs and minibatches all under one jit.
+
+`make_jax_ppo(config)` returns `init(key) -> RunnerState` and
+`run_chunk(runner, num_updates) -> (runner, metrics[num_updates])`, pure functions
+in the PureJaxRL style; the host calls `run_chunk` repeatedly so that it can show
+progress, log and checkpoint between chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.ppo import distributions
+from genesis_jax.ppo.config import PPOConfig
+from genesis_jax.ppo.core import init_train_state, make_network, make_update_fn
+from genesis_jax.ppo.gae import bootstrap_truncated
+from genesis_jax.update import TrainState
+
+
+class RunnerState(struct.PyTreeNode):
+    train_state: TrainState
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array  # running return of each env's current episode
+    rng: jax.Array
+
+
+def make_jax_ppo(config: PPOConfig, grad_transform=None):
+    env = GymnaxVecEnv(config.env, config.num_envs)
+    spec = env.spec
+    rollout_net = make_network(config, spec, config.rollout_precision_resolved())
+    update = make_update_fn(config, spec, grad_transform)
+
+    def init(key) -> RunnerState:
+        state_key, env_key, run_key = jax.random.split(key, 3)
+        obs, env_state = env.reset(env_key)
+        return RunnerState(
+            train_state=init_train_state(config, spec, state_key),
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros((config.num_envs,), jnp.float32),
+            rng=run_key,
+        )
+
+    def env_step(runner: RunnerState, _):
+        rng, act_key, step_key = jax.random.split(runner.rng, 3)
+        params = runner.train_state.params
+        pi_params, value = rollout_net.apply(params, runner.obs)
+        action = distributions.sample(act_key, pi_params)
+        log_mu = distributions.log_prob(pi_params, action)
+        probs = distributions.action_probs(pi_params, action)
+        obs, env_state, reward, terminated, truncated, final_obs = env.step(step_key, runner.env_state, action)
+        done = jnp.logical_or(terminated, truncated)
+        episode_return = runner.episode_return + reward
+        transition = {
+            "obs": runner.obs,
+            "action": action,
+            "log_prob": log_mu,
+            "value": value,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "final_obs": final_obs,
+            "done": done,
+            "probs": probs,
+            "finished_return": jnp.where(done, episode_return, 0.0),
+        }
+        runner = runner.replace(
+            env_state=env_state, obs=obs, episode_return=jnp.where(done, 0.0, episode_return), rng=rng
+        )
+        return runner, transition
+
+    def one_update(runner: RunnerState, _):
+        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)
+        params = runner.train_state.params
+        _, last_value = rollout_net.apply(params, runner.obs)
+        # Values of the pre-reset observations, in one batched call rather than one per step.
+        _, final_value = rollout_net.apply(params, traj.pop("final_obs"))
+        traj["reward"] = bootstrap_truncated(traj["reward"], traj.pop("truncated"), traj.pop("terminated"), final_value, config.gamma)
+        rng, update_key = jax.random.split(runner.rng)
+        train_state, metrics = update(runner.train_state, traj, last_value, update_key)
+        metrics["episodes"] = traj["done"].sum()
+        metrics["return_sum"] = traj["finished_return"].sum()
+        return runner.replace(train_state=train_state, rng=rng), metrics
+
+    def run_chunk(runner: RunnerState, num_updates: int):
+        return jax.lax.scan(one_update, runner, None, num_updates)
+
+    return init, run_chunk, spec

@@ -1,0 +1,222 @@
+"""The PPO driver: chunks of jitted updates, progress, metrics, summary, plot, checkpoints.
+
+>>> from genesis_jax.ppo import PPOConfig, train
+>>> result = train(PPOConfig(env="CartPole-v1", precision="fp16", total_steps=20_000), out_dir=None)  # doctest: +SKIP
+>>> result.summary["final_return"]                                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from genesis_jax import runs
+from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.envs.registry import resolve_backend
+from genesis_jax.ppo.config import PPOConfig
+
+# Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
+_LOGGED = (
+    "loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss_scale",
+    "skipped", "mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "mismatch_ratio_dev",
+)
+
+
+@dataclasses.dataclass
+class PPOResult:
+    summary: dict
+    runner_state: Any
+    metrics: list[dict]
+
+    @property
+    def train_state(self):
+        return self.runner_state.train_state
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["summary"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25) -> int:
+    """Updates per compiled chunk: a divisor of num_updates (so one compilation serves the
+    whole run) near num_updates / target_chunks."""
+    if requested is not None:
+        if num_updates % requested:
+            raise ValueError(f"updates-per-chunk {requested} does not divide the {num_updates} updates")
+        return requested
+    ideal = max(1, num_updates // target_chunks)
+    divisors = [d for d in range(1, num_updates + 1) if num_updates % d == 0]
+    return min(divisors, key=lambda d: (abs(d - ideal), d))
+
+
+def _build(config: PPOConfig, grad_transform=None):
+    """(init(keys) -> runner, compile_chunks(runner, n) -> run(runner), host env or None)."""
+    if resolve_backend(config.env, config.env_backend) == "gymnax":
+        from genesis_jax.ppo.jax_loop import make_jax_ppo
+
+        init, run_chunk, spec = make_jax_ppo(config, grad_transform)
+        if config.num_seeds > 1:
+            init, run_chunk_fn = jax.vmap(init), jax.vmap(run_chunk, in_axes=(0, None))
+        else:
+            run_chunk_fn = run_chunk
+        jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0)
+
+        def compile_chunks(runner, per_chunk):
+            compiled = jitted.lower(runner, per_chunk).compile()
+            return compiled
+
+        return init, compile_chunks, None
+    from genesis_jax.ppo.host_loop import make_host_ppo
+
+    init, run_chunk, warmup, env = make_host_ppo(config, grad_transform)
+
+    def compile_host(runner, per_chunk):
+        warmup(runner)
+        return lambda r: run_chunk(r, per_chunk)
+
+    return init, compile_host, env
+
+
+def _seed_keys(config: PPOConfig):
+    base = jax.random.PRNGKey(config.seed)
+    return jax.random.split(base, config.num_seeds) if config.num_seeds > 1 else base
+
+
+def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) -> list[dict]:
+    """metrics.jsonl rows: one per update, means over seeds, plus each seed's return."""
+    m = {k: np.asarray(v) for k, v in chunk_metrics.items()}
+    if config.num_seeds == 1:
+        m = {k: v[None] for k, v in m.items()}  # [seeds, updates]
+    rows = []
+    for i in range(m["loss"].shape[1]):
+        episodes = m["episodes"][:, i].astype(float)
+        returns = np.where(episodes > 0, m["return_sum"][:, i] / np.maximum(episodes, 1), np.nan)
+        row = {"update": first_update + i + 1, "step": (first_update + i + 1) * config.batch_size}
+        row["episode_return"] = None if np.all(np.isnan(returns)) else float(np.nanmean(returns))
+        row["episodes"] = int(episodes.sum())
+        row["return_sum"] = float(m["return_sum"][:, i].sum())
+        for k in _LOGGED:
+            row[k] = float(np.mean(m[k][:, i]))
+        row["skipped"] = int(np.sum(m["skipped"][:, i]))
+        if config.num_seeds > 1:
+            row["episode_return_per_seed"] = [None if np.isnan(r) else float(r) for r in returns]
+        rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str) -> dict:
+    """summary.json: the run's outcome in one flat dict."""
+    last = rows[-max(1, len(rows) // 10):]
+    episodes = sum(r["episodes"] for r in last)
+    final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
+    ts = runner.train_state
+    total_updates = int(np.sum(np.asarray(ts.step)))
+    skipped = int(np.sum(np.asarray(ts.skipped)))
+    steps = rows[-1]["step"] if rows else 0
+    return {
+        "env": config.env,
+        "env_backend": backend,
+        "precision": config.train_precision().name,
+        "rollout_precision": config.rollout_precision_resolved().name,
+        "seed": config.seed,
+        "num_seeds": config.num_seeds,
+        "total_steps": steps,
+        "final_return": final_return,
+        "steps_per_second": timing["run_steps"] / timing["run_seconds"] if timing["run_seconds"] > 0 else float("nan"),
+        "compile_seconds": timing["compile_seconds"],
+        "wall_seconds": timing["wall_seconds"],
+        "loss_scale": float(np.mean(np.asarray(ts.loss_scale.loss_scale))),
+        "skipped_updates": skipped,
+        "total_updates": total_updates,
+        "overflow_rate": skipped / total_updates if total_updates else 0.0,
+        "iterations": len(rows),
+        "mismatch_kl_v1": float(np.mean([r["mismatch_kl_v1"] for r in rows])) if rows else float("nan"),
+        "mismatch_kl_v2": float(np.mean([r["mismatch_kl_v2"] for r in rows])) if rows else float("nan"),
+        "mismatch_max_dp": float(np.max([r["mismatch_max_dp"] for r in rows])) if rows else float("nan"),
+        "device": runs.device_name(),
+    }
+
+
+def train(
+    config: PPOConfig,
+    out_dir: str | None = None,
+    *,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    grad_transform=None,
+    max_to_keep: int = 3,
+) -> PPOResult:
+    """Trains PPO as `config` says; writes metrics.jsonl, summary.json, ppo.png and
+    checkpoints under `out_dir` when one is given. `checkpoint_every` is in env steps."""
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
+    wall_start = time.perf_counter()
+    backend = resolve_backend(config.env, config.env_backend)
+    init, compile_chunks, host_env = _build(config, grad_transform)
+    per_chunk = chunk_size(config.num_updates, config.updates_per_chunk)
+    if checkpoint_every and run_dir:
+        per_chunk = min(per_chunk, max(1, checkpoint_every // config.batch_size))
+        while config.num_updates % per_chunk:
+            per_chunk -= 1
+    runner = init(_seed_keys(config))
+    rows: list[dict] = []
+    store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
+    done_updates = 0
+    try:
+        if run_dir and resume and store.latest_step() is not None:
+            runner, meta = store.restore(runner)
+            done_updates = int(meta["step"])
+            rows = run_dir.read_metrics(done_updates)
+        compile_start = time.perf_counter()
+        call = compile_chunks(runner, per_chunk)
+        compile_seconds = time.perf_counter() - compile_start
+        run_seconds, run_steps, last_ckpt = 0.0, 0, done_updates
+        bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
+        while done_updates < config.num_updates:
+            t0 = time.perf_counter()
+            runner, chunk_metrics = call(runner)
+            chunk_metrics = jax.device_get(chunk_metrics)
+            run_seconds += time.perf_counter() - t0
+            run_steps += per_chunk * config.batch_size * config.num_seeds
+            new_rows = _per_update_rows(chunk_metrics, done_updates, config)
+            done_updates += per_chunk
+            rows.extend(new_rows)
+            if run_dir:
+                run_dir.append_metrics(new_rows)
+            bar.update(per_chunk * config.batch_size)
+            bar.set_postfix(
+                ret=f"{new_rows[-1]['episode_return'] or float('nan'):.1f}",
+                scale=f"{new_rows[-1]['loss_scale']:.0f}",
+                skipped=int(np.sum(np.asarray(runner.train_state.skipped))),
+                sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-",
+            )
+            due = checkpoint_every and (done_updates - last_ckpt) * config.batch_size >= checkpoint_every
+            if store and (due or done_updates == config.num_updates):
+                store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
+                last_ckpt = done_updates
+        bar.close()
+    finally:
+        if store:
+            store.close()
+        if host_env is not None:
+            host_env.close()
+    timing = {
+        "compile_seconds": compile_seconds,
+        "run_seconds": run_seconds,
+        "run_steps": run_steps,
+        "wall_seconds": time.perf_counter() - wall_start,
+    }
+    summary = summarise(rows, config, runner, timing, backend)
+    if run_dir:
+        run_dir.write_summary(summary, config.to_dict())
+        runs.plot_ppo(rows, run_dir.path / "ppo.png", title=f"PPO {config.env} ({summary['precision']})")
+    return PPOResult(summary=summary, runner_state=runner, metrics=rows)

@@ -1,0 +1,135 @@
+"""A run's output directory and what every trainer writes there: metrics.jsonl,
+summary.json, a PNG and checkpoints/. Shared by PPO and the world model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import sys
+
+import jax
+
+_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+
+
+class RunDirectoryError(ValueError):
+    """An output directory that may not be used as asked."""
+
+
+def device_name() -> str:
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", "") or device.platform
+    return f"{device.platform}:{kind} x{jax.device_count()}"
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunDirectory:
+    """Guards against mixing runs: a directory holding another run is refused unless
+    `resume` (continue it) or `overwrite` (replace its files) is given."""
+
+    def __init__(self, path, resume: bool = False, overwrite: bool = False):
+        if resume and overwrite:
+            raise RunDirectoryError("choose either resume or overwrite, not both")
+        self.path = pathlib.Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"output path {self.path} exists and is not a directory")
+        holds_run = any((self.path / name).exists() for name in _RUN_FILES)
+        if holds_run and not (resume or overwrite):
+            raise RunDirectoryError(
+                f"output directory {self.path} holds another run; pass --resume to continue it or --overwrite to replace it"
+            )
+        if resume and not (self.path / "checkpoints").exists():
+            raise RunDirectoryError(f"nothing to resume in {self.path}: it has no checkpoints/")
+        self.path.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            self._clear()
+
+    def _clear(self):
+        import shutil
+
+        for name in _RUN_FILES:
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+
+    @property
+    def checkpoints(self) -> pathlib.Path:
+        return self.path / "checkpoints"
+
+    @property
+    def metrics_file(self) -> pathlib.Path:
+        return self.path / "metrics.jsonl"
+
+    def append_metrics(self, rows: list[dict]) -> None:
+        with open(self.metrics_file, "a") as f:
+            for row in rows:
+                f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self, up_to_update: int, key: str = "update") -> list[dict]:
+        """Rows up to a resumed checkpoint; later rows (written after it) are dropped."""
+        if not self.metrics_file.exists():
+            return []
+        rows = [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r[key] <= up_to_update]
+        with open(self.metrics_file, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        return rows
+
+    def write_summary(self, summary: dict, config: dict) -> None:
+        payload = {**{k: _jsonable(v) for k, v in summary.items()}, "config": config}
+        tmp = self.path / "summary.json.tmp"
+        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path / "summary.json")
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, initial: int = 0, enabled: bool = True, unit: str = "step"):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+
+
+def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
+    """Episode return and loss scale against environment steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    returns = [r["episode_return"] if r["episode_return"] is not None else float("nan") for r in rows]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax1.plot(steps, returns)
+    ax1.set_ylabel("mean episode return")
+    ax1.set_title(title)
+    ax2.plot(steps, [r["loss_scale"] for r in rows], color="tab:orange")
+    ax2.set_yscale("log", base=2)
+    ax2.set_ylabel("loss scale")
+    ax2.set_xlabel("environment steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,120 @@
+"""PPO end to end on tiny budgets: learning, determinism, outputs, mismatch, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from genesis_jax.cli import main
+from genesis_jax.ppo import PPOConfig, train
+
+SUMMARY_KEYS = {
+    "env", "precision", "rollout_precision", "seed", "total_steps", "final_return", "steps_per_second",
+    "compile_seconds", "wall_seconds", "loss_scale", "skipped_updates", "total_updates", "overflow_rate",
+    "mismatch_kl_v1", "mismatch_kl_v2", "device",
+}
+
+
+def early_and_late_return(rows, k=5):
+    def mean(rs):
+        eps = sum(r["episodes"] for r in rs)
+        return sum(r["return_sum"] for r in rs) / max(eps, 1)
+
+    return mean(rows[:k]), mean(rows[-k:])
+
+
+@pytest.fixture(scope="module")
+def gymnax_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ppo") / "run"
+    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=61_440, lr=1e-3, seed=0)
+    return train(config, out_dir=str(out), progress=False), out
+
+
+def test_gymnax_path_improves_cartpole(gymnax_run):
+    result, _ = gymnax_run
+    early, late = early_and_late_return(result.metrics)
+    assert late > 2 * early and late > 100, (early, late)
+
+
+def test_outputs_written(gymnax_run):
+    result, out = gymnax_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["total_updates"] == 120 * 16  # 120 iterations x 4 epochs x 4 minibatches
+    assert summary["skipped_updates"] == int(result.train_state.skipped)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 120
+    assert sum(json.loads(l)["skipped"] for l in lines) == summary["skipped_updates"]
+    assert (out / "ppo.png").stat().st_size > 1000
+    assert (out / "checkpoints").is_dir()
+
+
+def test_same_seed_same_result():
+    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=3)
+    a = train(config, progress=False)
+    b = train(config, progress=False)
+    c = train(PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=4), progress=False)
+    jax.tree.map(np.testing.assert_array_equal, a.train_state.params, b.train_state.params)
+    assert [r["loss"] for r in a.metrics] == [r["loss"] for r in b.metrics]
+    assert [r["loss"] for r in a.metrics] != [r["loss"] for r in c.metrics]
+
+
+def test_gymnasium_path_improves_cartpole():
+    config = PPOConfig(env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0)
+    result = train(config, progress=False)
+    early, late = early_and_late_return(result.metrics)
+    assert result.summary["env_backend"] == "gymnasium"
+    assert late > 1.5 * early, (early, late)
+
+
+def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
+    base = dict(env="CartPole-v1", total_steps=8192, seed=1)
+    same = train(PPOConfig(precision="fp32", **base), progress=False).summary
+    mixed = train(PPOConfig(precision="fp32", rollout_precision="bf16", **base), progress=False).summary
+    assert abs(same["mismatch_kl_v1"]) < 1e-6 and same["mismatch_kl_v2"] < 1e-6
+    assert mixed["rollout_precision"] == "bf16"
+    # measured: bf16 rollout kl_v2 ~7e-8 and max |dp| ~1e-3 at this budget; fp32 gives 0
+    assert mixed["mismatch_kl_v2"] > 1e-9 and mixed["mismatch_max_dp"] > 1e-4
+    assert mixed["mismatch_kl_v2"] > 1000 * max(same["mismatch_kl_v2"], 1e-15)
+
+
+def test_continuous_actions_run():
+    result = train(PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256), progress=False)
+    assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
+
+
+def test_num_seeds_vmapped():
+    result = train(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048, num_seeds=2), progress=False)
+    assert result.summary["total_updates"] == 2 * 4 * 16
+    assert len(result.metrics[-1]["episode_return_per_seed"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["train", "ppo", "--env", "CartPol-v1"], "did you mean CartPole-v1"),
+        (["train", "ppo", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["train", "ppo", "--total-steps", "0"], "total-steps must be a positive integer"),
+        (["train", "ppo", "--num-minibatches", "3"], "not divisible into 3 minibatches"),
+        (["train", "ppo", "--env-backend", "gymnax", "--env", "LunarLander-v3"], "gymnax has no environment"),
+    ],
+)
+def test_cli_bad_input_one_line_exit_2(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
+    _, out = gymnax_run
+    before = (out / "summary.json").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "genesis_jax.cli", "train", "ppo", "--out", str(out), "--total-steps", "512"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "holds another run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (out / "summary.json").read_text() == before
