@@ -80,6 +80,30 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--updates-per-chunk", type=int, default=None, help="updates per compiled chunk between reports")
     _add_run_args(ppo)
 
+    wm = train_sub.add_parser("world-model", help="a world model from trajectories")
+    wm.add_argument("--data", default="synthetic", help="synthetic | a gymnax env id (random policy) | a .npz from 'collect'")
+    _add_precision_args(wm)
+    wm.add_argument("--epochs", type=int, default=20)
+    wm.add_argument("--batch-size", type=int, default=1024)
+    wm.add_argument("--width", type=int, default=128)
+    wm.add_argument("--depth", type=int, default=2)
+    wm.add_argument("--core", choices=("mlp", "gru"), default="mlp")
+    wm.add_argument("--horizon", type=int, default=1, help="open-loop steps per sample (multi-step loss)")
+    wm.add_argument("--num-sequences", type=int, default=2048)
+    wm.add_argument("--sequence-length", type=int, default=32)
+    wm.add_argument("--lr", type=float, default=1e-3)
+    wm.add_argument("--seed", type=int, default=0)
+    wm.add_argument("--out", default=None)
+    wm.add_argument("--overwrite", action="store_true")
+    wm.add_argument("--no-progress", action="store_true")
+
+    collect = sub.add_parser("collect", help="collect random-policy trajectories from a gymnax env into a .npz")
+    collect.add_argument("--env", required=True)
+    collect.add_argument("--num-sequences", type=int, default=256)
+    collect.add_argument("--sequence-length", type=int, default=64)
+    collect.add_argument("--seed", type=int, default=0)
+    collect.add_argument("--out", required=True, help="path of the .npz to write (refused if it exists)")
+
     demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
     _add_precision_args(demo)
     demo.add_argument("--steps", type=int, default=500)
@@ -148,6 +172,42 @@ def _run_ppo(args) -> int:
     return 0
 
 
+def _run_world_model(args) -> int:
+    from genesis_jax.world_model import WorldModelConfig, train
+
+    config = WorldModelConfig(
+        data=args.data, precision=args.precision, loss_scaling=args.loss_scaling, init_loss_scale=args.init_loss_scale,
+        growth_interval=args.growth_interval, min_loss_scale=args.min_loss_scale, epochs=args.epochs,
+        batch_size=args.batch_size, width=args.width, depth=args.depth, core=args.core, horizon=args.horizon,
+        num_sequences=args.num_sequences, sequence_length=args.sequence_length, lr=args.lr, seed=args.seed,
+    )
+    s = train(config, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress).summary
+    floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
+    print(
+        f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor} "
+        f"steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']} "
+        f"activation_bytes={s['activation_bytes']}"
+    )
+    return 0
+
+
+def _run_collect(args) -> int:
+    import os
+
+    from genesis_jax.world_model.data import collect_dataset, save_dataset
+
+    if os.path.exists(args.out):
+        raise ValueError(f"{args.out} exists; choose another path")
+    if not args.out.endswith(".npz"):
+        raise ValueError(f"dataset path must end in .npz, got {args.out!r}")
+    if args.num_sequences < 1 or args.sequence_length < 1:
+        raise ValueError("num-sequences and sequence-length must be positive integers")
+    data = collect_dataset(args.env, args.num_sequences, args.sequence_length, args.seed)
+    save_dataset(data, args.out)
+    print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps of {args.env}")
+    return 0
+
+
 def _run_demo(args) -> int:
     from genesis_jax.demo import run_demo
 
@@ -174,8 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "collect":
+            return _run_collect(args)
         if args.command == "train" and args.workload == "ppo":
             return _run_ppo(args)
+        if args.command == "train" and args.workload == "world-model":
+            return _run_world_model(args)
     except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -113,13 +113,39 @@ def progress_bar(total: int, initial: int = 0, enabled: bool = True, unit: str =
     return tqdm(total=total, initial=initial, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)
 
 
-def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
-    """Episode return and loss scale against environment steps."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: float | None = None) -> None:
+    """Curves over `x_key` above the loss scale; a dashed line at the known floor."""
+    plt = _pyplot()
+    xs = [r[x_key] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for key in y_keys:
+        ax1.plot(xs, [r[key] for r in rows], label=key)
+    if floor is not None:
+        ax1.axhline(floor, linestyle="--", color="gray", label="noise floor")
+    ax1.set_yscale("log")
+    ax1.legend()
+    ax1.set_title(title)
+    ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
+    ax2.set_yscale("log", base=2)
+    ax2.set_ylabel("loss scale")
+    ax2.set_xlabel(x_key)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
+    """Episode return and loss scale against environment steps."""
+    plt = _pyplot()
     steps = [r["step"] for r in rows]
     returns = [r["episode_return"] if r["episode_return"] is not None else float("nan") for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
