@@ -14,9 +14,10 @@ from genesis_jax.nets.mlp import ACTIVATIONS
 class ActorCritic(nn.Module):
     """Separate actor and critic towers (PureJaxRL / CleanRL layout, orthogonal init).
 
-    Returns `(pi_params, value)`: for discrete actions `pi_params` is `(logits,)`, for
-    continuous ones `(mean, log_std)` with a state-independent float32 log-std. Hidden
-    layers run in `dtype`; every output is float32.
+    `__call__` returns `(pi_params, value)`: for discrete actions `pi_params` is `(logits,)`,
+    for continuous ones `(mean, log_std)` with a state-independent float32 log-std. The
+    `policy` and `value` methods run one tower only. Hidden layers run in `dtype`; every
+    output is float32.
     """
 
     action_dim: int
@@ -26,34 +27,41 @@ class ActorCritic(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    def _tower(self, x, out_features: int, head_scale: float, name: str):
-        act = ACTIVATIONS[self.activation]
-        for i, width in enumerate(self.hidden):
-            x = nn.Dense(
+    def _tower(self, name: str, out_features: int, head_scale: float):
+        def dense(width, scale, layer_name):
+            return nn.Dense(
                 width,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
-                kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+                kernel_init=nn.initializers.orthogonal(scale),
                 bias_init=nn.initializers.zeros,
-                name=f"{name}_{i}",
-            )(x)
-            x = act(x)
-        out = nn.Dense(
-            out_features,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.initializers.orthogonal(head_scale),
-            bias_init=nn.initializers.zeros,
-            name=f"{name}_head",
-        )(x)
-        return out.astype(jnp.float32)
+                name=layer_name,
+            )
 
-    @nn.compact
-    def __call__(self, obs):
+        hidden = [dense(w, np.sqrt(2), f"{name}_{i}") for i, w in enumerate(self.hidden)]
+        return hidden, dense(out_features, head_scale, f"{name}_head")
+
+    def setup(self):
+        self.critic_layers, self.critic_head = self._tower("critic", 1, 1.0)
+        self.actor_layers, self.actor_head = self._tower("actor", self.action_dim, 0.01)
+        if self.continuous:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,), jnp.float32)
+
+    def _run(self, layers, head, obs):
+        act = ACTIVATIONS[self.activation]
         x = obs.astype(jnp.float32)
-        value = self._tower(x, 1, 1.0, "critic")[..., 0]
-        actor_out = self._tower(x, self.action_dim, 0.01, "actor")
+        for layer in layers:
+            x = act(layer(x))
+        return head(x).astype(jnp.float32)
+
+    def value(self, obs):
+        return self._run(self.critic_layers, self.critic_head, obs)[..., 0]
+
+    def policy(self, obs):
+        out = self._run(self.actor_layers, self.actor_head, obs)
         if not self.continuous:
-            return (actor_out,), value
-        log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,), jnp.float32)
-        return (actor_out, jnp.broadcast_to(log_std.astype(jnp.float32), actor_out.shape)), value
+            return (out,)
+        return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape))
+
+    def __call__(self, obs):
+        return self.policy(obs), self.value(obs)

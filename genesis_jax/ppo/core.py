@@ -98,7 +98,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
              "advantage": advantages, "target": targets}
         )
         # The learner's view of the rollout before any parameter changes this update.
-        pi_params, _ = network.apply(train_state.params, data["obs"])
+        pi_params = network.apply(train_state.params, data["obs"], method=ActorCritic.policy)
         log_pi = distributions.log_prob(pi_params, data["action"])
         probs_pi = distributions.action_probs(pi_params, data["action"])
         mismatch = mismatch_metrics(data["log_prob"], log_pi, traj["probs"].reshape(probs_pi.shape), probs_pi)

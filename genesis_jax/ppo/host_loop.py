@@ -9,6 +9,7 @@ import numpy as np
 from flax import struct
 
 from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
+from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.core import init_train_state, make_network, make_update_fn
@@ -37,7 +38,7 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
 
     @jax.jit
     def values(params, obs):
-        return rollout_net.apply(params, obs)[1]
+        return rollout_net.apply(params, obs, method=ActorCritic.value)
 
     host = {"obs": None, "episode_return": np.zeros(config.num_envs, np.float32)}
 

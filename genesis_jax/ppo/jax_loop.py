@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.core import init_train_state, make_network, make_update_fn
@@ -78,9 +79,9 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None):
     def one_update(runner: RunnerState, _):
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)
         params = runner.train_state.params
-        _, last_value = rollout_net.apply(params, runner.obs)
+        last_value = rollout_net.apply(params, runner.obs, method=ActorCritic.value)
         # Values of the pre-reset observations, in one batched call rather than one per step.
-        _, final_value = rollout_net.apply(params, traj.pop("final_obs"))
+        final_value = rollout_net.apply(params, traj.pop("final_obs"), method=ActorCritic.value)
         traj["reward"] = bootstrap_truncated(traj["reward"], traj.pop("truncated"), traj.pop("terminated"), final_value, config.gamma)
         rng, update_key = jax.random.split(runner.rng)
         train_state, metrics = update(runner.train_state, traj, last_value, update_key)
