@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from genesis_jax.loss_scale import LossScale, all_finite
+from genesis_jax.loss_scale import LossScale
 from genesis_jax.precision import Precision
 
 # loss_fn(params, batch) -> (float32 loss, aux pytree)
@@ -55,13 +55,17 @@ class TrainState(struct.PyTreeNode):
         )
 
 
-def clip_by_global_norm(grads, max_norm: float | None):
-    """(clipped grads, pre-clip global norm), with torch `clip_grad_norm_`'s coefficient."""
-    norm = optax.tree.norm(grads)
-    if max_norm is None:
-        return grads, norm
-    coef = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-    return jax.tree.map(lambda g: (g * coef).astype(g.dtype), grads), norm
+def unscale_and_clip(scaled_grads, inv_scale, max_norm: float | None):
+    """(unscaled, clipped float32 grads, unscaled global norm) in one pass over the grads.
+
+    Same as unscaling then `torch.nn.utils.clip_grad_norm_` (coefficient
+    max_norm / (norm + 1e-6), at most 1), up to one rounding: each gradient is multiplied
+    once, by coefficient x 1/scale, instead of twice.
+    """
+    grads = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_grads)
+    norm = optax.tree.norm(grads) * inv_scale
+    factor = inv_scale if max_norm is None else inv_scale * jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    return jax.tree.map(lambda g: g * factor, grads), norm
 
 
 def mixed_precision_update(
@@ -77,7 +81,7 @@ def mixed_precision_update(
     """One pure, jit-able update. Returns the new state and float32 metrics.
 
     `compute_dtype` (optional) casts floating params to it before `loss_fn` sees them.
-    `grad_transform(grads, state)` (optional) edits the unscaled gradients before the
+    `grad_transform(grads, state)` (optional) edits the (scaled) gradients before the
     finite check; fault injection uses it.
     """
 
@@ -91,14 +95,18 @@ def mixed_precision_update(
         return state.loss_scale.scale(loss), (loss, aux)
 
     scaled_grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(state.params)
-    grads = state.loss_scale.unscale(scaled_grads)
     if axis_name is not None:
-        grads = jax.lax.pmean(grads, axis_name)
+        # Averaging is linear, so the scaled gradients can be averaged before unscaling:
+        # every replica then sees the same gradients and takes the same finite decision.
+        scaled_grads = jax.lax.pmean(scaled_grads, axis_name)
         loss = jax.lax.pmean(loss, axis_name)
     if grad_transform is not None:
-        grads = grad_transform(grads, state)
-    finite = all_finite(grads)
-    grads, grad_norm = clip_by_global_norm(grads, max_grad_norm)
+        scaled_grads = grad_transform(scaled_grads, state)
+    grads, grad_norm = unscale_and_clip(scaled_grads, jnp.reciprocal(state.loss_scale.loss_scale), max_grad_norm)
+    # An inf or NaN anywhere makes the global norm inf or NaN, so one scalar decides for all
+    # gradients. (Unlike PyTorch, finite gradients whose unscaled norm overflows float32,
+    # |g| > 1e19, also count as non-finite: torch would clip them to zero and step.)
+    finite = jnp.isfinite(grad_norm)
     # Back to the params' dtypes (float16 in fp16-full) so the optimizer state keeps its dtype.
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 

@@ -80,8 +80,15 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None):
         runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)
         params = runner.train_state.params
         last_value = rollout_net.apply(params, runner.obs, method=ActorCritic.value)
-        # Values of the pre-reset observations, in one batched call rather than one per step.
-        final_value = rollout_net.apply(params, traj.pop("final_obs"), method=ActorCritic.value)
+        # Values of the pre-reset observations, needed only where an episode was truncated:
+        # one batched call, skipped when no episode in the rollout was.
+        final_obs = traj.pop("final_obs")
+        final_value = jax.lax.cond(
+            jnp.any(traj["truncated"]),
+            lambda o: rollout_net.apply(params, o, method=ActorCritic.value),
+            lambda o: jnp.zeros(o.shape[:-1], jnp.float32),
+            final_obs,
+        )
         traj["reward"] = bootstrap_truncated(traj["reward"], traj.pop("truncated"), traj.pop("terminated"), final_value, config.gamma)
         rng, update_key = jax.random.split(runner.rng)
         train_state, metrics = update(runner.train_state, traj, last_value, update_key)
