@@ -28,19 +28,43 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     env = GymnasiumVecEnv(config.env, config.num_envs, config.vectorization, config.action_repeat)
     spec = env.spec
     rollout_net = make_network(config, spec, config.rollout_precision_resolved())
-    update = jax.jit(make_update_fn(config, spec, grad_transform))
 
     @jax.jit
     def act(params, obs, key):
+        """One [num_envs, width] float32 array (a single transfer to the host): action
+        (its float32 image for discrete ids), log-prob, value, action probabilities."""
         pi_params, value = rollout_net.apply(params, obs)
         action = distributions.sample(key, pi_params)
-        return action, distributions.log_prob(pi_params, action), value, distributions.action_probs(pi_params, action)
+        columns = (
+            action.reshape(config.num_envs, -1).astype(jnp.float32),
+            distributions.log_prob(pi_params, action)[:, None],
+            value[:, None],
+            distributions.action_probs(pi_params, action),
+        )
+        return jnp.concatenate(columns, axis=1)
+
+    action_width = spec.action_dim if spec.continuous else 1
+
+    def unpack(packed):
+        action = packed[:, :action_width]
+        action = action if spec.continuous else action[:, 0].astype(np.int32)
+        return action, packed[:, action_width], packed[:, action_width + 1], packed[:, action_width + 2:]
+
+    update = make_update_fn(config, spec, grad_transform)
 
     @jax.jit
-    def values(params, obs):
-        return rollout_net.apply(params, obs, method=ActorCritic.value)
+    def learn(train_state, columns: dict, last_obs, key):
+        """Bootstraps truncations, then the PPO update: one compiled call per rollout."""
+        value_of = lambda obs: rollout_net.apply(train_state.params, obs, method=ActorCritic.value)  # noqa: E731
+        traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value", "probs")}
+        traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
+        traj["reward"] = bootstrap_truncated(
+            columns["reward"], columns["truncated"], columns["terminated"], value_of(columns["final_obs"]), config.gamma
+        )
+        return update(train_state, traj, value_of(last_obs), key)
 
     host = {"obs": None, "episode_return": np.zeros(config.num_envs, np.float32)}
+    column_names = ("obs", "action", "log_prob", "value", "probs", "reward", "terminated", "truncated", "final_obs")
 
     def init(key) -> HostRunnerState:
         state_key, run_key = jax.random.split(key)
@@ -52,46 +76,33 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         params = runner.train_state.params
         rng, update_key = jax.random.split(runner.rng)
         step_keys = np.asarray(jax.random.split(rng, config.num_steps + 1))
-        columns = {k: [] for k in ("obs", "action", "log_prob", "value", "probs", "reward", "terminated", "truncated", "final_obs")}
+        columns = {k: [] for k in column_names}
         finished = []
         for t in range(config.num_steps):
             obs = host["obs"]
-            action, log_mu, value, probs = jax.device_get(act(params, obs, step_keys[t]))
+            action, log_mu, value, probs = unpack(np.asarray(act(params, obs, step_keys[t])))
             next_obs, reward, terminated, truncated, final_obs = env.step(action)
-            for k, v in zip(columns, (obs, action, log_mu, value, probs, reward, terminated, truncated, final_obs)):
+            for k, v in zip(column_names, (obs, action, log_mu, value, probs, reward, terminated, truncated, final_obs)):
                 columns[k].append(v)
             host["episode_return"] += reward
             done = terminated | truncated
             finished.extend(host["episode_return"][done].tolist())
             host["episode_return"][done] = 0.0
             host["obs"] = next_obs
-        traj = {k: jnp.asarray(np.stack(v)) for k, v in columns.items()}
-        final_value = values(params, traj.pop("final_obs"))
-        traj["done"] = jnp.logical_or(traj["terminated"], traj["truncated"])
-        traj["reward"] = bootstrap_truncated(traj["reward"], traj.pop("truncated"), traj.pop("terminated"), final_value, config.gamma)
-        last_value = values(params, host["obs"])
-        train_state, metrics = update(runner.train_state, traj, last_value, update_key)
+        stacked = {k: np.stack(v) for k, v in columns.items()}
+        train_state, metrics = learn(runner.train_state, stacked, host["obs"], update_key)
         metrics["episodes"] = len(finished)
         metrics["return_sum"] = float(np.sum(finished)) if finished else 0.0
         return runner.replace(train_state=train_state, rng=jnp.asarray(step_keys[-1])), metrics
 
     def warmup(runner: HostRunnerState):
-        """Compiles the policy call and the update on dummy data (nothing is stepped)."""
+        """Compiles the policy call and the learner on dummy data (no env is stepped)."""
         params = runner.train_state.params
-        jax.block_until_ready(act(params, host["obs"], runner.rng))
-        jax.block_until_ready(values(params, np.zeros((config.num_steps, config.num_envs, spec.obs_dim), np.float32)))
-        jax.block_until_ready(values(params, host["obs"]))
-        shapes = jax.eval_shape(act, params, host["obs"], runner.rng)
-        traj = {
-            "obs": jnp.zeros((config.num_steps, config.num_envs, spec.obs_dim), jnp.float32),
-            "action": jnp.zeros((config.num_steps,) + shapes[0].shape, shapes[0].dtype),
-            "log_prob": jnp.zeros((config.num_steps, config.num_envs), jnp.float32),
-            "value": jnp.zeros((config.num_steps, config.num_envs), jnp.float32),
-            "probs": jnp.zeros((config.num_steps,) + shapes[3].shape, jnp.float32),
-            "reward": jnp.zeros((config.num_steps, config.num_envs), jnp.float32),
-            "done": jnp.zeros((config.num_steps, config.num_envs), bool),
-        }
-        jax.block_until_ready(update(runner.train_state, traj, jnp.zeros(config.num_envs, jnp.float32), runner.rng))
+        action, log_mu, value, probs = unpack(np.asarray(act(params, host["obs"], runner.rng)))
+        flags = np.zeros(config.num_envs, bool)
+        sample = (host["obs"], action, log_mu, value, probs, value, flags, flags, host["obs"])
+        columns = {k: np.stack([v] * config.num_steps) for k, v in zip(column_names, sample)}
+        jax.block_until_ready(learn(runner.train_state, columns, host["obs"], runner.rng))
 
     def run_chunk(runner: HostRunnerState, num_updates: int):
         per_update = []
