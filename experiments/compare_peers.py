@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from _report import emit
+
 
 def run_sb3(env_id: str, total_steps: int, num_envs: int, seed: int) -> dict:
     import torch
@@ -58,11 +60,7 @@ def main(argv=None) -> int:
              "| implementation | steps/s | vs SB3 | final return |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['impl']} | {r['steps_per_second']:.0f} | {r['steps_per_second'] / rows[0]['steps_per_second']:.2f}x | {r['final_return']:.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit(lines, args.out)
     return 0
 
 

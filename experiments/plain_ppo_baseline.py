@@ -3,7 +3,7 @@ scaling, no metrics beyond returns) on gymnax CartPole-v1, to measure what a mac
 without our machinery. Usage: python experiments/plain_ppo_baseline.py [fp16]
 """
 import time, jax, jax.numpy as jnp, numpy as np, optax, gymnax, flax.linen as nn
-from flax.linen.initializers import constant, orthogonal
+from flax.linen.initializers import orthogonal
 from flax.training.train_state import TrainState
 import sys
 DT = jnp.float16 if len(sys.argv) > 1 and sys.argv[1] == "fp16" else jnp.float32

@@ -14,6 +14,8 @@ import sys
 
 from genesis_jax.ppo import PPOConfig, train
 
+from _report import emit
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,11 +43,7 @@ def main(argv=None) -> int:
     for v in variants:
         med = statistics.median(results[v])
         lines.append(f"| {v} | {med:.0f} | {min(results[v]):.0f} | {max(results[v]):.0f} | {med / base:.3f}x | {', '.join(f'{r:.1f}' for r in finals[v])} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -18,6 +18,8 @@ from genesis_jax.world_model import WorldModelConfig, train
 
 COLUMNS = ("precision", "steps_per_second", "activation_bytes", "compiled_temp_bytes", "peak_device_bytes", "eval_loss", "skipped_updates", "loss_scale")
 
+from _report import emit
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,11 +51,7 @@ def main(argv=None) -> int:
         cells = [r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in COLUMNS]
         lines.append("| " + " | ".join(str(c) for c in cells) +
                      f" | {r['steps_per_second'] / base['steps_per_second']:.2f}x | {r['activation_bytes'] / base['activation_bytes']:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -22,8 +22,7 @@ def run_demo(precision: str = "fp16", steps: int = 500, seed: int = 0, loss_scal
     x = jax.random.normal(kx, (1024, 8))
     y = jnp.sin(x).sum(-1, keepdims=True)
     model = MLP(features=(64, 64, 1), dtype=prec.compute_dtype)
-    extra = {"growth_interval": growth_interval, "min_scale": min_loss_scale} if prec.loss_scaling == "dynamic" else {}
-    scaler = make_loss_scale(prec.loss_scaling, init_scale=init_loss_scale, **extra)
+    scaler = make_loss_scale(prec.loss_scaling, init_loss_scale, growth_interval, min_loss_scale)
 
     def loss_fn(params, batch):
         return jnp.mean((model.apply(params, batch[0]) - batch[1]) ** 2)

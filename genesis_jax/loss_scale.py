@@ -162,10 +162,11 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
-def make_loss_scale(kind: str, init_scale: float = 2.0**16, **dynamic_kwargs) -> LossScale:
-    """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'."""
+def make_loss_scale(kind: str, init_scale: float = 2.0**16, growth_interval: int = 2000, min_scale: float | None = None) -> LossScale:
+    """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'.
+    `growth_interval` and `min_scale` concern the dynamic kind only."""
     if kind == "dynamic":
-        return DynamicLossScale(init_scale=init_scale, **dynamic_kwargs)
+        return DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
     if kind == "static":
         return StaticLossScale(init_scale)
     if kind == "none":

@@ -131,3 +131,28 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
         f"ENABLE_FP16_TRAINING={flag!r} is not understood; use one of "
         f"{', '.join(_TRUE_WORDS)} (fp16) or {', '.join(_FALSE_WORDS)} (fp32)"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedPrecisionConfig:
+    """The precision fields every trainer config shares; `precision=None` resolves from
+    GENESIS_PRECISION / ENABLE_FP16_TRAINING once, at construction."""
+
+    precision: str | None = None
+    loss_scaling: str | None = None  # None: the precision's default
+    init_loss_scale: float = 2.0**16
+    growth_interval: int = 2000
+    min_loss_scale: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "precision", resolve_precision_name(self.precision))
+        self.train_precision()  # fail now on an unknown name
+        self.make_loss_scale()  # ... or bad scaler settings
+
+    def train_precision(self) -> Precision:
+        return get_precision(self.precision, self.loss_scaling)
+
+    def make_loss_scale(self):
+        from genesis_jax.loss_scale import make_loss_scale
+
+        return make_loss_scale(self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)

@@ -5,19 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from genesis_jax.precision import Precision, get_precision, resolve_precision_name
+from genesis_jax.precision import MixedPrecisionConfig, Precision, get_precision
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(MixedPrecisionConfig):
     env: str = "CartPole-v1"
     env_backend: str | None = None  # gymnax | gymnasium; None: gymnax where it has the id
-    precision: str | None = None  # None: GENESIS_PRECISION / ENABLE_FP16_TRAINING, else fp32
     rollout_precision: str | None = None  # None: the training precision
-    loss_scaling: str | None = None  # None: the precision's default
-    init_loss_scale: float = 2.0**16
-    growth_interval: int = 2000
-    min_loss_scale: float | None = None
     total_steps: int = 500_000
     num_envs: int = 4
     num_steps: int = 128
@@ -41,7 +36,7 @@ class PPOConfig:
     updates_per_chunk: int | None = None  # None: about 25 progress reports per run
 
     def __post_init__(self):
-        object.__setattr__(self, "precision", resolve_precision_name(self.precision))
+        super().__post_init__()
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         positive = ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat")
         for name in positive:
@@ -66,8 +61,7 @@ class PPOConfig:
             raise ValueError(f"vectorization must be sync or async, got {self.vectorization!r}")
         if self.updates_per_chunk is not None and self.updates_per_chunk < 1:
             raise ValueError(f"updates-per-chunk must be >= 1, got {self.updates_per_chunk}")
-        self.train_precision()  # fail now on an unknown name, not after env set-up
-        self.rollout_precision_resolved()
+        self.rollout_precision_resolved()  # fail now on an unknown name, not after env set-up
 
     @property
     def batch_size(self) -> int:
@@ -80,9 +74,6 @@ class PPOConfig:
     @property
     def num_updates(self) -> int:
         return self.total_steps // self.batch_size
-
-    def train_precision(self) -> Precision:
-        return get_precision(self.precision, self.loss_scaling)
 
     def rollout_precision_resolved(self) -> Precision:
         return get_precision(self.rollout_precision or self.precision)

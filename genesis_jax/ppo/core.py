@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.envs.registry import EnvSpec
-from genesis_jax.loss_scale import make_loss_scale
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
@@ -53,11 +52,7 @@ def init_train_state(config: PPOConfig, spec: EnvSpec, key) -> TrainState:
     net_key, state_key = jax.random.split(key)
     network = make_network(config, spec, precision)
     params = network.init(net_key, jnp.zeros((1, spec.obs_dim), jnp.float32))
-    scaler = make_loss_scale(
-        precision.loss_scaling,
-        init_scale=config.init_loss_scale,
-        **({"growth_interval": config.growth_interval, "min_scale": config.min_loss_scale} if precision.loss_scaling == "dynamic" else {}),
-    )
+    scaler = config.make_loss_scale()
     return TrainState.create(params, make_optimizer(config), scaler, state_key, precision)
 
 

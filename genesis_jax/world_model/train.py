@@ -20,24 +20,18 @@ import optax
 
 from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.loss_scale import make_loss_scale
 from genesis_jax.nets.world_model import WorldModel
-from genesis_jax.precision import get_precision, resolve_precision_name
+from genesis_jax.precision import MixedPrecisionConfig
 from genesis_jax.update import TrainState, mixed_precision_update
 from genesis_jax.world_model import data as wm_data
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldModelConfig:
+class WorldModelConfig(MixedPrecisionConfig):
     data: str = "synthetic"  # synthetic | a gymnax env id | a path to a .npz dataset
     num_sequences: int = 2048
     sequence_length: int = 32
     eval_fraction: float = 0.2
-    precision: str | None = None  # None: GENESIS_PRECISION / ENABLE_FP16_TRAINING, else fp32
-    loss_scaling: str | None = None
-    init_loss_scale: float = 2.0**16
-    growth_interval: int = 2000
-    min_loss_scale: float | None = None
     epochs: int = 20
     batch_size: int = 1024
     width: int = 128
@@ -49,7 +43,7 @@ class WorldModelConfig:
     seed: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "precision", resolve_precision_name(self.precision))
+        super().__post_init__()
         for name in ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -60,7 +54,6 @@ class WorldModelConfig:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if self.horizon > self.sequence_length:
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
-        get_precision(self.precision, self.loss_scaling)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,7 +140,7 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     final checkpoint under `out_dir` when one is given."""
     run_dir = runs.RunDirectory(out_dir, overwrite=overwrite) if out_dir else None
     wall_start = time.perf_counter()
-    precision = get_precision(config.precision, config.loss_scaling)
+    precision = config.train_precision()
     dataset = load_data(config)
     train_seqs, eval_seqs = wm_data.split(dataset, config.eval_fraction)
     train_set = {k: jnp.asarray(v) for k, v in windows(train_seqs, config.horizon).items() if k != "floor"}
@@ -164,9 +157,7 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     init_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed))
     sample = jax.tree.map(lambda x: x[:1], train_set)
     params = model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
-    scaler_kwargs = {"growth_interval": config.growth_interval, "min_scale": config.min_loss_scale} if precision.loss_scaling == "dynamic" else {}
-    scaler = make_loss_scale(precision.loss_scaling, init_scale=config.init_loss_scale, **scaler_kwargs)
-    state = TrainState.create(params, optax.adam(config.lr), scaler, run_key, precision)
+    state = TrainState.create(params, optax.adam(config.lr), config.make_loss_scale(), run_key, precision)
     step = functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=config.max_grad_norm, grad_transform=grad_transform)
 
     def epoch(state: TrainState, data: dict):
