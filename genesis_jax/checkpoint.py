@@ -155,6 +155,12 @@ class CheckpointStore:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         return step
 
+    def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
+        """The newest (or given) step as a plain nested dict of arrays, and its meta."""
+        step = self._resolve_step(step)
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        return restored["state"], restored["meta"]
+
     def restore(self, target, step: int | None = None) -> tuple[Any, dict]:
         """Restores the newest (or given) step into the structure and dtypes of `target`."""
         step = self._resolve_step(step)

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(ppo)
 
     wm = train_sub.add_parser("world-model", help="a world model from trajectories")
-    wm.add_argument("--data", default="synthetic", help="synthetic | a gymnax env id (random policy) | a .npz from 'collect'")
+    wm.add_argument("--data", default="synthetic", help="synthetic | an env id (random policy) | a .npz from 'collect'")
     _add_precision_args(wm)
     wm.add_argument("--epochs", type=int, default=20)
     wm.add_argument("--batch-size", type=int, default=1024)
@@ -97,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("--overwrite", action="store_true")
     wm.add_argument("--no-progress", action="store_true")
 
-    collect = sub.add_parser("collect", help="collect random-policy trajectories from a gymnax env into a .npz")
+    collect = sub.add_parser("collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz")
     collect.add_argument("--env", required=True)
+    collect.add_argument("--env-backend", choices=("gymnax", "gymnasium"), default=None)
+    collect.add_argument("--policy", default="random", help="random, or a PPO run directory (its newest checkpoint acts)")
     collect.add_argument("--num-sequences", type=int, default=256)
     collect.add_argument("--sequence-length", type=int, default=64)
     collect.add_argument("--seed", type=int, default=0)
@@ -202,9 +204,9 @@ def _run_collect(args) -> int:
         raise ValueError(f"dataset path must end in .npz, got {args.out!r}")
     if args.num_sequences < 1 or args.sequence_length < 1:
         raise ValueError("num-sequences and sequence-length must be positive integers")
-    data = collect_dataset(args.env, args.num_sequences, args.sequence_length, args.seed)
+    data = collect_dataset(args.env, args.num_sequences, args.sequence_length, args.seed, args.env_backend, args.policy)
     save_dataset(data, args.out)
-    print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps of {args.env}")
+    print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")
     return 0
 
 

@@ -64,6 +64,22 @@ def test_per_epoch_skips_equal_injected_steps(tmp_path):
     assert (tmp_path / "wm" / "world_model.png").exists()
 
 
+def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path):
+    from genesis_jax.ppo import PPOConfig
+    from genesis_jax.ppo import train as train_ppo
+
+    run = tmp_path / "ppo"
+    train_ppo(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048), out_dir=str(run), progress=False)
+    trained = wm_data.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=str(run))
+    assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
+    host = wm_data.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")
+    assert host["obs"].shape == (4, 13, 4) and host["meta"]["source"].startswith("gymnasium:")
+    # one-step targets are the true next observations, before any reset
+    assert np.all(np.abs(host["next_obs"][:, :, 0] - host["obs"][:, :12, 0]) < 0.2)
+    with pytest.raises(ValueError, match="trained on CartPole-v1, not Acrobot-v1"):
+        wm_data.collect_dataset("Acrobot-v1", 2, 2, policy=str(run))
+
+
 def test_multistep_gru_and_collected_data(tmp_path):
     path = str(tmp_path / "cartpole.npz")
     assert main(["collect", "--env", "CartPole-v1", "--num-sequences", "32", "--sequence-length", "16", "--out", path]) == 0

@@ -55,48 +55,126 @@ def synthetic_dataset(num_sequences: int = 512, length: int = 32, seed: int = 0,
     }
 
 
-def collect_dataset(env_id: str, num_sequences: int = 64, length: int = 64, seed: int = 0) -> dict:
-    """Random-policy trajectories from a gymnax environment id (vmapped, under jit)."""
+def ppo_policy(run_dir: str):
+    """(act, env id, description) from a PPO run's newest checkpoint:
+    `act(key, obs) -> action`, sampling from the trained policy in its training precision."""
+    import jax
+
+    from genesis_jax.checkpoint import CheckpointStore
+    from genesis_jax.envs.registry import resolve_env
+    from genesis_jax.nets.actor_critic import ActorCritic
+    from genesis_jax.ppo import distributions
+    from genesis_jax.ppo.config import PPOConfig
+    from genesis_jax.ppo.core import make_network
+
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"no PPO checkpoints in {run_dir}")
+    with CheckpointStore(ckpt_dir, async_save=False) as store:
+        state, meta = store.restore_raw()
+    if meta.get("kind") != "ppo":
+        raise ValueError(f"{run_dir} holds a {meta.get('kind')!r} checkpoint, not a PPO one")
+    config = PPOConfig(**{k: v for k, v in meta["config"].items() if k in PPOConfig.__dataclass_fields__})
+    spec = resolve_env(config.env, config.env_backend)
+    network = make_network(config, spec, config.train_precision())
+    params = state["train_state"]["params"]
+    if int(np.asarray(state["train_state"]["step"]).ndim) > 0:
+        params = jax.tree.map(lambda x: x[0], params)  # a multi-seed run: the first seed's policy
+
+    @jax.jit
+    def act(key, obs):
+        return distributions.sample(key, network.apply(params, obs, method=ActorCritic.policy))
+
+    return act, config.env, f"PPO checkpoint {run_dir} step {meta['step']}"
+
+
+def _random_policy(spec, num_envs: int):
     import jax
     import jax.numpy as jnp
 
+    def act(key, obs):
+        del obs
+        if spec.continuous:
+            return jax.random.uniform(key, (num_envs, spec.action_dim), minval=jnp.asarray(spec.action_low), maxval=jnp.asarray(spec.action_high))
+        return jax.random.randint(key, (num_envs,), 0, spec.action_dim)
+
+    return jax.jit(act)
+
+
+def collect_dataset(env_id: str, num_sequences: int = 64, length: int = 64, seed: int = 0, backend: str | None = None,
+                    policy: str = "random") -> dict:
+    """Trajectories from a gymnax (vmapped, under jit) or gymnasium (host) environment id,
+    acting with a random policy or, with `policy=<PPO run directory>`, a trained one.
+
+    Sequences run on across episode ends; `next_obs` holds each step's pre-reset observation,
+    so every one-step target is right (a multi-step window may span an episode end).
+    """
+    import jax
+
+    from genesis_jax.envs.registry import resolve_backend, resolve_env
+
+    if policy != "random":
+        act, trained_env, description = ppo_policy(policy)
+        if trained_env != env_id:
+            raise ValueError(f"the PPO run in {policy} was trained on {trained_env}, not {env_id}")
+    backend = resolve_backend(env_id, backend)
+    spec = resolve_env(env_id, backend)
+    if policy == "random":
+        act, description = _random_policy(spec, num_sequences), "random policy"
+    keys = jax.random.split(jax.random.PRNGKey(seed), length + 1)
+    if backend == "gymnax":
+        o, a, r, term, final = _collect_gymnax(env_id, num_sequences, length, act, keys)
+    else:
+        o, a, r, term, final = _collect_gymnasium(env_id, num_sequences, length, act, keys, seed)
+    obs = np.concatenate([o, final[-1:]], axis=0).swapaxes(0, 1)
+    return {
+        "obs": obs.astype(np.float32),
+        "next_obs": final.swapaxes(0, 1).astype(np.float32),
+        "action": a.swapaxes(0, 1),
+        "reward": r.swapaxes(0, 1).astype(np.float32),
+        "terminated": term.swapaxes(0, 1).astype(np.float32),
+        "meta": {"source": f"{backend}:{env_id}({description}, seed={seed})", "discrete_actions": not spec.continuous,
+                 "action_dim": spec.action_dim},
+    }
+
+
+def _collect_gymnax(env_id, num_envs, length, act, keys):
+    import jax
+
     from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 
-    env = GymnaxVecEnv(env_id, num_sequences)
-    spec = env.spec
-
-    def random_action(key):
-        if spec.continuous:
-            return jax.random.uniform(key, (num_sequences, spec.action_dim), minval=jnp.asarray(spec.action_low), maxval=jnp.asarray(spec.action_high))
-        return jax.random.randint(key, (num_sequences,), 0, spec.action_dim)
+    env = GymnaxVecEnv(env_id, num_envs)
 
     def step(carry, key):
         obs, state = carry
         k_act, k_env = jax.random.split(key)
-        action = random_action(k_act)
-        next_obs, state, reward, terminated, truncated, final_obs = env.step(k_env, state, action)
+        action = act(k_act, obs)
+        next_obs, state, reward, terminated, _, final_obs = env.step(k_env, state, action)
         return (next_obs, state), (obs, action, reward, terminated, final_obs)
 
     @jax.jit
-    def rollout(key):
-        k0, k1 = jax.random.split(key)
-        obs, state = env.reset(k0)
-        _, (o, act, r, term, final) = jax.lax.scan(step, (obs, state), jax.random.split(k1, length))
-        return o, act, r, term, final
+    def rollout(reset_key, step_keys):
+        obs, state = env.reset(reset_key)
+        return jax.lax.scan(step, (obs, state), step_keys)[1]
 
-    o, act, r, term, final = (np.asarray(x) for x in rollout(jax.random.PRNGKey(seed)))
-    # Sequences run across resets; each transition's target is the pre-reset observation.
-    obs = np.concatenate([o, final[-1:]], axis=0).swapaxes(0, 1)
-    next_obs = final.swapaxes(0, 1)
-    return {
-        "obs": obs.astype(np.float32),
-        "next_obs": next_obs.astype(np.float32),
-        "action": act.swapaxes(0, 1),
-        "reward": r.swapaxes(0, 1).astype(np.float32),
-        "terminated": term.swapaxes(0, 1).astype(np.float32),
-        "meta": {"source": f"gymnax:{env_id}(random policy, seed={seed})", "discrete_actions": not spec.continuous,
-                 "action_dim": spec.action_dim},
-    }
+    return tuple(np.asarray(x) for x in rollout(keys[0], keys[1:]))
+
+
+def _collect_gymnasium(env_id, num_envs, length, act, keys, seed):
+    from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
+
+    env = GymnasiumVecEnv(env_id, num_envs)
+    try:
+        obs = env.reset(seed=seed)
+        columns = []
+        for t in range(length):
+            action = np.asarray(act(keys[t + 1], obs))
+            next_obs, reward, terminated, _, final_obs = env.step(action)
+            columns.append((obs, action, reward, terminated, final_obs))
+            obs = next_obs
+    finally:
+        env.close()
+    return tuple(np.stack(c) for c in zip(*columns))
 
 
 def save_dataset(data: dict, path: str) -> None:

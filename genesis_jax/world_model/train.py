@@ -28,7 +28,7 @@ from genesis_jax.world_model import data as wm_data
 
 @dataclasses.dataclass(frozen=True)
 class WorldModelConfig(MixedPrecisionConfig):
-    data: str = "synthetic"  # synthetic | a gymnax env id | a path to a .npz dataset
+    data: str = "synthetic"  # synthetic | a gymnax or gymnasium env id | a path to a .npz dataset
     num_sequences: int = 2048
     sequence_length: int = 32
     eval_fraction: float = 0.2
@@ -71,11 +71,8 @@ def load_data(config: WorldModelConfig) -> dict:
         return wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
     if config.data.endswith(".npz"):
         return wm_data.load_dataset(config.data)
-    from genesis_jax.envs.registry import resolve_backend
-
-    if resolve_backend(config.data, "gymnax") == "gymnax":
-        return wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
-    raise ValueError(f"unknown world-model data {config.data!r}")
+    # An environment id (gymnax or gymnasium): random-policy data; unknown ids fail there.
+    return wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
 
 
 def windows(data: dict, horizon: int) -> dict:
