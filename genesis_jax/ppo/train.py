@@ -179,7 +179,7 @@ def train(
         compile_start = time.perf_counter()
         call = compile_chunks(runner, per_chunk)
         compile_seconds = time.perf_counter() - compile_start
-        run_seconds, run_steps, last_ckpt = 0.0, 0, done_updates
+        run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
         bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
         while done_updates < config.num_updates:
             t0 = time.perf_counter()
@@ -193,8 +193,10 @@ def train(
             if run_dir:
                 run_dir.append_metrics(new_rows)
             bar.update(per_chunk * config.batch_size)
+            finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
+            last_return = finished[-1] if finished else last_return
             bar.set_postfix(
-                ret=f"{new_rows[-1]['episode_return'] or float('nan'):.1f}",
+                ret=f"{last_return:.1f}",
                 scale=f"{new_rows[-1]['loss_scale']:.0f}",
                 skipped=int(np.sum(np.asarray(runner.train_state.skipped))),
                 sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-",
