@@ -78,7 +78,11 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
 
     def loss_fn(params, batch):
         pi_params, values = network.apply(params, batch["obs"])
-        return ppo_loss(pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value)
+        loss, aux = ppo_loss(pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value)
+        # The learner's view, kept for the mismatch metric (read on the first minibatch only).
+        aux["log_pi"] = distributions.log_prob(pi_params, batch["action"])
+        aux["probs_pi"] = distributions.action_probs(pi_params, batch["action"])
+        return loss, aux
 
     step = functools.partial(
         mixed_precision_update, loss_fn=loss_fn, max_grad_norm=config.max_grad_norm, grad_transform=grad_transform
@@ -90,22 +94,24 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         )
         data = _flatten_time_env(
             {"obs": traj["obs"], "action": traj["action"], "log_prob": traj["log_prob"], "value": traj["value"],
-             "advantage": advantages, "target": targets}
+             "advantage": advantages, "target": targets, "probs": traj["probs"]}
         )
-        # The learner's view of the rollout before any parameter changes this update.
-        pi_params = network.apply(train_state.params, data["obs"], method=ActorCritic.policy)
-        log_pi = distributions.log_prob(pi_params, data["action"])
-        probs_pi = distributions.action_probs(pi_params, data["action"])
-        mismatch = mismatch_metrics(data["log_prob"], log_pi, traj["probs"].reshape(probs_pi.shape), probs_pi)
 
         def epoch(state, epoch_key):
             perm = jax.random.permutation(epoch_key, config.batch_size)
             shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
-            return jax.lax.scan(step, state, shuffled)
+            state, metrics = jax.lax.scan(step, state, shuffled)
+            return state, (metrics, jax.tree.map(lambda x: x[0], shuffled))
 
         skipped_before = train_state.skipped
-        train_state, metrics = jax.lax.scan(epoch, train_state, jax.random.split(key, config.update_epochs))
-        aux = jax.tree.map(jnp.mean, metrics.pop("aux"))
+        epoch_keys = jax.random.split(key, config.update_epochs)
+        train_state, (metrics, first_minibatches) = jax.lax.scan(epoch, train_state, epoch_keys)
+        aux = metrics.pop("aux")
+        # The mismatch on the update's first minibatch: the only one the learner evaluates
+        # before any parameter change, so it costs no extra forward pass.
+        first = jax.tree.map(lambda x: x[0], first_minibatches)
+        mismatch = mismatch_metrics(first["log_prob"], aux.pop("log_pi")[0, 0], first["probs"], aux.pop("probs_pi")[0, 0])
+        aux = jax.tree.map(jnp.mean, aux)
         finite = metrics["grads_finite"]
         finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)  # noqa: E731
         return train_state, {
