@@ -17,7 +17,7 @@ from genesis_jax.envs.registry import EnvSpec
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
-from genesis_jax.ppo.gae import compute_gae
+from genesis_jax.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.ppo.loss import ppo_loss
 from genesis_jax.update import TrainState, mixed_precision_update
 
@@ -65,6 +65,23 @@ def mismatch_metrics(log_mu, log_pi, probs_mu, probs_pi) -> dict:
         "mismatch_max_dp": jnp.max(jnp.abs(probs_mu - probs_pi)),
         "mismatch_ratio_dev": jnp.mean(jnp.abs(jnp.exp(log_pi - log_mu) - 1.0)),
     }
+
+
+def finish_rollout(columns: dict, value_fn, gamma: float) -> dict:
+    """The update's `traj` from raw rollout columns (obs, action, log_prob, value, probs,
+    reward, terminated, truncated, final_obs): `done` derived, and truncated episodes'
+    rewards bootstrapped from V(pre-reset observation). That value pass over the whole
+    rollout is skipped when no episode in it was truncated."""
+    final_value = jax.lax.cond(
+        jnp.any(columns["truncated"]),
+        value_fn,
+        lambda obs: jnp.zeros(obs.shape[:-1], jnp.float32),
+        columns["final_obs"],
+    )
+    traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value", "probs")}
+    traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
+    traj["reward"] = bootstrap_truncated(columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma)
+    return traj
 
 
 def _flatten_time_env(tree):

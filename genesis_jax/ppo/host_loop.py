@@ -12,8 +12,7 @@ from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
-from genesis_jax.ppo.core import init_train_state, make_network, make_update_fn
-from genesis_jax.ppo.gae import bootstrap_truncated
+from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn
 from genesis_jax.update import TrainState
 
 
@@ -56,12 +55,7 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     def learn(train_state, columns: dict, last_obs, key):
         """Bootstraps truncations, then the PPO update: one compiled call per rollout."""
         value_of = lambda obs: rollout_net.apply(train_state.params, obs, method=ActorCritic.value)  # noqa: E731
-        traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value", "probs")}
-        traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
-        traj["reward"] = bootstrap_truncated(
-            columns["reward"], columns["truncated"], columns["terminated"], value_of(columns["final_obs"]), config.gamma
-        )
-        return update(train_state, traj, value_of(last_obs), key)
+        return update(train_state, finish_rollout(columns, value_of, config.gamma), value_of(last_obs), key)
 
     host = {"obs": None, "episode_return": np.zeros(config.num_envs, np.float32)}
     column_names = ("obs", "action", "log_prob", "value", "probs", "reward", "terminated", "truncated", "final_obs")
@@ -92,7 +86,7 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         stacked = {k: np.stack(v) for k, v in columns.items()}
         train_state, metrics = learn(runner.train_state, stacked, host["obs"], update_key)
         metrics["episodes"] = len(finished)
-        metrics["return_sum"] = float(np.sum(finished)) if finished else 0.0
+        metrics["return_sum"] = float(np.sum(finished))
         return runner.replace(train_state=train_state, rng=jnp.asarray(step_keys[-1])), metrics
 
     def warmup(runner: HostRunnerState):

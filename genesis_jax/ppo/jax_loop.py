@@ -18,8 +18,7 @@ from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
-from genesis_jax.ppo.core import init_train_state, make_network, make_update_fn
-from genesis_jax.ppo.gae import bootstrap_truncated
+from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn
 from genesis_jax.update import TrainState
 
 
@@ -67,7 +66,6 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None):
             "terminated": terminated,
             "truncated": truncated,
             "final_obs": final_obs,
-            "done": done,
             "probs": probs,
             "finished_return": jnp.where(done, episode_return, 0.0),
         }
@@ -77,23 +75,13 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None):
         return runner, transition
 
     def one_update(runner: RunnerState, _):
-        runner, traj = jax.lax.scan(env_step, runner, None, config.num_steps)
-        params = runner.train_state.params
-        last_value = rollout_net.apply(params, runner.obs, method=ActorCritic.value)
-        # Values of the pre-reset observations, needed only where an episode was truncated:
-        # one batched call, skipped when no episode in the rollout was.
-        final_obs = traj.pop("final_obs")
-        final_value = jax.lax.cond(
-            jnp.any(traj["truncated"]),
-            lambda o: rollout_net.apply(params, o, method=ActorCritic.value),
-            lambda o: jnp.zeros(o.shape[:-1], jnp.float32),
-            final_obs,
-        )
-        traj["reward"] = bootstrap_truncated(traj["reward"], traj.pop("truncated"), traj.pop("terminated"), final_value, config.gamma)
+        runner, columns = jax.lax.scan(env_step, runner, None, config.num_steps)
+        value_of = lambda obs: rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
+        traj = finish_rollout(columns, value_of, config.gamma)
         rng, update_key = jax.random.split(runner.rng)
-        train_state, metrics = update(runner.train_state, traj, last_value, update_key)
+        train_state, metrics = update(runner.train_state, traj, value_of(runner.obs), update_key)
         metrics["episodes"] = traj["done"].sum()
-        metrics["return_sum"] = traj["finished_return"].sum()
+        metrics["return_sum"] = columns["finished_return"].sum()
         return runner.replace(train_state=train_state, rng=rng), metrics
 
     def run_chunk(runner: RunnerState, num_updates: int):
