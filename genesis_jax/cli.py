@@ -150,11 +150,9 @@ def _ppo_config(args):
 
 
 def _run_ppo(args) -> int:
-    from genesis_jax.envs.registry import resolve_env
     from genesis_jax.ppo import train
 
     config = _ppo_config(args)
-    resolve_env(config.env, config.env_backend)  # a bad id fails before anything is written
     result = train(
         config,
         out_dir=args.out,

@@ -16,7 +16,7 @@ import numpy as np
 
 from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.envs.registry import resolve_backend
+from genesis_jax.envs.registry import resolve_env
 from genesis_jax.ppo.config import PPOConfig
 
 # Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
@@ -55,9 +55,9 @@ def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25)
     return min(divisors, key=lambda d: (abs(d - ideal), d))
 
 
-def _build(config: PPOConfig, grad_transform=None):
+def _build(config: PPOConfig, backend: str, grad_transform=None):
     """(init(keys) -> runner, compile_chunks(runner, n) -> run(runner), host env or None)."""
-    if resolve_backend(config.env, config.env_backend) == "gymnax":
+    if backend == "gymnax":
         from genesis_jax.ppo.jax_loop import make_jax_ppo
 
         init, run_chunk, spec = make_jax_ppo(config, grad_transform)
@@ -68,8 +68,7 @@ def _build(config: PPOConfig, grad_transform=None):
         jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0)
 
         def compile_chunks(runner, per_chunk):
-            compiled = jitted.lower(runner, per_chunk).compile()
-            return compiled
+            return jitted.lower(runner, per_chunk).compile()
 
         return init, compile_chunks, None
     from genesis_jax.ppo.host_loop import make_host_ppo
@@ -158,10 +157,11 @@ def train(
     checkpoints under `out_dir` when one is given. `checkpoint_every` is in env steps."""
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+    # A bad id or an unsupported space fails here, before anything is written.
+    backend = resolve_env(config.env, config.env_backend).backend
     run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
     wall_start = time.perf_counter()
-    backend = resolve_backend(config.env, config.env_backend)
-    init, compile_chunks, host_env = _build(config, grad_transform)
+    init, compile_chunks, host_env = _build(config, backend, grad_transform)
     per_chunk = chunk_size(config.num_updates, config.updates_per_chunk)
     if checkpoint_every and run_dir:
         per_chunk = min(per_chunk, max(1, checkpoint_every // config.batch_size))
