@@ -122,22 +122,27 @@ def _pyplot():
     return plt
 
 
-def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: float | None = None) -> None:
-    """Curves over `x_key` above the loss scale; a dashed line at the known floor."""
+def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: float | None = None,
+                log_y: bool = True, x_label: str | None = None, y_label: str | None = None) -> None:
+    """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known floor."""
     plt = _pyplot()
     xs = [r[x_key] for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for key in y_keys:
-        ax1.plot(xs, [r[key] for r in rows], label=key)
+        ax1.plot(xs, [float("nan") if r[key] is None else r[key] for r in rows], label=key)
     if floor is not None:
         ax1.axhline(floor, linestyle="--", color="gray", label="noise floor")
-    ax1.set_yscale("log")
-    ax1.legend()
+    if log_y:
+        ax1.set_yscale("log")
+    if y_label:
+        ax1.set_ylabel(y_label)
+    else:
+        ax1.legend()
     ax1.set_title(title)
     ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
     ax2.set_yscale("log", base=2)
     ax2.set_ylabel("loss scale")
-    ax2.set_xlabel(x_key)
+    ax2.set_xlabel(x_label or x_key)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -145,17 +150,5 @@ def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: f
 
 def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
     """Episode return and loss scale against environment steps."""
-    plt = _pyplot()
-    steps = [r["step"] for r in rows]
-    returns = [r["episode_return"] if r["episode_return"] is not None else float("nan") for r in rows]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax1.plot(steps, returns)
-    ax1.set_ylabel("mean episode return")
-    ax1.set_title(title)
-    ax2.plot(steps, [r["loss_scale"] for r in rows], color="tab:orange")
-    ax2.set_yscale("log", base=2)
-    ax2.set_ylabel("loss scale")
-    ax2.set_xlabel("environment steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot_curves(rows, "step", ("episode_return",), path, title, log_y=False,
+                x_label="environment steps", y_label="mean episode return")
