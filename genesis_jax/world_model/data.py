@@ -1,9 +1,10 @@
 """Trajectory datasets for the world model: synthetic (known true model) and collected.
 
 A dataset is a dict of numpy arrays over sequences: obs [N, T+1, D], action [N, T] (int)
-or [N, T, A], reward [N, T], terminated [N, T] (float 0/1), plus `meta` (a dict: source,
-discrete_actions, action_dim, noise_floor where known). Sequences, not transitions, so that
-the same data serves one-step and multi-step (open-loop) training.
+or [N, T, A], reward [N, T], terminated [N, T] (float 0/1), next_obs [N, T, D] for collected
+data (the pre-reset observations), floor [N, T] where the true model is known (each step's
+attainable loss), and `meta` (a dict: source, discrete_actions, action_dim). Sequences, not
+transitions, so that the same data serves one-step and multi-step (open-loop) training.
 """
 
 from __future__ import annotations
@@ -189,22 +190,6 @@ def load_dataset(path: str) -> dict:
         data = {k: f[k] for k in f.files if k != "meta"}
         data["meta"] = json.loads(str(f["meta"]))
     return data
-
-
-def transitions(data: dict) -> dict:
-    """One-step samples flattened over sequences and time."""
-    n, t = data["reward"].shape
-    next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
-    out = {
-        "obs": data["obs"][:, :t].reshape(n * t, -1),
-        "action": data["action"].reshape((n * t,) + data["action"].shape[2:]),
-        "next_obs": next_obs.reshape(n * t, -1),
-        "reward": data["reward"].reshape(n * t),
-        "terminated": data["terminated"].reshape(n * t),
-    }
-    if "floor" in data:
-        out["floor"] = data["floor"].reshape(n * t)
-    return out
 
 
 def split(data: dict, eval_fraction: float = 0.2) -> tuple[dict, dict]:

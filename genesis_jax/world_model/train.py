@@ -76,21 +76,22 @@ def load_data(config: WorldModelConfig) -> dict:
 
 
 def windows(data: dict, horizon: int) -> dict:
-    """Samples for training: one-step transitions, or open-loop windows of `horizon` steps."""
-    if horizon == 1:
-        t = wm_data.transitions(data)
-        return {k: v[:, None] if k in ("next_obs", "reward", "terminated", "action") else v for k, v in t.items()}
+    """Training samples: open-loop windows of `horizon` steps (one-step transitions for 1),
+    sequence by sequence; a known per-step noise floor comes along as `floor`."""
     n, length = data["reward"].shape
     next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
     starts = np.arange(length - horizon + 1)
     take = lambda x: np.stack([x[:, s:s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
-    return {
+    samples = {
         "obs": data["obs"][:, starts].reshape(n * len(starts), -1),
         "action": take(data["action"]),
         "next_obs": take(next_obs),
         "reward": take(data["reward"]),
         "terminated": take(data["terminated"]),
     }
+    if "floor" in data:
+        samples["floor"] = take(data["floor"])
+    return samples
 
 
 def make_model(config: WorldModelConfig, meta: dict, obs_dim: int, precision) -> WorldModel:
@@ -142,7 +143,9 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     train_seqs, eval_seqs = wm_data.split(dataset, config.eval_fraction)
     train_set = {k: jnp.asarray(v) for k, v in windows(train_seqs, config.horizon).items() if k != "floor"}
     eval_samples = windows(eval_seqs, config.horizon)
-    noise_floor = float(np.mean(eval_samples.pop("floor"))) if "floor" in eval_samples and config.horizon == 1 else None
+    floor = eval_samples.pop("floor", None)
+    # Known only for one-step prediction: open-loop errors compound beyond the noise.
+    noise_floor = float(np.mean(floor)) if floor is not None and config.horizon == 1 else None
     eval_set = {k: jnp.asarray(v) for k, v in eval_samples.items()}
     num_samples = train_set["obs"].shape[0]
     batches_per_epoch = num_samples // config.batch_size
