@@ -12,6 +12,7 @@ leaf). The spec lets a restore name exactly what differs before anything is read
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -26,6 +27,9 @@ from flax import serialization
 from genesis_jax.loss_scale import SCALER_TYPES, NoOpLossScale
 
 logger = logging.getLogger("genesis_jax")
+
+# Orbax writes each step into "<step>.orbax-checkpoint-tmp..." and renames it when complete.
+TMP_MARK = ".orbax-checkpoint-tmp"
 
 _VERSIONED_PACKAGES = ("genesis-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jmp", "numpy")
 
@@ -119,7 +123,20 @@ class CheckpointStore:
             enable_async_checkpointing=async_save,
             create=True,
         )
+        self._warn_incomplete()
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+
+    def _warn_incomplete(self):
+        """A save cut short (a killed process) leaves a temporary directory that Orbax never
+        renamed into a step; restores ignore it. Say so, so the lost step is no surprise."""
+        if not os.path.isdir(self.directory):
+            return
+        leftovers = sorted(name for name in os.listdir(self.directory) if TMP_MARK in name)
+        if leftovers:
+            logger.warning(
+                "ignoring %d incomplete checkpoint(s) in %s (a save was interrupted): %s",
+                len(leftovers), self.directory, ", ".join(leftovers),
+            )
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -147,7 +164,25 @@ class CheckpointStore:
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self._resolve_step(step)
-        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        with self._readable(step):
+            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if not isinstance(meta, dict) or "spec" not in meta:
+            raise CheckpointMismatchError(f"checkpoint at step {step} in {self.directory} was not written by genesis-jax")
+        return meta
+
+    @contextlib.contextmanager
+    def _readable(self, step: int):
+        """Turns Orbax's errors on a damaged or foreign checkpoint into one clear sentence."""
+        try:
+            yield
+        except CheckpointMismatchError:
+            raise
+        except Exception as err:  # Orbax raises many kinds here; the user needs one sentence
+            detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} cannot be read (corrupted or not a genesis-jax "
+                f"checkpoint): {detail}"
+            ) from err
 
     def _resolve_step(self, step):
         step = self.latest_step() if step is None else step
@@ -158,13 +193,20 @@ class CheckpointStore:
     def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
         """The newest (or given) step as a plain nested dict of arrays, and its meta."""
         step = self._resolve_step(step)
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-        return restored["state"], restored["meta"]
+        meta = self.read_meta(step)
+        with self._readable(step):
+            state = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+        return state, meta
 
-    def restore(self, target, step: int | None = None) -> tuple[Any, dict]:
-        """Restores the newest (or given) step into the structure and dtypes of `target`."""
+    def restore(self, target, step: int | None = None, kind: str | None = None) -> tuple[Any, dict]:
+        """Restores the newest (or given) step into the structure and dtypes of `target`;
+        `kind` (optional) is the workload the checkpoint must come from ('ppo', ...)."""
         step = self._resolve_step(step)
         meta = self.read_meta(step)
+        if kind is not None and meta.get("kind") != kind:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} comes from a {meta.get('kind') or 'unknown'} run, not {kind}"
+            )
         target_dict = serialization.to_state_dict(target)
         ts_path, target_ts = _find_train_state(target)
         target_scaler = None if target_ts is None else target_ts.loss_scale
@@ -179,14 +221,14 @@ class CheckpointStore:
         if fresh_scaler:
             # A run without scaler state (fp32, bf16) continued with loss scaling.
             target_dict = _set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
-        elif target_scaler is not None and saved_scaler != type(target_scaler).__name__:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {type(target_scaler).__name__}"
-            )
         if not fresh_scaler and meta.get("precision") != target_precision:
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} was written in precision {meta.get('precision')!r}, "
                 f"the run uses {target_precision!r}"
+            )
+        if not fresh_scaler and target_scaler is not None and saved_scaler != type(target_scaler).__name__:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {type(target_scaler).__name__}"
             )
         saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
         if saved_spec != target_spec:
@@ -194,9 +236,8 @@ class CheckpointStore:
                 f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
             )
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), target_dict)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-        )["state"]
+        with self._readable(step):
+            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         if fresh_scaler:
             logger.warning(
                 "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",

@@ -1,6 +1,8 @@
 """`genesis-jax`: train PPO (and more) in reduced precision from the command line.
 
-Bad input ends with one line on stderr and exit status 2, never a traceback.
+Bad input ends with one line on stderr and exit status 2, never a traceback; a run the
+divergence guard stops exits with 3; SIGINT / SIGTERM save a final checkpoint and exit with
+128 + the signal number (130 / 143).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import sys
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3  # the divergence guard stopped training (metrics and checkpoint written)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,10 +39,34 @@ def _add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-loss-scale", type=float, default=None, help="floor for the dynamic scale (default: none)")
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
+def _add_reliability_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("divergence guard and fault injection")
+    g.add_argument("--guard-min-scale", type=float, default=2.0**-14,
+                   help="stop when a skip would bring the loss scale below this (default 2^-14; 0: off)")
+    g.add_argument("--max-consecutive-skips", type=int, default=100,
+                   help="stop after more than this many skipped updates in a row (default 100; 0: off)")
+    g.add_argument("--inject-nonfinite", type=float, default=0.0, metavar="RATE",
+                   help="make the gradients non-finite on this fraction of updates (seeded by --seed)")
+    g.add_argument("--inject-loss-spike", type=_int_list, default=(), metavar="STEPS",
+                   help="comma-separated optimizer steps whose loss is multiplied by --loss-spike-factor")
+    g.add_argument("--loss-spike-factor", type=float, default=1e6)
+
+
+def _reliability_kwargs(args) -> dict:
+    return {
+        "guard_min_scale": None if args.guard_min_scale == 0 else args.guard_min_scale,
+        "max_consecutive_skips": None if args.max_consecutive_skips == 0 else args.max_consecutive_skips,
+        "inject_nonfinite": args.inject_nonfinite,
+        "inject_loss_spike": args.inject_loss_spike,
+        "loss_spike_factor": args.loss_spike_factor,
+    }
+
+
+def _add_run_args(p: argparse.ArgumentParser, checkpoint_unit: str) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory for metrics.jsonl, summary.json, the plot and checkpoints")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS", help="checkpoint every STEPS (0: only at the end)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar=checkpoint_unit.upper(),
+                   help=f"checkpoint every {checkpoint_unit.upper()} {checkpoint_unit} (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -78,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--vectorization", choices=("sync", "async"), default="sync", help="gymnasium vectorisation")
     ppo.add_argument("--action-repeat", type=int, default=1, help="gymnasium only")
     ppo.add_argument("--updates-per-chunk", type=int, default=None, help="updates per compiled chunk between reports")
-    _add_run_args(ppo)
+    _add_reliability_args(ppo)
+    _add_run_args(ppo, "steps")
 
     wm = train_sub.add_parser("world-model", help="a world model from trajectories")
     wm.add_argument("--data", default="synthetic", help="synthetic | an env id (random policy) | a .npz from 'collect'")
@@ -92,10 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("--num-sequences", type=int, default=2048)
     wm.add_argument("--sequence-length", type=int, default=32)
     wm.add_argument("--lr", type=float, default=1e-3)
-    wm.add_argument("--seed", type=int, default=0)
-    wm.add_argument("--out", default=None)
-    wm.add_argument("--overwrite", action="store_true")
-    wm.add_argument("--no-progress", action="store_true")
+    _add_reliability_args(wm)
+    _add_run_args(wm, "epochs")
 
     collect = sub.add_parser("collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz")
     collect.add_argument("--env", required=True)
@@ -146,6 +172,7 @@ def _ppo_config(args):
         vectorization=args.vectorization,
         action_repeat=args.action_repeat,
         updates_per_chunk=args.updates_per_chunk,
+        **_reliability_kwargs(args),
     )
 
 
@@ -180,8 +207,10 @@ def _run_world_model(args) -> int:
         growth_interval=args.growth_interval, min_loss_scale=args.min_loss_scale, epochs=args.epochs,
         batch_size=args.batch_size, width=args.width, depth=args.depth, core=args.core, horizon=args.horizon,
         num_sequences=args.num_sequences, sequence_length=args.sequence_length, lr=args.lr, seed=args.seed,
+        **_reliability_kwargs(args),
     )
-    s = train(config, out_dir=args.out, overwrite=args.overwrite, progress=not args.no_progress).summary
+    s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
+              checkpoint_every=args.checkpoint_every).summary
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
         f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor} "
@@ -229,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     from genesis_jax.checkpoint import CheckpointMismatchError
+    from genesis_jax.reliability import DivergenceError, TrainingInterrupted
     from genesis_jax.runs import RunDirectoryError
 
     try:
@@ -243,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except DivergenceError as err:
+        print(f"genesis-jax: stopped: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except TrainingInterrupted as err:
+        print(f"genesis-jax: {err}", file=sys.stderr)
+        return 128 + err.signum
     except KeyboardInterrupt:
         print("genesis-jax: interrupted", file=sys.stderr)
         return 130

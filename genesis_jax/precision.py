@@ -143,11 +143,21 @@ class MixedPrecisionConfig:
     init_loss_scale: float = 2.0**16
     growth_interval: int = 2000
     min_loss_scale: float | None = None
+    # Reliability (see `genesis_jax.reliability`): the guard's floor and streak limit
+    # (None: that check off) and seeded fault injection.
+    guard_min_scale: float | None = 2.0**-14
+    max_consecutive_skips: int | None = 100
+    inject_nonfinite: float = 0.0  # rate of optimizer steps given non-finite gradients
+    inject_loss_spike: tuple[int, ...] = ()  # optimizer steps whose loss is multiplied
+    loss_spike_factor: float = 1e6
 
     def __post_init__(self):
         object.__setattr__(self, "precision", resolve_precision_name(self.precision))
+        object.__setattr__(self, "inject_loss_spike", tuple(self.inject_loss_spike))
         self.train_precision()  # fail now on an unknown name
         self.make_loss_scale()  # ... or bad scaler settings
+        self.divergence_guard()  # ... or bad guard or fault settings
+        self.fault_injection(0)
 
     def train_precision(self) -> Precision:
         return get_precision(self.precision, self.loss_scaling)
@@ -156,3 +166,13 @@ class MixedPrecisionConfig:
         from genesis_jax.loss_scale import make_loss_scale
 
         return make_loss_scale(self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
+
+    def divergence_guard(self):
+        from genesis_jax.reliability import DivergenceGuard
+
+        return DivergenceGuard(self.guard_min_scale, self.max_consecutive_skips)
+
+    def fault_injection(self, seed: int):
+        from genesis_jax.reliability import FaultInjection
+
+        return FaultInjection(self.inject_nonfinite, self.inject_loss_spike, self.loss_spike_factor, seed)

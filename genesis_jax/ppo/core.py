@@ -19,6 +19,7 @@ from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.ppo.loss import ppo_loss
+from genesis_jax.reliability import update_options
 from genesis_jax.update import TrainState, mixed_precision_update
 
 
@@ -101,9 +102,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         aux["probs_pi"] = distributions.action_probs(pi_params, batch["action"])
         return loss, aux
 
-    step = functools.partial(
-        mixed_precision_update, loss_fn=loss_fn, max_grad_norm=config.max_grad_norm, grad_transform=grad_transform
-    )
+    step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
 
     def update(train_state: TrainState, traj: dict, last_value, key):
         advantages, targets = compute_gae(
@@ -136,6 +135,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
             "grad_norm": finite_mean(metrics["grad_norm"]),
             "loss_scale": train_state.loss_scale.loss_scale,
             "skipped": train_state.skipped - skipped_before,
+            "halted": train_state.halted,
             **aux,
             **mismatch,
         }

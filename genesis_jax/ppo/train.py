@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.ppo.config import PPOConfig
+from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 
 # Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
 _LOGGED = (
@@ -103,19 +105,30 @@ def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) 
         for k in _LOGGED:
             row[k] = float(np.mean(m[k][:, i]))
         row["skipped"] = int(np.sum(m["skipped"][:, i]))
+        row["halted"] = bool(np.any(m["halted"][:, i]))
         if config.num_seeds > 1:
             row["episode_return_per_seed"] = [None if np.isnan(r) else float(r) for r in returns]
         rows.append(row)
     return rows
 
 
-def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str) -> dict:
+def _until_halt(rows: list[dict]) -> list[dict]:
+    """Rows up to and including the update where the divergence guard stopped training."""
+    for i, row in enumerate(rows):
+        if row["halted"]:
+            return rows[: i + 1]
+    return rows
+
+
+def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str, stopped: str | None = None) -> dict:
     """summary.json: the run's outcome in one flat dict."""
     last = rows[-max(1, len(rows) // 10):]
     episodes = sum(r["episodes"] for r in last)
     final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
     ts = runner.train_state
-    total_updates = int(np.sum(np.asarray(ts.step)))
+    steps_per_seed = np.atleast_1d(np.asarray(ts.step))
+    total_updates = int(np.sum(steps_per_seed))
+    faults = config.fault_injection(config.seed)
     skipped = int(np.sum(np.asarray(ts.skipped)))
     steps = rows[-1]["step"] if rows else 0
     return {
@@ -134,6 +147,8 @@ def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend
         "skipped_updates": skipped,
         "total_updates": total_updates,
         "overflow_rate": skipped / total_updates if total_updates else 0.0,
+        "injected_nonfinite": sum(faults.count_nonfinite(int(n)) for n in steps_per_seed),
+        "stopped": stopped,
         "iterations": len(rows),
         "mismatch_kl_v1": float(np.mean([r["mismatch_kl_v1"] for r in rows])) if rows else float("nan"),
         "mismatch_kl_v2": float(np.mean([r["mismatch_kl_v2"] for r in rows])) if rows else float("nan"),
@@ -171,9 +186,10 @@ def train(
     rows: list[dict] = []
     store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
     done_updates = 0
+    stopped = None
     try:
         if run_dir and resume and store.latest_step() is not None:
-            runner, meta = store.restore(runner)
+            runner, meta = store.restore(runner, kind="ppo")
             done_updates = int(meta["step"])
             rows = run_dir.read_metrics(done_updates)
         compile_start = time.perf_counter()
@@ -181,30 +197,35 @@ def train(
         compile_seconds = time.perf_counter() - compile_start
         run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
         bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
-        while done_updates < config.num_updates:
-            t0 = time.perf_counter()
-            runner, chunk_metrics = call(runner)
-            chunk_metrics = jax.device_get(chunk_metrics)
-            run_seconds += time.perf_counter() - t0
-            run_steps += per_chunk * config.batch_size * config.num_seeds
-            new_rows = _per_update_rows(chunk_metrics, done_updates, config)
-            done_updates += per_chunk
-            rows.extend(new_rows)
-            if run_dir:
-                run_dir.append_metrics(new_rows)
-            bar.update(per_chunk * config.batch_size)
-            finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
-            last_return = finished[-1] if finished else last_return
-            bar.set_postfix(
-                ret=f"{last_return:.1f}",
-                scale=f"{new_rows[-1]['loss_scale']:.0f}",
-                skipped=int(np.sum(np.asarray(runner.train_state.skipped))),
-                sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-",
-            )
-            due = checkpoint_every and (done_updates - last_ckpt) * config.batch_size >= checkpoint_every
-            if store and (due or done_updates == config.num_updates):
-                store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
-                last_ckpt = done_updates
+        with StopSignals() as signals:
+            while done_updates < config.num_updates and stopped is None:
+                t0 = time.perf_counter()
+                runner, chunk_metrics = call(runner)
+                chunk_metrics = jax.device_get(chunk_metrics)
+                run_seconds += time.perf_counter() - t0
+                run_steps += per_chunk * config.batch_size * config.num_seeds
+                new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
+                done_updates += len(new_rows)
+                rows.extend(new_rows)
+                if run_dir:
+                    run_dir.append_metrics(new_rows)
+                bar.update(len(new_rows) * config.batch_size)
+                finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
+                last_return = finished[-1] if finished else last_return
+                bar.set_postfix(
+                    ret=f"{last_return:.1f}",
+                    scale=f"{new_rows[-1]['loss_scale']:.0f}",
+                    skipped=int(np.sum(np.asarray(runner.train_state.skipped))),
+                    sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-",
+                )
+                if new_rows[-1]["halted"]:
+                    stopped = "diverged"
+                elif signals.received is not None:
+                    stopped = signal.Signals(signals.received).name
+                due = checkpoint_every and (done_updates - last_ckpt) * config.batch_size >= checkpoint_every
+                if store and (due or stopped or done_updates == config.num_updates):
+                    store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
+                    last_ckpt = done_updates
         bar.close()
     finally:
         if store:
@@ -217,8 +238,17 @@ def train(
         "run_steps": run_steps,
         "wall_seconds": time.perf_counter() - wall_start,
     }
-    summary = summarise(rows, config, runner, timing, backend)
+    summary = summarise(rows, config, runner, timing, backend, stopped)
     if run_dir:
         run_dir.write_summary(summary, config.to_dict())
         runs.plot_ppo(rows, run_dir.path / "ppo.png", title=f"PPO {config.env} ({summary['precision']})")
+    where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
+    if stopped == "diverged":
+        raise DivergenceError(halted_report(runner.train_state, config.divergence_guard()) + where, summary)
+    if stopped is not None:
+        resume_hint = f"; continue with --resume --out {out_dir}" if run_dir else ""
+        raise TrainingInterrupted(
+            f"{stopped} received: stopped after update {done_updates} of {config.num_updates}{where}{resume_hint}",
+            getattr(signal, stopped), summary,
+        )
     return PPOResult(summary=summary, runner_state=runner, metrics=rows)

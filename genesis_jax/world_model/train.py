@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.precision import MixedPrecisionConfig
+from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report, update_options
 from genesis_jax.update import TrainState, mixed_precision_update
 from genesis_jax.world_model import data as wm_data
 
@@ -133,10 +135,12 @@ def peak_device_bytes() -> int | None:
 
 
 def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-          grad_transform=None) -> WorldModelResult:
-    """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and a
-    final checkpoint under `out_dir` when one is given."""
-    run_dir = runs.RunDirectory(out_dir, overwrite=overwrite) if out_dir else None
+          grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3) -> WorldModelResult:
+    """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
+    checkpoints (every `checkpoint_every` epochs and at the end) under `out_dir` when one
+    is given; `resume` continues the run there from its newest checkpoint."""
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
     wall_start = time.perf_counter()
     precision = config.train_precision()
     dataset = load_data(config)
@@ -158,7 +162,7 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     sample = jax.tree.map(lambda x: x[:1], train_set)
     params = model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
     state = TrainState.create(params, optax.adam(config.lr), config.make_loss_scale(), run_key, precision)
-    step = functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=config.max_grad_norm, grad_transform=grad_transform)
+    step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
 
     def epoch(state: TrainState, data: dict):
         rng, perm_key = jax.random.split(state.rng)
@@ -168,7 +172,8 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         state, metrics = jax.lax.scan(step, state.replace(rng=rng), batches)
         finite = metrics["grads_finite"]
         train_loss = jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(jnp.sum(finite), 1)
-        return state, {"train_loss": train_loss, "skipped": state.skipped - skipped_before, "loss_scale": state.loss_scale.loss_scale}
+        return state, {"train_loss": train_loss, "skipped": state.skipped - skipped_before,
+                       "loss_scale": state.loss_scale.loss_scale, "halted": state.halted}
 
     batch0 = jax.tree.map(lambda x: x[: config.batch_size], train_set)
     act_bytes = activation_bytes(loss_fn, state.params, batch0)
@@ -180,28 +185,51 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     temp_bytes = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None
     param_bytes = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
 
-    rows, run_seconds = [], 0.0
-    bar = runs.progress_bar(config.epochs, enabled=progress, unit="epoch")
-    for e in range(config.epochs):
-        t0 = time.perf_counter()
-        state, m = epoch_fn(state, train_set)
-        m = jax.device_get(m)
-        elapsed = time.perf_counter() - t0
-        run_seconds += elapsed
-        row = {
-            "epoch": e + 1,
-            "train_loss": float(m["train_loss"]),
-            "eval_loss": float(eval_fn(state.params, eval_set)),
-            "loss_scale": float(m["loss_scale"]),
-            "skipped": int(m["skipped"]),
-            "steps_per_second": batches_per_epoch / elapsed,
-        }
-        rows.append(row)
-        if run_dir:
-            run_dir.append_metrics([row])
-        bar.update(1)
-        bar.set_postfix(train=f"{row['train_loss']:.4f}", eval=f"{row['eval_loss']:.4f}", scale=f"{row['loss_scale']:g}", skipped=row["skipped"])
-    bar.close()
+    # Only now, with the data and model known to be good, is the output directory touched.
+    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
+    rows, run_seconds, start_epoch, stopped = [], 0.0, 0, None
+    store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
+    ckpt_meta = {"config": config.to_dict(), "kind": "world-model"}
+    try:
+        if store and resume and store.latest_step() is not None:
+            state, meta = store.restore(state, kind="world-model")
+            start_epoch = int(meta["epoch"])
+            rows = run_dir.read_metrics(start_epoch, key="epoch")
+        bar = runs.progress_bar(config.epochs, start_epoch, enabled=progress, unit="epoch")
+        with StopSignals() as signals:
+            for e in range(start_epoch, config.epochs):
+                t0 = time.perf_counter()
+                state, m = epoch_fn(state, train_set)
+                m = jax.device_get(m)
+                elapsed = time.perf_counter() - t0
+                run_seconds += elapsed
+                row = {
+                    "epoch": e + 1,
+                    "train_loss": float(m["train_loss"]),
+                    "eval_loss": float(eval_fn(state.params, eval_set)),
+                    "loss_scale": float(m["loss_scale"]),
+                    "skipped": int(m["skipped"]),
+                    "steps_per_second": batches_per_epoch / elapsed,
+                }
+                rows.append(row)
+                if run_dir:
+                    run_dir.append_metrics([row])
+                bar.update(1)
+                bar.set_postfix(train=f"{row['train_loss']:.4f}", eval=f"{row['eval_loss']:.4f}",
+                                scale=f"{row['loss_scale']:g}", skipped=row["skipped"])
+                if m["halted"]:
+                    stopped = "diverged"
+                elif signals.received is not None:
+                    stopped = signal.Signals(signals.received).name
+                due = checkpoint_every and (e + 1) % checkpoint_every == 0
+                if store and (due or stopped or e + 1 == config.epochs):
+                    store.save(int(state.step), state, {**ckpt_meta, "epoch": e + 1}, force=True)
+                if stopped:
+                    break
+        bar.close()
+    finally:
+        if store:
+            store.close()
     total_updates = int(state.step)
     summary = {
         "data": dataset["meta"]["source"],
@@ -214,13 +242,16 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         "final_train_loss": rows[-1]["train_loss"],
         "eval_loss": rows[-1]["eval_loss"],
         "noise_floor": noise_floor,
-        "steps_per_second": config.epochs * batches_per_epoch / run_seconds,
+        "epochs": len(rows),
+        "steps_per_second": (rows[-1]["epoch"] - start_epoch) * batches_per_epoch / run_seconds if run_seconds else float("nan"),
         "compile_seconds": compile_seconds,
         "wall_seconds": time.perf_counter() - wall_start,
         "loss_scale": float(state.loss_scale.loss_scale),
         "skipped_updates": int(state.skipped),
         "total_updates": total_updates,
         "overflow_rate": int(state.skipped) / total_updates if total_updates else 0.0,
+        "injected_nonfinite": config.fault_injection(config.seed).count_nonfinite(total_updates),
+        "stopped": stopped,
         "activation_bytes": act_bytes,
         "compiled_temp_bytes": temp_bytes,
         "param_bytes": param_bytes,
@@ -228,9 +259,15 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         "device": runs.device_name(),
     }
     if run_dir:
-        with CheckpointStore(run_dir.checkpoints, async_save=False) as store:
-            store.save(total_updates, state, {"config": config.to_dict(), "kind": "world-model"}, force=True)
         run_dir.write_summary(summary, config.to_dict())
         runs.plot_curves(rows, "epoch", ("train_loss", "eval_loss"), run_dir.path / "world_model.png",
                          title=f"world model ({precision.name})", floor=noise_floor)
+    where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
+    if stopped == "diverged":
+        raise DivergenceError(halted_report(state, config.divergence_guard()) + where, summary)
+    if stopped is not None:
+        raise TrainingInterrupted(
+            f"{stopped} received: stopped after epoch {rows[-1]['epoch']} of {config.epochs}{where}",
+            getattr(signal, stopped), summary,
+        )
     return WorldModelResult(summary=summary, train_state=state, metrics=rows)

@@ -1,0 +1,341 @@
+"""Reliability: fault injection, the divergence guard, crash-safe checkpoints, exact resume
+and bad input. The kill tests run real subprocesses and kill them with real signals."""
+
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, mixed_precision_update
+from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.cli import build_parser, main
+from genesis_jax.ppo import PPOConfig
+from genesis_jax.ppo import train as train_ppo
+from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection
+from genesis_jax.world_model import WorldModelConfig
+from genesis_jax.world_model import train as train_wm
+from tests.helpers import mlp_loss, regression_problem
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32"):
+    x, y = regression_problem()
+    model, loss_fn = mlp_loss(dtype)
+    params = model.init(jax.random.PRNGKey(1), x)
+    return TrainState.create(params, optax.adam(1e-3), scaler or NoOpLossScale(), precision=precision), loss_fn, (x, y)
+
+
+def run_steps(state, loss_fn, batch, n, **options):
+    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, **options))
+    history = []
+    for _ in range(n):
+        state, metrics = step(state, batch)
+        history.append(jax.device_get(metrics))
+    return state, history
+
+
+def tree_equal(a, b):
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
+
+
+# --- fault injection ------------------------------------------------------------------------
+
+
+def test_injected_steps_are_seeded_and_counted():
+    faults = FaultInjection(nonfinite_rate=0.2, seed=3)
+    hits = [int(s) for s in range(200) if faults.is_nonfinite_step(s)]
+    assert hits == [int(s) for s in range(200) if FaultInjection(0.2, seed=3).is_nonfinite_step(s)]
+    assert hits != [int(s) for s in range(200) if FaultInjection(0.2, seed=4).is_nonfinite_step(s)]
+    assert faults.count_nonfinite(200) == len(hits) and 20 <= len(hits) <= 60
+
+
+def test_every_injected_step_is_skipped_and_nothing_else():
+    faults = FaultInjection(nonfinite_rate=0.25, seed=0)
+    state, loss_fn, batch = mlp_state()
+    state, history = run_steps(state, loss_fn, batch, 40, grad_transform=faults.grad_transform)
+    skipped = [i for i, m in enumerate(history) if not m["grads_finite"]]
+    assert skipped == [i for i in range(40) if faults.is_nonfinite_step(i)]
+    assert int(state.skipped) == faults.count_nonfinite(40) == len(skipped) > 0
+
+
+def test_loss_spike_overflows_fp16_and_is_clipped_in_fp32():
+    faults = FaultInjection(loss_spike_steps=(2,), loss_spike_factor=1e6)
+    state16, loss_fn16, batch = mlp_state(jnp.float16, DynamicLossScale(), "fp16")
+    state16, h16 = run_steps(state16, loss_fn16, batch, 4, loss_transform=faults.loss_transform, max_grad_norm=1.0)
+    assert [bool(m["grads_finite"]) for m in h16] == [True, True, False, True]
+    assert float(state16.loss_scale.loss_scale) == 2.0**15
+    state32, loss_fn32, batch = mlp_state()
+    state32, h32 = run_steps(state32, loss_fn32, batch, 4, loss_transform=faults.loss_transform, max_grad_norm=1.0)
+    assert all(bool(m["grads_finite"]) for m in h32)
+    np.testing.assert_allclose(h32[2]["grad_norm"] / h32[1]["grad_norm"], 1e6, rtol=0.05)
+
+
+# --- divergence guard ----------------------------------------------------------------------
+
+
+def test_guard_halts_when_the_scale_would_fall_below_its_floor_and_freezes_the_state():
+    always = FaultInjection(nonfinite_rate=1.0)
+    state, loss_fn, batch = mlp_state(jnp.float16, DynamicLossScale(init_scale=1.0), "fp16")
+    start = jax.device_get(state)
+    state, history = run_steps(state, loss_fn, batch, 20, grad_transform=always.grad_transform, guard=DivergenceGuard())
+    # 1, 1/2, ..., 2^-14 are allowed; the 15th halving (to 2^-15) trips the guard.
+    assert [bool(m["halted"]) for m in history].index(True) == 14
+    assert float(state.loss_scale.loss_scale) == 2.0**-14
+    assert int(state.step) == 15 and int(state.skipped) == 15 and bool(state.halted)
+    tree_equal(state.params, start.params)
+    tree_equal(state.opt_state, start.opt_state)
+
+
+def test_guard_halts_after_too_many_consecutive_skips_even_with_a_floor():
+    always = FaultInjection(nonfinite_rate=1.0)
+    scaler = DynamicLossScale(init_scale=4.0, min_scale=1.0)
+    state, loss_fn, batch = mlp_state(jnp.float16, scaler, "fp16")
+    state, history = run_steps(state, loss_fn, batch, 12, grad_transform=always.grad_transform,
+                               guard=DivergenceGuard(max_consecutive_skips=5))
+    assert [bool(m["halted"]) for m in history].index(True) == 5  # the 6th skip in a row
+    assert int(state.skip_streak) == 6 and int(state.step) == 6 and float(state.loss_scale.loss_scale) == 1.0
+
+
+def test_clean_steps_reset_the_streak():
+    faults = FaultInjection(nonfinite_rate=0.5, seed=1)
+    state, loss_fn, batch = mlp_state()
+    state, history = run_steps(state, loss_fn, batch, 60, grad_transform=faults.grad_transform,
+                               guard=DivergenceGuard(max_consecutive_skips=8))
+    streak, longest = 0, 0
+    for m in history:
+        streak = 0 if m["grads_finite"] else streak + 1
+        longest = max(longest, streak)
+    assert longest <= 8 and not bool(state.halted)
+    assert int(state.skip_streak) == streak
+
+
+def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "--precision", "fp16", "--total-steps", "51200", "--inject-nonfinite", "0.3",
+            "--out", str(out), "--no-progress"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "diverged" in err[0] and "--min-loss-scale" in err[0] and "growth-interval" in err[0]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["stopped"] == "diverged" and rows[-1]["halted"] and not any(r["halted"] for r in rows[:-1])
+    assert summary["iterations"] == len(rows) < 100
+    assert summary["skipped_updates"] >= summary["injected_nonfinite"] > 0
+    store = CheckpointStore(out / "checkpoints")
+    state, meta = store.restore_raw()
+    store.close()
+    assert meta["step"] == len(rows)
+    ts = state["train_state"]
+    assert bool(ts["halted"]) and float(ts["loss_scale"]["loss_scale"]) >= 2.0**-14
+
+
+def test_python_api_raises_divergence_error_with_summary():
+    config = PPOConfig(precision="fp16", total_steps=51200, inject_nonfinite=0.3)
+    with pytest.raises(DivergenceError) as info:
+        train_ppo(config, progress=False)
+    assert info.value.summary["stopped"] == "diverged"
+
+
+def test_fp16_with_floor_skips_exactly_the_injected_steps():
+    # An initial scale of 2^13 keeps CartPole clear of overflows of its own (2^16 has two
+    # in the first update), so every skip here is an injected one.
+    config = PPOConfig(precision="fp16", total_steps=40960, inject_nonfinite=0.05, min_loss_scale=1.0,
+                       init_loss_scale=2.0**13, lr=1e-3)
+    summary = train_ppo(config, progress=False).summary
+    assert summary["stopped"] is None
+    assert summary["skipped_updates"] == summary["injected_nonfinite"] == FaultInjection(0.05).count_nonfinite(1280)
+
+
+# --- exact resume: the world model -----------------------------------------------------------
+
+
+def test_world_model_resume_is_bit_identical(tmp_path):
+    base = dict(precision="fp16", batch_size=256, num_sequences=128, width=32, seed=5, init_loss_scale=2.0**10)
+    straight = train_wm(WorldModelConfig(epochs=4, **base), progress=False)
+    out = tmp_path / "wm"
+    train_wm(WorldModelConfig(epochs=2, **base), out_dir=str(out), progress=False)
+    resumed = train_wm(WorldModelConfig(epochs=4, **base), out_dir=str(out), resume=True, progress=False)
+    for field in ("params", "opt_state", "loss_scale", "step", "skipped", "rng"):
+        tree_equal(getattr(resumed.train_state, field), getattr(straight.train_state, field))
+    for key in ("train_loss", "eval_loss", "loss_scale", "skipped"):
+        assert [r[key] for r in resumed.metrics] == [r[key] for r in straight.metrics]
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+# --- crash safety: real processes, real signals ---------------------------------------------
+
+KILL_ARGS = ["train", "ppo", "--precision", "fp16", "--total-steps", "131072", "--updates-per-chunk", "8",
+             "--checkpoint-every", "4096", "--seed", "7", "--no-progress"]
+
+# Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
+# can kill the process while that save is in progress.
+SLOW_SAVE = """
+import asyncio, os, sys
+from orbax.checkpoint._src.path import atomicity
+original = atomicity.AtomicRenameTemporaryPath.finalize
+async def held_finalize(self):
+    if self._final_path.name == os.environ["HOLD_SAVE"]:
+        open(os.environ["SAVE_MARKER"], "w").write("saving")
+        await asyncio.sleep(120)
+    return await original(self)
+atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
+from genesis_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def straight_kill_run():
+    from genesis_jax.cli import _ppo_config
+
+    config = _ppo_config(build_parser().parse_args(KILL_ARGS))
+    return config, train_ppo(config, progress=False)
+
+
+def committed_steps(checkpoints: pathlib.Path) -> list[int]:
+    return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
+
+
+def start(out, extra_env=None, script=None):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(extra_env or {})}
+    code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
+    return subprocess.Popen([sys.executable, *code, *KILL_ARGS, "--out", str(out)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        time.sleep(0.005)
+    proc.kill()
+    raise AssertionError("timed out")
+
+
+def resume_and_compare(out, straight):
+    config, expected = straight
+    resumed = train_ppo(config, out_dir=str(out), resume=True, progress=False)
+    tree_equal(resumed.train_state.params, expected.train_state.params)
+    tree_equal(resumed.train_state.opt_state, expected.train_state.opt_state)
+    assert float(resumed.train_state.loss_scale.loss_scale) == float(expected.train_state.loss_scale.loss_scale)
+    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
+
+
+def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run):
+    out = tmp_path / "run"
+    proc = start(out)
+    wait_for(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    steps = committed_steps(out / "checkpoints")
+    assert steps and steps[-1] < 256  # killed mid-run
+    resume_and_compare(out, straight_kill_run)
+
+
+def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, caplog):
+    out, marker = tmp_path / "run", tmp_path / "saving"
+    proc = start(out, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
+    wait_for(marker.exists, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    leftovers = [p.name for p in (out / "checkpoints").iterdir() if ".orbax-checkpoint-tmp" in p.name]
+    assert leftovers and committed_steps(out / "checkpoints") == [8]
+    with caplog.at_level("WARNING", logger="genesis_jax"):
+        resume_and_compare(out, straight_kill_run)
+    assert "incomplete checkpoint" in caplog.text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, sig):
+    out = tmp_path / "run"
+    proc = start(out)
+    wait_for(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert f"{signal.Signals(sig).name} received" in stderr and "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] == signal.Signals(sig).name
+    assert committed_steps(out / "checkpoints")[-1] == summary["iterations"] < 256
+    resume_and_compare(out, straight_kill_run)
+
+
+# --- bad input: one line, exit 2, nothing on disk changed ------------------------------------
+
+
+def snapshot(path: pathlib.Path) -> dict:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--out", str(root / "ppo"), "--no-progress"]) == 0
+    assert main(["train", "world-model", "--epochs", "1", "--num-sequences", "64", "--batch-size", "256", "--width", "16",
+                 "--out", str(root / "wm"), "--no-progress"]) == 0
+    return root
+
+
+def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    for f in (dst / "checkpoints").rglob("*"):
+        if f.is_file() and "state" in f.parts and f.stat().st_size > 0:
+            f.write_bytes(b"\x00garbage" * 8)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "case, extra, words",
+    [
+        ("ppo", ["--hidden", "32,32"], "does not fit this run"),
+        ("ppo", ["--precision", "bf16"], "precision 'fp16'"),
+        ("wm", [], "comes from a world-model run, not ppo"),
+        ("corrupt", [], "cannot be read"),
+        ("ppo", ["--num-envs", "0"], "num-envs must be a positive integer"),
+        ("ppo", ["--num-steps", "-3"], "num-steps must be a positive integer"),
+        ("ppo", ["--inject-nonfinite", "1.5"], "inject-nonfinite must be a rate"),
+        ("ppo", ["--max-consecutive-skips", "-1"], "max-consecutive-skips must be a positive integer"),
+        ("ppo", ["--guard-min-scale", "-1"], "guard-min-scale must be >= 0"),
+    ],
+)
+def test_bad_resume_or_settings_leave_the_run_untouched(small_runs, tmp_path, capsys, case, extra, words):
+    run = corrupt_copy(small_runs / "ppo", tmp_path / "bad") if case == "corrupt" else small_runs / case
+    before = snapshot(run)
+    argv = ["train", "ppo", "--precision", "fp16", "--total-steps", "4096", "--out", str(run), "--resume", "--no-progress"]
+    assert main(argv + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert snapshot(run) == before
+
+
+def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
+    run = small_runs / "wm"
+    before = snapshot(run)
+    for extra, words in ((["--batch-size", "0"], "batch-size must be a positive integer"),
+                         (["--width", "64"], "does not fit this run"),
+                         ([], "holds another run")):
+        resume = [] if words == "holds another run" else ["--resume"]
+        argv = ["train", "world-model", "--epochs", "2", "--num-sequences", "64", "--batch-size", "256", "--width", "16",
+                "--out", str(run), "--no-progress", *resume]
+        assert main(argv + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    assert snapshot(run) == before
