@@ -235,7 +235,12 @@ class CheckpointStore:
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
             )
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), target_dict)
+        # The target's shardings, not the saved ones: a checkpoint written on N devices
+        # restores onto however many devices this run has.
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
+            target_dict,
+        )
         with self._readable(step):
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         if fresh_scaler:

@@ -52,6 +52,19 @@ def _add_reliability_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss-spike-factor", type=float, default=1e6)
 
 
+def _add_parallel_args(p: argparse.ArgumentParser, split: str) -> None:
+    g = p.add_argument_group("data parallelism")
+    g.add_argument("--devices", type=int, default=1, help=f"devices on the data axis ({split} are split over them)")
+    g.add_argument("--coordinator-address", default=None, help="multi-host: host:port of process 0")
+    g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (hosts)")
+    g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
+
+
+def _parallel_kwargs(args) -> dict:
+    return {"devices": args.devices, "coordinator_address": args.coordinator_address,
+            "num_processes": args.num_processes, "process_id": args.process_id}
+
+
 def _reliability_kwargs(args) -> dict:
     return {
         "guard_min_scale": None if args.guard_min_scale == 0 else args.guard_min_scale,
@@ -106,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--action-repeat", type=int, default=1, help="gymnasium only")
     ppo.add_argument("--updates-per-chunk", type=int, default=None, help="updates per compiled chunk between reports")
     _add_reliability_args(ppo)
+    _add_parallel_args(ppo, "environments")
     _add_run_args(ppo, "steps")
 
     wm = train_sub.add_parser("world-model", help="a world model from trajectories")
@@ -121,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("--sequence-length", type=int, default=32)
     wm.add_argument("--lr", type=float, default=1e-3)
     _add_reliability_args(wm)
+    _add_parallel_args(wm, "batch rows")
     _add_run_args(wm, "epochs")
 
     collect = sub.add_parser("collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz")
@@ -173,6 +188,7 @@ def _ppo_config(args):
         action_repeat=args.action_repeat,
         updates_per_chunk=args.updates_per_chunk,
         **_reliability_kwargs(args),
+        **_parallel_kwargs(args),
     )
 
 
@@ -208,6 +224,7 @@ def _run_world_model(args) -> int:
         batch_size=args.batch_size, width=args.width, depth=args.depth, core=args.core, horizon=args.horizon,
         num_sequences=args.num_sequences, sequence_length=args.sequence_length, lr=args.lr, seed=args.seed,
         **_reliability_kwargs(args),
+        **_parallel_kwargs(args),
     )
     s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
               checkpoint_every=args.checkpoint_every).summary

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from genesis_jax.parallel import ParallelConfig
 from genesis_jax.precision import MixedPrecisionConfig, Precision, get_precision
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig(MixedPrecisionConfig):
+class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     env: str = "CartPole-v1"
     env_backend: str | None = None  # gymnax | gymnasium; None: gymnax where it has the id
     rollout_precision: str | None = None  # None: the training precision
@@ -61,6 +62,9 @@ class PPOConfig(MixedPrecisionConfig):
             raise ValueError(f"vectorization must be sync or async, got {self.vectorization!r}")
         if self.updates_per_chunk is not None and self.updates_per_chunk < 1:
             raise ValueError(f"updates-per-chunk must be >= 1, got {self.updates_per_chunk}")
+        self.validate_parallel("num-envs", self.num_envs)
+        if self.devices > 1 and self.num_seeds > 1:
+            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
         self.rollout_precision_resolved()  # fail now on an unknown name, not after env set-up
 
     @property

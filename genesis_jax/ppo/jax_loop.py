@@ -16,6 +16,7 @@ from flax import struct
 
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.nets.actor_critic import ActorCritic
+from genesis_jax.parallel import constrain, replicated, sharded
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn
@@ -30,7 +31,20 @@ class RunnerState(struct.PyTreeNode):
     rng: jax.Array
 
 
-def make_jax_ppo(config: PPOConfig, grad_transform=None):
+def runner_shardings(runner: RunnerState, mesh):
+    """Data parallel: the envs (their states, observations, returns) split over the mesh,
+    the train state and the PRNG key replicated."""
+    split, same = sharded(mesh), replicated(mesh)
+    return RunnerState(
+        train_state=jax.tree.map(lambda _: same, runner.train_state),
+        env_state=jax.tree.map(lambda _: split, runner.env_state),
+        obs=split,
+        episode_return=split,
+        rng=same,
+    )
+
+
+def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
     env = GymnaxVecEnv(config.env, config.num_envs)
     spec = env.spec
     rollout_net = make_network(config, spec, config.rollout_precision_resolved())
@@ -69,9 +83,8 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None):
             "probs": probs,
             "finished_return": jnp.where(done, episode_return, 0.0),
         }
-        runner = runner.replace(
-            env_state=env_state, obs=obs, episode_return=jnp.where(done, 0.0, episode_return), rng=rng
-        )
+        env_state, obs, episode_return = constrain((env_state, obs, jnp.where(done, 0.0, episode_return)), mesh)
+        runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return, rng=rng)
         return runner, transition
 
     def one_update(runner: RunnerState, _):

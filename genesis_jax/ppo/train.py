@@ -18,6 +18,7 @@ import numpy as np
 from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.envs.registry import resolve_env
+from genesis_jax.parallel import replicated, start_distributed
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 
@@ -62,12 +63,20 @@ def _build(config: PPOConfig, backend: str, grad_transform=None):
     if backend == "gymnax":
         from genesis_jax.ppo.jax_loop import make_jax_ppo
 
-        init, run_chunk, spec = make_jax_ppo(config, grad_transform)
+        from genesis_jax.ppo.jax_loop import runner_shardings
+
+        mesh = config.mesh()
+        init, run_chunk, spec = make_jax_ppo(config, grad_transform, mesh)
         if config.num_seeds > 1:
             init, run_chunk_fn = jax.vmap(init), jax.vmap(run_chunk, in_axes=(0, None))
         else:
             run_chunk_fn = run_chunk
-        jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0)
+        if mesh is None:
+            jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0)
+        else:
+            shardings = runner_shardings(jax.eval_shape(init, _seed_keys(config)), mesh)
+            init = jax.jit(init, out_shardings=shardings)
+            jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0, out_shardings=(shardings, replicated(mesh)))
 
         def compile_chunks(runner, per_chunk):
             return jitted.lower(runner, per_chunk).compile()
@@ -174,6 +183,9 @@ def train(
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
     # A bad id or an unsupported space fails here, before anything is written.
     backend = resolve_env(config.env, config.env_backend).backend
+    start_distributed(config)
+    if config.devices > 1 and backend != "gymnax":
+        raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
     run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
     wall_start = time.perf_counter()
     init, compile_chunks, host_env = _build(config, backend, grad_transform)

@@ -22,6 +22,7 @@ import optax
 from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.nets.world_model import WorldModel
+from genesis_jax.parallel import ParallelConfig, constrain, on_devices, replicated, start_distributed
 from genesis_jax.precision import MixedPrecisionConfig
 from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report, update_options
 from genesis_jax.update import TrainState, mixed_precision_update
@@ -29,7 +30,7 @@ from genesis_jax.world_model import data as wm_data
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldModelConfig(MixedPrecisionConfig):
+class WorldModelConfig(MixedPrecisionConfig, ParallelConfig):
     data: str = "synthetic"  # synthetic | a gymnax or gymnasium env id | a path to a .npz dataset
     num_sequences: int = 2048
     sequence_length: int = 32
@@ -54,6 +55,7 @@ class WorldModelConfig(MixedPrecisionConfig):
             raise ValueError(f"core must be mlp or gru, got {self.core!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        self.validate_parallel("batch-size", self.batch_size)
         if self.horizon > self.sequence_length:
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
 
@@ -141,6 +143,8 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     is given; `resume` continues the run there from its newest checkpoint."""
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+    start_distributed(config)
+    mesh = config.mesh()
     wall_start = time.perf_counter()
     precision = config.train_precision()
     dataset = load_data(config)
@@ -162,12 +166,15 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     sample = jax.tree.map(lambda x: x[:1], train_set)
     params = model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
     state = TrainState.create(params, optax.adam(config.lr), config.make_loss_scale(), run_key, precision)
+    # Data parallel: state and data replicated, each minibatch's rows split over the devices.
+    state, train_set, eval_set = on_devices((state, train_set, eval_set), mesh, replicated(mesh) if mesh else None)
     step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
 
     def epoch(state: TrainState, data: dict):
         rng, perm_key = jax.random.split(state.rng)
         perm = jax.random.permutation(perm_key, num_samples)[: batches_per_epoch * config.batch_size]
         batches = jax.tree.map(lambda x: x[perm].reshape((batches_per_epoch, config.batch_size) + x.shape[1:]), data)
+        batches = constrain(batches, mesh, axis=1)
         skipped_before = state.skipped
         state, metrics = jax.lax.scan(step, state.replace(rng=rng), batches)
         finite = metrics["grads_finite"]

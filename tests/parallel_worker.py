@@ -1,0 +1,90 @@
+"""Runs data-parallel scenarios on 4 forced CPU devices and prints their raw results as
+JSON; tests/test_parallel.py starts it in a separate process (XLA_FLAGS must be set before
+JAX starts) and makes the assertions."""
+
+import functools
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
+from genesis_jax.parallel import make_mesh, replicas_agree, replicated, sharded
+from genesis_jax.ppo import PPOConfig
+from genesis_jax.ppo import train as train_ppo
+from genesis_jax.world_model import WorldModelConfig
+from genesis_jax.world_model import train as train_wm
+from tests.helpers import mlp_loss, regression_problem
+
+
+def all_agree(tree) -> bool:
+    return all(replicas_agree(x) for x in jax.tree.leaves(tree))
+
+
+def checksum(tree) -> float:
+    return float(sum(np.sum(np.asarray(x, np.float64) * (i + 1)) for i, x in enumerate(jax.tree.leaves(tree))))
+
+
+def ppo(out_dir=None):
+    runs = {}
+    for devices in (1, 4):
+        config = PPOConfig(precision="fp16", total_steps=8192, num_envs=8, num_steps=64, seed=1, devices=devices)
+        result = train_ppo(config, out_dir=out_dir if devices == 4 else None, progress=False, checkpoint_every=4096)
+        runs[devices] = {
+            "losses": [r["loss"] for r in result.metrics],
+            "returns": [r["return_sum"] for r in result.metrics],
+            "replicas_agree": all_agree(result.train_state),
+            "param_sharding": str(jax.tree.leaves(result.train_state.params)[0].sharding),
+            "param_checksum": checksum(result.train_state.params),
+        }
+    return runs
+
+
+def world_model():
+    runs = {}
+    for devices in (1, 4):
+        config = WorldModelConfig(precision="fp16", epochs=3, batch_size=256, num_sequences=128, width=32, devices=devices)
+        result = train_wm(config, progress=False)
+        runs[devices] = {"losses": [r["train_loss"] for r in result.metrics],
+                         "eval": [r["eval_loss"] for r in result.metrics],
+                         "replicas_agree": all_agree(result.train_state)}
+    return runs
+
+
+def inject_one_shard():
+    """An inf in the rows that live on device 2 only: every replica must skip the step."""
+    mesh = make_mesh(4)
+    x, y = regression_problem(n=256)
+    x = x.at[128:130].set(jnp.inf)  # rows 128..191 live on device 2
+    model, loss_fn = mlp_loss(jnp.float16)
+    params = model.init(jax.random.PRNGKey(1), x[:1])
+    state = TrainState.create(params, optax.adam(1e-3), DynamicLossScale(), precision="fp16")
+    state = jax.device_put(state, replicated(mesh))
+    batch = jax.device_put((x, y), sharded(mesh))
+    holder = [i for i, s in enumerate(batch[0].addressable_shards) if not np.all(np.isfinite(np.asarray(s.data)))]
+    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
+    new, metrics = step(state, batch)
+    clean, clean_metrics = step(new, jax.device_put((jnp.nan_to_num(x, posinf=0.0), y), sharded(mesh)))
+    same = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), state.params, new.params))
+    return {
+        "shards_holding_inf": holder,
+        "grads_finite": bool(metrics["grads_finite"]),
+        "skipped": int(new.skipped),
+        "step": int(new.step),
+        "params_unchanged": all(same),
+        "replicas_agree": all_agree(new),
+        "scale": float(new.loss_scale.loss_scale),
+        "scale_replicas_agree": replicas_agree(new.loss_scale.loss_scale),
+        "next_step_finite": bool(clean_metrics["grads_finite"]),
+        "skipped_after_clean_step": int(clean.skipped),
+    }
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    result = {"ppo": lambda: ppo(sys.argv[2] if len(sys.argv) > 2 else None), "world_model": world_model,
+              "inject": inject_one_shard}[scenario]()
+    print("RESULT " + json.dumps({"device_count": jax.device_count(), **result}))
