@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--seed", type=int, default=0)
     collect.add_argument("--out", required=True, help="path of the .npz to write (refused if it exists)")
 
+    bench = sub.add_parser("bench", help="the precision benchmark: speed, memory, accuracy, overflow, mismatch")
+    bench.add_argument("--quick", action="store_true", help="tiny budgets: about 2 minutes on 2 CPU cores")
+    bench.add_argument("--seeds", type=_int_list, default=None, help="comma-separated seeds (default 0,1; full run 0..4)")
+    bench.add_argument("--precisions", default="fp32,bf16,fp16,fp16-full")
+    bench.add_argument("--workloads", default=None, help="comma-separated workload names (default: all)")
+    bench.add_argument("--out", required=True, help="directory for results.csv, results.md and precision.png")
+
     demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
     _add_precision_args(demo)
     demo.add_argument("--steps", type=int, default=500)
@@ -254,6 +261,19 @@ def _run_collect(args) -> int:
     return 0
 
 
+def _run_bench(args) -> int:
+    import pathlib
+
+    from genesis_jax.bench import run_benchmark
+
+    seeds = args.seeds or ((0, 1) if args.quick else (0, 1, 2, 3, 4))
+    only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
+    run_benchmark(args.out, quick=args.quick, seeds=seeds, precisions=[p.strip() for p in args.precisions.split(",")], only=only)
+    print(f"wrote {args.out}/results.csv, results.md, precision.png")
+    print((pathlib.Path(args.out) / "results.md").read_text())
+    return 0
+
+
 def _run_demo(args) -> int:
     from genesis_jax.demo import run_demo
 
@@ -281,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "bench":
+            return _run_bench(args)
         if args.command == "collect":
             return _run_collect(args)
         if args.command == "train" and args.workload == "ppo":

@@ -24,6 +24,19 @@ def device_name() -> str:
     return f"{device.platform}:{kind} x{jax.device_count()}"
 
 
+def peak_device_bytes() -> int | None:
+    """Peak memory of device 0 so far, where the backend reports it (GPUs do, CPUs not)."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def versions_line() -> str:
+    from genesis_jax.checkpoint import package_versions
+
+    return ", ".join(f"{k} {v}" for k, v in package_versions().items())
+
+
 def _jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None

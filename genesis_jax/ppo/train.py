@@ -117,6 +117,8 @@ def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) 
         row["halted"] = bool(np.any(m["halted"][:, i]))
         if config.num_seeds > 1:
             row["episode_return_per_seed"] = [None if np.isnan(r) else float(r) for r in returns]
+            row["return_sum_per_seed"] = [float(x) for x in m["return_sum"][:, i]]
+            row["episodes_per_seed"] = [int(x) for x in episodes]
         rows.append(row)
     return rows
 
@@ -134,6 +136,12 @@ def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend
     last = rows[-max(1, len(rows) // 10):]
     episodes = sum(r["episodes"] for r in last)
     final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
+    if config.num_seeds > 1 and rows:
+        seed_episodes = np.sum([r["episodes_per_seed"] for r in last], axis=0)
+        seed_sums = np.sum([r["return_sum_per_seed"] for r in last], axis=0)
+        per_seed = [float(s / e) if e else float("nan") for s, e in zip(seed_sums, seed_episodes)]
+    else:
+        per_seed = [final_return]
     ts = runner.train_state
     steps_per_seed = np.atleast_1d(np.asarray(ts.step))
     total_updates = int(np.sum(steps_per_seed))
@@ -149,6 +157,7 @@ def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend
         "num_seeds": config.num_seeds,
         "total_steps": steps,
         "final_return": final_return,
+        "final_return_per_seed": per_seed,
         "steps_per_second": timing["run_steps"] / timing["run_seconds"] if timing["run_seconds"] > 0 else float("nan"),
         "compile_seconds": timing["compile_seconds"],
         "wall_seconds": timing["wall_seconds"],

@@ -131,11 +131,6 @@ def activation_bytes(loss_fn, params, batch) -> int:
     return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(residuals)))
 
 
-def peak_device_bytes() -> int | None:
-    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
-    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
-
-
 def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bool = False, progress: bool = True,
           grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3) -> WorldModelResult:
     """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
@@ -165,7 +160,9 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     init_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed))
     sample = jax.tree.map(lambda x: x[:1], train_set)
     params = model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
-    state = TrainState.create(params, optax.adam(config.lr), config.make_loss_scale(), run_key, precision)
+    # Adam's default eps (1e-8) underflows to 0 in float16 moments (fp16-full): use 1e-5 there.
+    eps = 1e-5 if jnp.dtype(precision.param_dtype) == jnp.float16 else 1e-8
+    state = TrainState.create(params, optax.adam(config.lr, eps=eps), config.make_loss_scale(), run_key, precision)
     # Data parallel: state and data replicated, each minibatch's rows split over the devices.
     state, train_set, eval_set = on_devices((state, train_set, eval_set), mesh, replicated(mesh) if mesh else None)
     step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
@@ -262,7 +259,7 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         "activation_bytes": act_bytes,
         "compiled_temp_bytes": temp_bytes,
         "param_bytes": param_bytes,
-        "peak_device_bytes": peak_device_bytes(),
+        "peak_device_bytes": runs.peak_device_bytes(),
         "device": runs.device_name(),
     }
     if run_dir:

@@ -1,0 +1,40 @@
+"""The rollout x learner precision grid (fp32, bf16, fp16) on CartPole-v1 and Pendulum-v1:
+mismatch KL v1 / v2, max |delta p| and final return, as a table and heat maps.
+
+    python experiments/mismatch.py --out benchmarks/mismatch-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from genesis_jax import runs
+from genesis_jax.mismatch import mismatch_grid, plot_heatmaps, table
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default="CartPole-v1,Pendulum-v1")
+    p.add_argument("--total-steps", type=int, default=200_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = []
+    for env in args.envs.split(","):
+        cells += mismatch_grid(env, args.total_steps, seed=args.seed)
+    header = [f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {runs.device_name()}; "
+              f"command: python experiments/mismatch.py {' '.join(sys.argv[1:])}", ""]
+    (out / "mismatch.md").write_text("\n".join(header + table(cells)) + "\n")
+    (out / "mismatch.json").write_text(json.dumps(cells, indent=1))
+    plot_heatmaps(cells, out / "mismatch.png")
+    print("\n".join(table(cells)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

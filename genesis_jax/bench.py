@@ -1,0 +1,247 @@
+"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO (a JAX env
+and a gymnasium env) and the world model (a small and a wide config), several seeds.
+
+Per workload x precision it records steps/s (median over runs, compilation excluded),
+compile seconds, activation bytes and compiled temp bytes (world model), peak device memory
+(where the backend reports it), final return or eval loss (mean and std over seeds),
+overflow rate, final loss scale and mismatch KL, and writes `results.csv`, `results.md` and
+`precision.png`.
+
+    genesis-jax bench --quick --out runs/bench          # about 2 minutes on 2 CPU cores
+    genesis-jax bench --out runs/bench-gpu              # the full run, meant for a GPU
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from genesis_jax import runs
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str  # ppo | world-model
+    settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
+    vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
+
+
+def workloads(quick: bool) -> list[Workload]:
+    """Tiny budgets for --quick (CPU, CI); GPU-sized ones otherwise."""
+    if quick:
+        return [
+            Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 65_536, "lr": 1e-3}, True),
+            Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 4096}),
+            Workload("wm-small", "world-model", {"width": 64, "depth": 2, "batch_size": 512, "epochs": 3, "num_sequences": 256}),
+            Workload("wm-wide", "world-model", {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256}),
+        ]
+    return [
+        Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),
+        Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 100_000}),
+        Workload("wm-small", "world-model", {"width": 128, "depth": 2, "batch_size": 1024, "epochs": 20}),
+        Workload("wm-wide", "world-model", {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 20, "num_sequences": 4096}),
+    ]
+
+
+def _train_or_stop(train, config):
+    """(summary, metrics) of a run; a run the divergence guard stopped counts, with no result."""
+    from genesis_jax.reliability import DivergenceError
+
+    try:
+        result = train(config, progress=False)
+        return result.summary, result.metrics
+    except DivergenceError as err:
+        return err.summary, []
+
+
+def _run_ppo(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
+    from genesis_jax.ppo import PPOConfig, train
+
+    def record(summary, metrics, seed_index=None):
+        return_key = summary["final_return_per_seed"][seed_index] if seed_index is not None else summary["final_return"]
+        return {
+            "accuracy": return_key,
+            "steps_per_second": summary["steps_per_second"] / summary["num_seeds"],
+            "compile_seconds": summary["compile_seconds"],
+            "overflow_rate": summary["overflow_rate"],
+            "loss_scale": summary["loss_scale"],
+            "mismatch_kl_v2": summary["mismatch_kl_v2"],
+            "activation_bytes": None,
+            "compiled_temp_bytes": None,
+            "peak_device_bytes": runs.peak_device_bytes(),
+            "scale_trace": [(r["step"], r["loss_scale"]) for r in metrics],
+            "stopped": summary["stopped"],
+        }
+
+    if w.vmap_seeds:
+        config = PPOConfig(precision=precision, seed=seeds[0], num_seeds=len(seeds), **w.settings)
+        summary, metrics = _train_or_stop(train, config)
+        return [record(summary, metrics, i if len(seeds) > 1 else None) for i in range(len(seeds))]
+    return [record(*_train_or_stop(train, PPOConfig(precision=precision, seed=seed, **w.settings))) for seed in seeds]
+
+
+def _run_world_model(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
+    from genesis_jax.world_model import WorldModelConfig, train
+
+    out = []
+    for seed in seeds:
+        s, metrics = _train_or_stop(train, WorldModelConfig(precision=precision, seed=seed, **w.settings))
+        out.append({
+            "accuracy": s["eval_loss"],
+            "steps_per_second": s["steps_per_second"],
+            "compile_seconds": s["compile_seconds"],
+            "overflow_rate": s["overflow_rate"],
+            "loss_scale": s["loss_scale"],
+            "mismatch_kl_v2": None,
+            "activation_bytes": s["activation_bytes"],
+            "compiled_temp_bytes": s["compiled_temp_bytes"],
+            "peak_device_bytes": s["peak_device_bytes"],
+            "scale_trace": [(r["epoch"], r["loss_scale"]) for r in metrics],
+            "stopped": s["stopped"],
+        })
+    return out
+
+
+def _mean_std(values):
+    values = [v for v in values if v is not None and np.isfinite(v)]
+    if not values:
+        return None, None
+    return float(np.mean(values)), float(np.std(values))
+
+
+def _first(values):
+    return next((v for v in values if v is not None), None)
+
+
+def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict]) -> dict:
+    """One results row from the runs of one workload x precision."""
+    # A diverged seed has no accuracy; `diverged_seeds` says how many there were.
+    accuracy, accuracy_std = _mean_std([r["accuracy"] for r in seed_runs if r["stopped"] != "diverged"])
+    return {
+        "workload": workload.name,
+        "precision": precision,
+        "seeds": len(seed_runs),
+        "accuracy_metric": "final_return" if workload.kind == "ppo" else "eval_loss",
+        "accuracy_mean": accuracy,
+        "accuracy_std": accuracy_std,
+        "steps_per_second": statistics.median(r["steps_per_second"] for r in seed_runs),
+        "compile_seconds": statistics.median(r["compile_seconds"] for r in seed_runs),
+        "activation_bytes": _first(r["activation_bytes"] for r in seed_runs),
+        "compiled_temp_bytes": _first(r["compiled_temp_bytes"] for r in seed_runs),
+        "peak_device_bytes": _first(r["peak_device_bytes"] for r in seed_runs),
+        "overflow_rate": float(np.mean([r["overflow_rate"] for r in seed_runs])),
+        "final_loss_scale": float(np.mean([r["loss_scale"] for r in seed_runs])),
+        "mismatch_kl_v2": _first(r["mismatch_kl_v2"] for r in seed_runs),
+        "diverged_seeds": sum(r["stopped"] == "diverged" for r in seed_runs),
+    }
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """speedup (steps/s over fp32's), memory_ratio (activation bytes over fp32's) and accuracy_ratio (return over fp32's; for losses fp32's over ours), so that
+    above 1 is better for speed and accuracy and below 1 is better for memory."""
+    base = {r["workload"]: r for r in rows if r["precision"] == "fp32"}
+    for r in rows:
+        b = base.get(r["workload"])
+        r["speedup"] = r["steps_per_second"] / b["steps_per_second"] if b else None
+        # Activation bytes, not peak memory: a process's peak covers every run before it.
+        r["memory_ratio"] = r["activation_bytes"] / b["activation_bytes"] if b and r["activation_bytes"] and b["activation_bytes"] else None
+        if b and r["accuracy_mean"] and b["accuracy_mean"]:
+            ppo = r["accuracy_metric"] == "final_return"
+            r["accuracy_ratio"] = r["accuracy_mean"] / b["accuracy_mean"] if ppo else b["accuracy_mean"] / r["accuracy_mean"]
+        else:
+            r["accuracy_ratio"] = None
+    return rows
+
+
+COLUMNS = ("workload", "precision", "seeds", "steps_per_second", "speedup", "compile_seconds", "accuracy_metric",
+           "accuracy_mean", "accuracy_std", "accuracy_ratio", "activation_bytes", "compiled_temp_bytes",
+           "peak_device_bytes", "memory_ratio", "overflow_rate", "final_loss_scale", "mismatch_kl_v2", "diverged_seeds")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    shown = ("workload", "precision", "seeds", "steps_per_second", "speedup", "compile_seconds", "accuracy_metric",
+             "accuracy_mean", "accuracy_std", "accuracy_ratio", "memory_ratio", "overflow_rate", "final_loss_scale",
+             "mismatch_kl_v2", "diverged_seeds")
+    lines = [header, "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(_fmt(r[k]) for k in shown) + " |" for r in rows]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    plot_results(rows, traces, out / "precision.png")
+
+
+def plot_results(rows: list[dict], traces: dict, path) -> None:
+    plt = runs._pyplot()
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    precisions = list(dict.fromkeys(r["precision"] for r in rows))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    width = 0.8 / max(1, len(precisions))
+    for ax, key, title in ((axes[0, 0], "speedup", "steps/s over fp32"), (axes[0, 1], "memory_ratio", "memory over fp32"),
+                           (axes[1, 0], "accuracy_ratio", "accuracy over fp32 (higher is better)")):
+        for j, p in enumerate(precisions):
+            values = [next((r[key] for r in rows if r["workload"] == n and r["precision"] == p), None) for n in names]
+            ax.bar(np.arange(len(names)) + j * width, [v if v is not None else 0 for v in values], width, label=p)
+        ax.axhline(1.0, color="gray", linestyle="--")
+        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=15, fontsize=8)
+        ax.set_title(title)
+    axes[0, 0].legend(fontsize=8)
+    ax = axes[1, 1]
+    for (name, precision), trace in traces.items():
+        if trace and precision in ("fp16", "fp16-full"):
+            xs, ys = zip(*trace)
+            ax.plot(np.asarray(xs) / max(xs), ys, label=f"{name} {precision}")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("fraction of training")
+    ax.set_title("loss scale")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr) -> list[dict]:
+    """Runs every workload x precision for `seeds`; writes the results under `out_dir`."""
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise ValueError(f"unknown precision {p!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
+    chosen = [w for w in workloads(quick) if only is None or w.name in only]
+    if only is not None and len(chosen) != len(set(only)):
+        known = ", ".join(w.name for w in workloads(quick))
+        raise ValueError(f"unknown workload in {sorted(only)}; known: {known}")
+    started = time.perf_counter()
+    rows, traces = [], {}
+    for w in chosen:
+        # --quick: every seed only where they share one compiled run (PPO on gymnax); one elsewhere.
+        w_seeds = list(seeds) if (w.vmap_seeds or not quick) else list(seeds)[:1]
+        for p in precisions:
+            t0 = time.perf_counter()
+            seed_runs = (_run_ppo if w.kind == "ppo" else _run_world_model)(w, p, w_seeds)
+            rows.append(summarise_cell(w, p, seed_runs))
+            traces[(w.name, p)] = seed_runs[0]["scale_trace"]
+            print(f"{w.name} {p}: {rows[-1]['steps_per_second']:.0f} steps/s, {rows[-1]['accuracy_metric']} "
+                  f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)", file=log, flush=True)
+    rows = add_ratios(rows)
+    header = (f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {runs.device_name()}, "
+              f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}")
+    write_results(rows, traces, pathlib.Path(out_dir), header)
+    return rows

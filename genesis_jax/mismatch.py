@@ -1,0 +1,77 @@
+"""The rollout-precision x learner-precision grid: the training-inference mismatch that the
+Precision-RL work measures, for small-network PPO.
+
+Each cell trains PPO with the rollout policy in one precision and the learner in another
+and reports the mean over training of KL v1, KL v2, max |delta p| (the largest over
+training) and the final return.
+
+>>> cells = mismatch_grid("CartPole-v1", total_steps=100_000)   # doctest: +SKIP
+>>> plot_heatmaps(cells, "mismatch.png")                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from genesis_jax import runs
+
+GRID_PRECISIONS = ("fp32", "bf16", "fp16")
+METRICS = ("mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "final_return")
+
+
+def mismatch_grid(env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, log=sys.stderr, **ppo_settings) -> list[dict]:
+    """One PPO run per (rollout, learner) pair; returns a row per cell."""
+    from genesis_jax.ppo import PPOConfig, train
+
+    cells = []
+    for learner in precisions:
+        for rollout in precisions:
+            config = PPOConfig(env=env, precision=learner, rollout_precision=rollout, total_steps=total_steps, seed=seed,
+                               **ppo_settings)
+            s = train(config, progress=False).summary
+            cells.append({"env": env, "rollout": rollout, "learner": learner, **{k: s[k] for k in METRICS}})
+            print(f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
+                  f"max_dp={s['mismatch_max_dp']:.3g} return={s['final_return']:.1f}", file=log, flush=True)
+    return cells
+
+
+def table(cells: list[dict]) -> list[str]:
+    lines = ["| env | rollout | learner | KL v1 | KL v2 | max abs dp | final return |", "|---|---|---|---|---|---|---|"]
+    for c in cells:
+        lines.append(f"| {c['env']} | {c['rollout']} | {c['learner']} | {c['mismatch_kl_v1']:.3g} | "
+                     f"{c['mismatch_kl_v2']:.3g} | {c['mismatch_max_dp']:.3g} | {c['final_return']:.1f} |")
+    return lines
+
+
+def grid_matrix(cells: list[dict], env: str, metric: str, precisions=GRID_PRECISIONS) -> np.ndarray:
+    """[learner, rollout] matrix of one metric for one env."""
+    m = np.full((len(precisions), len(precisions)), np.nan)
+    for c in cells:
+        if c["env"] == env:
+            m[precisions.index(c["learner"]), precisions.index(c["rollout"])] = c[metric]
+    return m
+
+
+def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", precisions=GRID_PRECISIONS) -> None:
+    """One heat map per env: learner precision (rows) x rollout precision (columns)."""
+    plt = runs._pyplot()
+    envs = list(dict.fromkeys(c["env"] for c in cells))
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        m = grid_matrix(cells, env, metric, precisions)
+        shown = np.log10(np.maximum(m, 1e-12))  # exact zeros (same precision) at the bottom of the scale
+        image = ax.imshow(shown, cmap="viridis")
+        for i in range(len(precisions)):
+            for j in range(len(precisions)):
+                ax.text(j, i, f"{m[i, j]:.1e}", ha="center", va="center", color="white", fontsize=8)
+        ax.set_xticks(range(len(precisions)), precisions)
+        ax.set_yticks(range(len(precisions)), precisions)
+        ax.set_xlabel("rollout precision")
+        ax.set_ylabel("learner precision")
+        ax.set_title(f"{env}: log10 {metric}")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
