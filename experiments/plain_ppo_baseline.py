@@ -6,7 +6,7 @@ import time, jax, jax.numpy as jnp, numpy as np, optax, gymnax, flax.linen as nn
 from flax.linen.initializers import orthogonal
 from flax.training.train_state import TrainState
 import sys
-DT = jnp.float16 if len(sys.argv) > 1 and sys.argv[1] == "fp16" else jnp.float32
+DT = jnp.float16 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "fp16" else jnp.float32
 class AC(nn.Module):
     a: int
     @nn.compact
@@ -66,6 +66,12 @@ def train(rng):
         return (ts, es, lo, rng), (r.sum(), d.sum())
     rs, m = jax.lax.scan(upd, (ts, es, obs, rng), None, NU)
     return m
-t = time.time(); c = jax.jit(train).lower(jax.random.PRNGKey(0)).compile(); print("compile", time.time() - t)
-t = time.time(); m = jax.block_until_ready(c(jax.random.PRNGKey(0))); dt = time.time() - t
-print("plain", DT.__name__, "steps/s", NU * 512 / dt, "last return", float(m[0][-50:].sum() / m[1][-50:].sum()))
+def compiled_plain():
+    """(compiled train(rng), env steps per call)."""
+    return jax.jit(train).lower(jax.random.PRNGKey(0)).compile(), NU * 512
+
+
+if __name__ == "__main__":
+    t = time.time(); c, steps = compiled_plain(); print("compile", time.time() - t)
+    t = time.time(); m = jax.block_until_ready(c(jax.random.PRNGKey(0))); dt = time.time() - t
+    print("plain", DT.__name__, "steps/s", steps / dt, "last return", float(m[0][-50:].sum() / m[1][-50:].sum()))

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.core import mismatch_metrics
@@ -84,3 +85,16 @@ def test_mismatch_metrics_definitions():
     np.testing.assert_allclose(float(m["mismatch_kl_v2"]), 0.5 * np.log(2) ** 2 / 2, rtol=1e-6)
     np.testing.assert_allclose(float(m["mismatch_max_dp"]), 0.25, rtol=1e-6)
     np.testing.assert_allclose(float(m["mismatch_ratio_dev"]), 0.25, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bound", [None, 3, 8, 2])
+def test_truncation_values_only_where_truncated_with_or_without_a_bound(bound):
+    from genesis_jax.ppo.core import truncation_values
+
+    final_obs = jax.random.normal(jax.random.PRNGKey(0), (16, 4, 3))
+    truncated = jnp.zeros((16, 4), bool).at[(2, 9, 15), (0, 3, 1)].set(True)
+    value_fn = lambda obs: 0.5 * obs.sum(-1)  # noqa: E731
+    expected = np.where(np.asarray(truncated), 0.5 * np.asarray(final_obs).sum(-1), 0.0)
+    # bound 2 < 3 truncations: the whole-rollout fallback must give the same values
+    got = jax.jit(lambda t, o: truncation_values(t, o, value_fn, bound))(truncated, final_obs)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-7)

@@ -25,7 +25,9 @@ def gymnax_spec(env_id: str) -> EnvSpec:
     env, params = gymnax.make(env_id)
     obs_shape = env.observation_space(params).shape
     action_dim, continuous, low, high = _space_info(env.action_space(params))
-    return EnvSpec(env_id, "gymnax", int(math.prod(obs_shape)), action_dim, continuous, low, high)
+    limit = getattr(params, "max_steps_in_episode", None)
+    return EnvSpec(env_id, "gymnax", int(math.prod(obs_shape)), action_dim, continuous, low, high,
+                   int(limit) if limit else None)
 
 
 class GymnaxVecEnv:

@@ -19,6 +19,7 @@ class EnvSpec:
     continuous: bool
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
+    max_episode_steps: int | None = None  # the time limit, where known: bounds truncations
 
 
 def gymnax_ids() -> list[str]:

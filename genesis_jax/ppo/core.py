@@ -68,21 +68,44 @@ def mismatch_metrics(log_mu, log_pi, probs_mu, probs_pi) -> dict:
     }
 
 
-def finish_rollout(columns: dict, value_fn, gamma: float) -> dict:
+def truncation_values(truncated, final_obs, value_fn, max_truncations: int | None = None):
+    """[T, N] float32: V(pre-reset observation) where an episode was truncated, else 0.
+
+    With `max_truncations` (a bound that holds for the env: num_envs x ceil(T / time
+    limit)), only the truncated observations are evaluated, gathered into a fixed-size
+    batch; the whole-rollout pass remains the fallback should the bound ever not hold.
+    Without it, the whole-rollout pass runs when any episode was truncated."""
+    zeros = jnp.zeros(truncated.shape, jnp.float32)
+    count = jnp.sum(truncated)
+    full = lambda: jnp.where(truncated, value_fn(final_obs), 0.0).astype(jnp.float32)  # noqa: E731
+    if max_truncations is None:
+        return jax.lax.cond(count > 0, full, lambda: zeros)
+    flat_obs = final_obs.reshape((-1,) + final_obs.shape[2:])
+
+    def gathered():
+        index = jnp.nonzero(truncated.reshape(-1), size=max_truncations, fill_value=0)[0]
+        values = jnp.where(jnp.arange(max_truncations) < count, value_fn(flat_obs[index]), 0.0)
+        return zeros.reshape(-1).at[index].add(values.astype(jnp.float32)).reshape(truncated.shape)
+
+    return jax.lax.cond(count > max_truncations, full, gathered)
+
+
+def finish_rollout(columns: dict, value_fn, gamma: float, max_truncations: int | None = None) -> dict:
     """The update's `traj` from raw rollout columns (obs, action, log_prob, value, probs,
     reward, terminated, truncated, final_obs): `done` derived, and truncated episodes'
-    rewards bootstrapped from V(pre-reset observation). That value pass over the whole
-    rollout is skipped when no episode in it was truncated."""
-    final_value = jax.lax.cond(
-        jnp.any(columns["truncated"]),
-        value_fn,
-        lambda obs: jnp.zeros(obs.shape[:-1], jnp.float32),
-        columns["final_obs"],
-    )
+    rewards bootstrapped from V(pre-reset observation) (see `truncation_values`)."""
+    final_value = truncation_values(columns["truncated"], columns["final_obs"], value_fn, max_truncations)
     traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value", "probs")}
     traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
     traj["reward"] = bootstrap_truncated(columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma)
     return traj
+
+
+def max_truncations(config: PPOConfig, spec: EnvSpec) -> int | None:
+    """At most one truncation per env per time limit's worth of steps; None if unknown."""
+    if not spec.max_episode_steps:
+        return None
+    return config.num_envs * -(-config.num_steps // spec.max_episode_steps)
 
 
 def _flatten_time_env(tree):

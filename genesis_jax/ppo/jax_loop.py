@@ -19,7 +19,7 @@ from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.parallel import constrain, replicated, sharded
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
-from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn
+from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
 from genesis_jax.update import TrainState
 
 
@@ -49,6 +49,7 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
     spec = env.spec
     rollout_net = make_network(config, spec, config.rollout_precision_resolved())
     update = make_update_fn(config, spec, grad_transform)
+    truncation_bound = max_truncations(config, spec)
 
     def init(key) -> RunnerState:
         state_key, env_key, run_key = jax.random.split(key, 3)
@@ -90,7 +91,7 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
     def one_update(runner: RunnerState, _):
         runner, columns = jax.lax.scan(env_step, runner, None, config.num_steps)
         value_of = lambda obs: rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
-        traj = finish_rollout(columns, value_of, config.gamma)
+        traj = finish_rollout(columns, value_of, config.gamma, truncation_bound)
         rng, update_key = jax.random.split(runner.rng)
         train_state, metrics = update(runner.train_state, traj, value_of(runner.obs), update_key)
         metrics["episodes"] = traj["done"].sum()

@@ -99,28 +99,31 @@ def _seed_keys(config: PPOConfig):
 
 
 def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) -> list[dict]:
-    """metrics.jsonl rows: one per update, means over seeds, plus each seed's return."""
+    """metrics.jsonl rows: one per update, means over seeds, plus each seed's return.
+    (Column-wise numpy, then one dict per update: this runs on every chunk.)"""
     m = {k: np.asarray(v) for k, v in chunk_metrics.items()}
     if config.num_seeds == 1:
         m = {k: v[None] for k, v in m.items()}  # [seeds, updates]
-    rows = []
-    for i in range(m["loss"].shape[1]):
-        episodes = m["episodes"][:, i].astype(float)
-        returns = np.where(episodes > 0, m["return_sum"][:, i] / np.maximum(episodes, 1), np.nan)
-        row = {"update": first_update + i + 1, "step": (first_update + i + 1) * config.batch_size}
-        row["episode_return"] = None if np.all(np.isnan(returns)) else float(np.nanmean(returns))
-        row["episodes"] = int(episodes.sum())
-        row["return_sum"] = float(m["return_sum"][:, i].sum())
-        for k in _LOGGED:
-            row[k] = float(np.mean(m[k][:, i]))
-        row["skipped"] = int(np.sum(m["skipped"][:, i]))
-        row["halted"] = bool(np.any(m["halted"][:, i]))
-        if config.num_seeds > 1:
-            row["episode_return_per_seed"] = [None if np.isnan(r) else float(r) for r in returns]
-            row["return_sum_per_seed"] = [float(x) for x in m["return_sum"][:, i]]
-            row["episodes_per_seed"] = [int(x) for x in episodes]
-        rows.append(row)
-    return rows
+    updates = np.arange(first_update + 1, first_update + m["loss"].shape[1] + 1)
+    episodes = m["episodes"].astype(np.int64)
+    finished = episodes > 0
+    seed_returns = np.where(finished, m["return_sum"] / np.maximum(episodes, 1), np.nan)
+    mean_returns = np.sum(np.where(finished, seed_returns, 0.0), 0) / np.maximum(finished.sum(0), 1)
+    columns = {
+        "update": updates.tolist(),
+        "step": (updates * config.batch_size).tolist(),
+        "episode_return": [float(r) if any_ else None for r, any_ in zip(mean_returns, finished.any(0))],
+        "episodes": episodes.sum(0).tolist(),
+        "return_sum": m["return_sum"].sum(0).astype(float).tolist(),
+        **{k: m[k].mean(0).astype(float).tolist() for k in _LOGGED if k != "skipped"},
+        "skipped": m["skipped"].sum(0).astype(int).tolist(),
+        "halted": m["halted"].any(0).tolist(),
+    }
+    if config.num_seeds > 1:
+        columns["episode_return_per_seed"] = [[None if np.isnan(r) else float(r) for r in col] for col in seed_returns.T]
+        columns["return_sum_per_seed"] = m["return_sum"].T.astype(float).tolist()
+        columns["episodes_per_seed"] = episodes.T.tolist()
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def _until_halt(rows: list[dict]) -> list[dict]:
@@ -217,36 +220,49 @@ def train(
         call = compile_chunks(runner, per_chunk)
         compile_seconds = time.perf_counter() - compile_start
         run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
+        skipped_total = sum(r["skipped"] for r in rows)
         bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
         with StopSignals() as signals:
-            while done_updates < config.num_updates and stopped is None:
-                t0 = time.perf_counter()
-                runner, chunk_metrics = call(runner)
+            pending = call(runner) if done_updates < config.num_updates else None
+            dispatched = time.perf_counter()
+            while pending is not None:
+                runner, chunk_metrics = pending
+                pending = None
                 chunk_metrics = jax.device_get(chunk_metrics)
-                run_seconds += time.perf_counter() - t0
+                run_seconds += time.perf_counter() - dispatched
                 run_steps += per_chunk * config.batch_size * config.num_seeds
+                halted = bool(np.any(chunk_metrics["halted"]))
+                due = checkpoint_every and (done_updates + per_chunk - last_ckpt) * config.batch_size >= checkpoint_every
+                more = done_updates + per_chunk < config.num_updates
+                # The next chunk is dispatched before the host turns this one's metrics into rows,
+                # files and progress, so the two overlap; not when this chunk's state is still
+                # needed (a checkpoint or a stop), since the call consumes it.
+                if more and not halted and signals.received is None and not (store and due):
+                    pending = call(runner)
+                    dispatched = time.perf_counter()
                 new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
                 done_updates += len(new_rows)
                 rows.extend(new_rows)
                 if run_dir:
                     run_dir.append_metrics(new_rows)
-                bar.update(len(new_rows) * config.batch_size)
+                skipped_total += sum(r["skipped"] for r in new_rows)
                 finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
                 last_return = finished[-1] if finished else last_return
-                bar.set_postfix(
-                    ret=f"{last_return:.1f}",
-                    scale=f"{new_rows[-1]['loss_scale']:.0f}",
-                    skipped=int(np.sum(np.asarray(runner.train_state.skipped))),
-                    sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-",
-                )
-                if new_rows[-1]["halted"]:
+                bar.update(len(new_rows) * config.batch_size)
+                bar.set_postfix(ret=f"{last_return:.1f}", scale=f"{new_rows[-1]['loss_scale']:.0f}", skipped=skipped_total,
+                                sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-")
+                if pending is not None:
+                    continue
+                if halted:
                     stopped = "diverged"
                 elif signals.received is not None:
                     stopped = signal.Signals(signals.received).name
-                due = checkpoint_every and (done_updates - last_ckpt) * config.batch_size >= checkpoint_every
-                if store and (due or stopped or done_updates == config.num_updates):
+                if store and (due or stopped or not more):
                     store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
                     last_ckpt = done_updates
+                if more and not stopped:
+                    pending = call(runner)
+                    dispatched = time.perf_counter()
         bar.close()
     finally:
         if store:
