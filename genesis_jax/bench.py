@@ -219,8 +219,10 @@ def plot_results(rows: list[dict], traces: dict, path) -> None:
     plt.close(fig)
 
 
-def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr) -> list[dict]:
-    """Runs every workload x precision for `seeds`; writes the results under `out_dir`."""
+def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr,
+                  command: str | None = None) -> list[dict]:
+    """Runs every workload x precision for `seeds`; writes the results under `out_dir`
+    (`command`, the invocation to name in results.md)."""
     for p in precisions:
         if p not in PRECISIONS:
             raise ValueError(f"unknown precision {p!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
@@ -242,6 +244,7 @@ def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISI
                   f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)", file=log, flush=True)
     rows = add_ratios(rows)
     header = (f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {runs.device_name()}, "
-              f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}")
+              f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}"
+              + (f"; command: {command}" if command else ""))
     write_results(rows, traces, pathlib.Path(out_dir), header)
     return rows

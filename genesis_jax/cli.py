@@ -268,7 +268,11 @@ def _run_bench(args) -> int:
 
     seeds = args.seeds or ((0, 1) if args.quick else (0, 1, 2, 3, 4))
     only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
-    run_benchmark(args.out, quick=args.quick, seeds=seeds, precisions=[p.strip() for p in args.precisions.split(",")], only=only)
+    command = "genesis-jax bench " + " ".join(
+        (["--quick"] if args.quick else []) + [f"--seeds {','.join(map(str, seeds))}", f"--precisions {args.precisions}"]
+        + ([f"--workloads {args.workloads}"] if args.workloads else []) + [f"--out {args.out}"])
+    run_benchmark(args.out, quick=args.quick, seeds=seeds, precisions=[p.strip() for p in args.precisions.split(",")],
+                  only=only, command=command)
     print(f"wrote {args.out}/results.csv, results.md, precision.png")
     print((pathlib.Path(args.out) / "results.md").read_text())
     return 0

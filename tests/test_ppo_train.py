@@ -35,6 +35,7 @@ def gymnax_run(tmp_path_factory):
 
 def test_gymnax_path_improves_cartpole(gymnax_run):
     result, _ = gymnax_run
+    assert_timing_is_plausible(result.summary)
     early, late = early_and_late_return(result.metrics)
     assert late > 2 * early and late > 100, (early, late)
 
@@ -68,6 +69,14 @@ def test_gymnasium_path_improves_cartpole():
     early, late = early_and_late_return(result.metrics)
     assert result.summary["env_backend"] == "gymnasium"
     assert late > 1.5 * early, (early, late)
+    assert_timing_is_plausible(result.summary)
+
+
+def assert_timing_is_plausible(s):
+    """steps/s counts the time the chunks ran: within the wall time outside compilation, and
+    not a sliver of it (set-up, checkpoint saves and the rest take the remainder)."""
+    running = s["total_steps"] * s["num_seeds"] / s["steps_per_second"]
+    assert 0.05 * (s["wall_seconds"] - s["compile_seconds"]) <= running <= s["wall_seconds"] - s["compile_seconds"], s
 
 
 def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():

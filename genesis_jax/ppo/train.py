@@ -223,8 +223,9 @@ def train(
         skipped_total = sum(r["skipped"] for r in rows)
         bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
         with StopSignals() as signals:
-            pending = call(runner) if done_updates < config.num_updates else None
+            # (Timed from before each call: the host loop's calls run the chunk synchronously.)
             dispatched = time.perf_counter()
+            pending = call(runner) if done_updates < config.num_updates else None
             while pending is not None:
                 runner, chunk_metrics = pending
                 pending = None
@@ -238,8 +239,8 @@ def train(
                 # files and progress, so the two overlap; not when this chunk's state is still
                 # needed (a checkpoint or a stop), since the call consumes it.
                 if more and not halted and signals.received is None and not (store and due):
-                    pending = call(runner)
                     dispatched = time.perf_counter()
+                    pending = call(runner)
                 new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
                 done_updates += len(new_rows)
                 rows.extend(new_rows)
@@ -261,8 +262,8 @@ def train(
                     store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
                     last_ckpt = done_updates
                 if more and not stopped:
-                    pending = call(runner)
                     dispatched = time.perf_counter()
+                    pending = call(runner)
         bar.close()
     finally:
         if store:
