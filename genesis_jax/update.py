@@ -124,19 +124,24 @@ def mixed_precision_update(
     finite = jnp.isfinite(grad_norm)
     # Back to the params' dtypes (float16 in fp16-full) so the optimizer state keeps its dtype.
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    updates, new_opt_state = state.tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
+
+    def optimizer_step():
+        updates, new_opt_state = state.tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), new_opt_state
+
     streak = jnp.where(finite, 0, state.skip_streak + 1).astype(jnp.int32)
     new_scale = state.loss_scale.adjust(finite)
     active = jnp.logical_not(state.halted)
     tripped = jnp.asarray(False) if guard is None else active & guard.tripped(new_scale.loss_scale, streak)
-    # A skipped step selects the old values, so params and optimizer state stay bit-identical.
-    # (A select fuses into the optimizer's elementwise work; on CPU it measured ~5% faster
-    # per PPO update than `lax.cond`.) A halted state takes nothing at all.
+    # A skipped (or halted) step returns the old params and optimizer state untouched, so they
+    # stay bit-identical. (`lax.cond` rather than a select of new and old: with a select, XLA
+    # recomputes Adam's moments inside the params update and copies every moment buffer on
+    # each step; the cond measured ~3% more PPO steps/s on CPU. Under vmap it becomes a select.)
     take = finite & active
+    new_params, new_opt_state = jax.lax.cond(take, optimizer_step, lambda: (state.params, state.opt_state))
     new_state = state.replace(
-        params=_keep_if(take, new_params, state.params),
-        opt_state=_keep_if(take, new_opt_state, state.opt_state),
+        params=new_params,
+        opt_state=new_opt_state,
         loss_scale=_keep_if(active & ~tripped, new_scale, state.loss_scale),
         step=state.step + active.astype(jnp.int32),
         skipped=state.skipped + (active & ~finite).astype(jnp.int32),

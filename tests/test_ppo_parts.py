@@ -78,9 +78,7 @@ def test_gaussian_log_prob_and_entropy():
 def test_mismatch_metrics_definitions():
     log_mu = jnp.log(jnp.array([0.5, 0.25]))
     log_pi = jnp.log(jnp.array([0.25, 0.25]))
-    probs_mu = jnp.array([[0.5, 0.5], [0.25, 0.75]])
-    probs_pi = jnp.array([[0.25, 0.75], [0.25, 0.75]])
-    m = mismatch_metrics(log_mu, log_pi, probs_mu, probs_pi)
+    m = mismatch_metrics(log_mu, log_pi)
     np.testing.assert_allclose(float(m["mismatch_kl_v1"]), np.log(2) / 2, rtol=1e-6)
     np.testing.assert_allclose(float(m["mismatch_kl_v2"]), 0.5 * np.log(2) ** 2 / 2, rtol=1e-6)
     np.testing.assert_allclose(float(m["mismatch_max_dp"]), 0.25, rtol=1e-6)

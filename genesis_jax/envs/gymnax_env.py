@@ -33,8 +33,9 @@ def gymnax_spec(env_id: str) -> EnvSpec:
 class GymnaxVecEnv:
     """`num_envs` copies of a gymnax env, stepped together under `vmap`.
 
-    `step` returns (obs, state, reward, terminated, truncated, final_obs); it resets
-    finished envs itself and `final_obs` is the observation before that reset.
+    `step(keys, state, action)` takes one key per env and returns (obs, state, reward,
+    terminated, truncated, final_obs); it resets finished envs itself and `final_obs` is
+    the observation before that reset.
     """
 
     def __init__(self, env_id: str, num_envs: int):
@@ -50,11 +51,10 @@ class GymnaxVecEnv:
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
         return self._flat(obs), state
 
-    def step(self, key, state, action):
+    def step(self, keys, state, action):
         if self.spec.continuous:
             action = jnp.clip(action, jnp.asarray(self.spec.action_low), jnp.asarray(self.spec.action_high))
             action = action.reshape((self.num_envs, *self.env.action_space(self.params).shape))
-        keys = jax.random.split(key, self.num_envs)
         obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
             keys, state, action, self.params
         )

@@ -2,7 +2,7 @@
 
 A rollout (`traj`) is a dict of [T, N, ...] float32/int arrays with keys obs, action,
 log_prob (the rollout policy's, "mu"), value, reward (truncations already bootstrapped),
-done and probs (mu's action probabilities, for the mismatch metric).
+and done.
 """
 
 from __future__ import annotations
@@ -57,13 +57,15 @@ def init_train_state(config: PPOConfig, spec: EnvSpec, key) -> TrainState:
     return TrainState.create(params, make_optimizer(config), scaler, state_key, precision)
 
 
-def mismatch_metrics(log_mu, log_pi, probs_mu, probs_pi) -> dict:
-    """The Precision-RL training-inference mismatch between rollout (mu) and learner (pi)."""
+def mismatch_metrics(log_mu, log_pi) -> dict:
+    """The Precision-RL training-inference mismatch between rollout (mu) and learner (pi),
+    from both policies' log-probabilities of the taken actions (densities for continuous
+    actions): KL estimators v1 and v2, the largest probability gap, the mean |ratio - 1|."""
     diff = log_mu - log_pi
     return {
         "mismatch_kl_v1": jnp.mean(diff),
         "mismatch_kl_v2": 0.5 * jnp.mean(jnp.square(diff)),
-        "mismatch_max_dp": jnp.max(jnp.abs(probs_mu - probs_pi)),
+        "mismatch_max_dp": jnp.max(jnp.abs(jnp.exp(log_mu) - jnp.exp(log_pi))),
         "mismatch_ratio_dev": jnp.mean(jnp.abs(jnp.exp(log_pi - log_mu) - 1.0)),
     }
 
@@ -91,11 +93,11 @@ def truncation_values(truncated, final_obs, value_fn, max_truncations: int | Non
 
 
 def finish_rollout(columns: dict, value_fn, gamma: float, max_truncations: int | None = None) -> dict:
-    """The update's `traj` from raw rollout columns (obs, action, log_prob, value, probs,
+    """The update's `traj` from raw rollout columns (obs, action, log_prob, value,
     reward, terminated, truncated, final_obs): `done` derived, and truncated episodes'
     rewards bootstrapped from V(pre-reset observation) (see `truncation_values`)."""
     final_value = truncation_values(columns["truncated"], columns["final_obs"], value_fn, max_truncations)
-    traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value", "probs")}
+    traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value")}
     traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
     traj["reward"] = bootstrap_truncated(columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma)
     return traj
@@ -122,7 +124,6 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         loss, aux = ppo_loss(pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value)
         # The learner's view, kept for the mismatch metric (read on the first minibatch only).
         aux["log_pi"] = distributions.log_prob(pi_params, batch["action"])
-        aux["probs_pi"] = distributions.action_probs(pi_params, batch["action"])
         return loss, aux
 
     step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
@@ -133,7 +134,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         )
         data = _flatten_time_env(
             {"obs": traj["obs"], "action": traj["action"], "log_prob": traj["log_prob"], "value": traj["value"],
-             "advantage": advantages, "target": targets, "probs": traj["probs"]}
+             "advantage": advantages, "target": targets}
         )
 
         def epoch(state, epoch_key):
@@ -149,7 +150,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         # The mismatch on the update's first minibatch: the only one the learner evaluates
         # before any parameter change, so it costs no extra forward pass.
         first = jax.tree.map(lambda x: x[0], first_minibatches)
-        mismatch = mismatch_metrics(first["log_prob"], aux.pop("log_pi")[0, 0], first["probs"], aux.pop("probs_pi")[0, 0])
+        mismatch = mismatch_metrics(first["log_prob"], aux.pop("log_pi")[0, 0])
         aux = jax.tree.map(jnp.mean, aux)
         finite = metrics["grads_finite"]
         finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)  # noqa: E731

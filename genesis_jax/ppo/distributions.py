@@ -8,11 +8,29 @@ import jax.numpy as jnp
 _LOG_2PI = jnp.log(2.0 * jnp.pi)
 
 
-def sample(key, pi_params):
+def noise(key, shape, action_dim: int, continuous: bool):
+    """The randomness of `shape` action samples, drawn in one call: Gumbel noise for a
+    categorical, standard normal noise for a Gaussian ([*shape, action_dim] float32).
+
+    Drawing a whole rollout's noise before its loop replaces one random-number call per
+    step by one per rollout; `sample_with` then turns noise into actions deterministically."""
+    draw = jax.random.normal if continuous else jax.random.gumbel
+    return draw(key, (*shape, action_dim), jnp.float32)
+
+
+def sample_with(pi_params, action_noise):
+    """Actions from pre-drawn `noise`: the Gumbel-max trick (what `jax.random.categorical`
+    does) or mean + std * noise."""
     if len(pi_params) == 1:
-        return jax.random.categorical(key, pi_params[0])
+        return jnp.argmax(pi_params[0].astype(jnp.float32) + action_noise, axis=-1)
     mean, log_std = pi_params
-    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, jnp.float32)
+    return mean + jnp.exp(log_std) * action_noise
+
+
+def sample(key, pi_params):
+    """Actions for a batch of policy outputs, drawing fresh noise from `key`."""
+    first = pi_params[0]
+    return sample_with(pi_params, noise(key, first.shape[:-1], first.shape[-1], len(pi_params) == 2))
 
 
 def log_prob(pi_params, action):
@@ -31,10 +49,3 @@ def entropy(pi_params):
     _, log_std = pi_params
     return jnp.sum(log_std + 0.5 * (1.0 + _LOG_2PI), axis=-1)
 
-
-def action_probs(pi_params, action):
-    """Probabilities compared by the mismatch metric: the whole categorical, or the
-    density of the taken action for a Gaussian."""
-    if len(pi_params) == 1:
-        return jax.nn.softmax(pi_params[0].astype(jnp.float32))
-    return jnp.exp(log_prob(pi_params, action))[..., None]

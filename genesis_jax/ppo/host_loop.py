@@ -31,14 +31,13 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     @jax.jit
     def act(params, obs, key):
         """One [num_envs, width] float32 array (a single transfer to the host): action
-        (its float32 image for discrete ids), log-prob, value, action probabilities."""
+        (its float32 image for discrete ids), log-prob, value."""
         pi_params, value = rollout_net.apply(params, obs)
         action = distributions.sample(key, pi_params)
         columns = (
             action.reshape(config.num_envs, -1).astype(jnp.float32),
             distributions.log_prob(pi_params, action)[:, None],
             value[:, None],
-            distributions.action_probs(pi_params, action),
         )
         return jnp.concatenate(columns, axis=1)
 
@@ -47,7 +46,7 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     def unpack(packed):
         action = packed[:, :action_width]
         action = action if spec.continuous else action[:, 0].astype(np.int32)
-        return action, packed[:, action_width], packed[:, action_width + 1], packed[:, action_width + 2:]
+        return action, packed[:, action_width], packed[:, action_width + 1]
 
     update = make_update_fn(config, spec, grad_transform)
 
@@ -58,7 +57,7 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         return update(train_state, finish_rollout(columns, value_of, config.gamma), value_of(last_obs), key)
 
     host = {"obs": None, "episode_return": np.zeros(config.num_envs, np.float32)}
-    column_names = ("obs", "action", "log_prob", "value", "probs", "reward", "terminated", "truncated", "final_obs")
+    column_names = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "final_obs")
 
     def init(key) -> HostRunnerState:
         state_key, run_key = jax.random.split(key)
@@ -74,9 +73,9 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         finished = []
         for t in range(config.num_steps):
             obs = host["obs"]
-            action, log_mu, value, probs = unpack(np.asarray(act(params, obs, step_keys[t])))
+            action, log_mu, value = unpack(np.asarray(act(params, obs, step_keys[t])))
             next_obs, reward, terminated, truncated, final_obs = env.step(action)
-            for k, v in zip(column_names, (obs, action, log_mu, value, probs, reward, terminated, truncated, final_obs)):
+            for k, v in zip(column_names, (obs, action, log_mu, value, reward, terminated, truncated, final_obs)):
                 columns[k].append(v)
             host["episode_return"] += reward
             done = terminated | truncated
@@ -92,9 +91,9 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     def warmup(runner: HostRunnerState):
         """Compiles the policy call and the learner on dummy data (no env is stepped)."""
         params = runner.train_state.params
-        action, log_mu, value, probs = unpack(np.asarray(act(params, host["obs"], runner.rng)))
+        action, log_mu, value = unpack(np.asarray(act(params, host["obs"], runner.rng)))
         flags = np.zeros(config.num_envs, bool)
-        sample = (host["obs"], action, log_mu, value, probs, value, flags, flags, host["obs"])
+        sample = (host["obs"], action, log_mu, value, value, flags, flags, host["obs"])
         columns = {k: np.stack([v] * config.num_steps) for k, v in zip(column_names, sample)}
         jax.block_until_ready(learn(runner.train_state, columns, host["obs"], runner.rng))
 

@@ -62,14 +62,12 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
             rng=run_key,
         )
 
-    def env_step(runner: RunnerState, _):
-        rng, act_key, step_key = jax.random.split(runner.rng, 3)
-        params = runner.train_state.params
-        pi_params, value = rollout_net.apply(params, runner.obs)
-        action = distributions.sample(act_key, pi_params)
+    def env_step(runner: RunnerState, randomness):
+        action_noise, env_keys = randomness
+        pi_params, value = rollout_net.apply(runner.train_state.params, runner.obs)
+        action = distributions.sample_with(pi_params, action_noise)
         log_mu = distributions.log_prob(pi_params, action)
-        probs = distributions.action_probs(pi_params, action)
-        obs, env_state, reward, terminated, truncated, final_obs = env.step(step_key, runner.env_state, action)
+        obs, env_state, reward, terminated, truncated, final_obs = env.step(env_keys, runner.env_state, action)
         done = jnp.logical_or(terminated, truncated)
         episode_return = runner.episode_return + reward
         transition = {
@@ -81,18 +79,22 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
             "terminated": terminated,
             "truncated": truncated,
             "final_obs": final_obs,
-            "probs": probs,
             "finished_return": jnp.where(done, episode_return, 0.0),
         }
         env_state, obs, episode_return = constrain((env_state, obs, jnp.where(done, 0.0, episode_return)), mesh)
-        runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return, rng=rng)
+        runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return)
         return runner, transition
 
     def one_update(runner: RunnerState, _):
-        runner, columns = jax.lax.scan(env_step, runner, None, config.num_steps)
+        # The rollout's randomness is drawn before its loop, in two calls rather than in
+        # three per step: on small networks random-number generation dominates a step.
+        rng, noise_key, env_key, update_key = jax.random.split(runner.rng, 4)
+        steps_by_envs = (config.num_steps, config.num_envs)
+        randomness = (distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
+                      jax.random.split(env_key, steps_by_envs))
+        runner, columns = jax.lax.scan(env_step, runner, randomness)
         value_of = lambda obs: rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
         traj = finish_rollout(columns, value_of, config.gamma, truncation_bound)
-        rng, update_key = jax.random.split(runner.rng)
         train_state, metrics = update(runner.train_state, traj, value_of(runner.obs), update_key)
         metrics["episodes"] = traj["done"].sum()
         metrics["return_sum"] = columns["finished_return"].sum()

@@ -150,7 +150,7 @@ def _collect_gymnax(env_id, num_envs, length, act, keys):
         obs, state = carry
         k_act, k_env = jax.random.split(key)
         action = act(k_act, obs)
-        next_obs, state, reward, terminated, _, final_obs = env.step(k_env, state, action)
+        next_obs, state, reward, terminated, _, final_obs = env.step(jax.random.split(k_env, num_envs), state, action)
         return (next_obs, state), (obs, action, reward, terminated, final_obs)
 
     @jax.jit
