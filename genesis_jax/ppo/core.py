@@ -7,7 +7,6 @@ and done.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -126,7 +125,16 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         aux["log_pi"] = distributions.log_prob(pi_params, batch["action"])
         return loss, aux
 
-    step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
+    options = update_options(config, config.seed, grad_transform)
+    scalar_names = ("loss", "grad_norm", "grads_finite", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+    def step(state, batch):
+        """One minibatch step; its scalar metrics leave the loop as one float32 vector (one
+        write per step instead of one per metric: on small networks the loop is op-bound)."""
+        state, metrics = mixed_precision_update(state, batch, loss_fn, **options)
+        aux = metrics.pop("aux")
+        scalars = jnp.stack([jnp.asarray({**metrics, **aux}[k], jnp.float32) for k in scalar_names])
+        return state, (scalars, aux["log_pi"])
 
     def update(train_state: TrainState, traj: dict, last_value, key):
         advantages, targets = compute_gae(
@@ -141,26 +149,24 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
             perm = jax.random.permutation(epoch_key, config.batch_size)
             shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
             state, metrics = jax.lax.scan(step, state, shuffled)
-            return state, (metrics, jax.tree.map(lambda x: x[0], shuffled))
+            return state, (metrics, {"log_prob": shuffled["log_prob"][0]})
 
         skipped_before = train_state.skipped
         epoch_keys = jax.random.split(key, config.update_epochs)
-        train_state, (metrics, first_minibatches) = jax.lax.scan(epoch, train_state, epoch_keys)
-        aux = metrics.pop("aux")
+        train_state, ((scalars, log_pi), first_minibatches) = jax.lax.scan(epoch, train_state, epoch_keys)
+        per_step = dict(zip(scalar_names, jnp.moveaxis(scalars, -1, 0)))
         # The mismatch on the update's first minibatch: the only one the learner evaluates
         # before any parameter change, so it costs no extra forward pass.
-        first = jax.tree.map(lambda x: x[0], first_minibatches)
-        mismatch = mismatch_metrics(first["log_prob"], aux.pop("log_pi")[0, 0])
-        aux = jax.tree.map(jnp.mean, aux)
-        finite = metrics["grads_finite"]
+        mismatch = mismatch_metrics(first_minibatches["log_prob"][0], log_pi[0, 0])
+        finite = per_step.pop("grads_finite") > 0
         finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)  # noqa: E731
         return train_state, {
-            "loss": finite_mean(metrics["loss"]),
-            "grad_norm": finite_mean(metrics["grad_norm"]),
+            "loss": finite_mean(per_step.pop("loss")),
+            "grad_norm": finite_mean(per_step.pop("grad_norm")),
             "loss_scale": train_state.loss_scale.loss_scale,
             "skipped": train_state.skipped - skipped_before,
             "halted": train_state.halted,
-            **aux,
+            **{k: jnp.mean(v) for k, v in per_step.items()},
             **mismatch,
         }
 
