@@ -2,7 +2,7 @@
 its own process, where XLA_FLAGS=--xla_force_host_platform_device_count=N gives a CPU N
 host devices (on a GPU machine the real devices are used and the flag is left out).
 
-    python experiments/data_parallel_speed.py --devices 4 --out benchmarks/data_parallel_cpu.md
+    python experiments/data_parallel_speed.py --devices 4 --repeats 3 --out benchmarks/data_parallel_cpu.md
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+
+from genesis_jax.runs import versions_line
 
 from _report import emit
 
@@ -43,7 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     force = None if args.gpu else args.devices
-    lines = [f"Data-parallel steps/s, {args.repeats} repeats (medians of alternating runs); command: "
+    lines = [f"Data-parallel steps/s, median of {args.repeats} alternating runs (quality from the first); "
+             f"versions: {versions_line()}; command: "
              f"python experiments/data_parallel_speed.py {' '.join(sys.argv[1:])}", "",
              "| workload | devices | device | steps/s | final return / eval loss | skipped |", "|---|---|---|---|---|---|"]
     for workload in RUNS:
@@ -52,10 +56,10 @@ def main(argv=None) -> int:
             for devices in results:
                 results[devices].append(run(workload, devices, force))
         for devices, summaries in results.items():
-            speeds = sorted(s["steps_per_second"] for s in summaries)
+            speed = statistics.median(s["steps_per_second"] for s in summaries)
             s = summaries[0]
             quality = s.get("final_return", s.get("eval_loss"))
-            lines.append(f"| {workload} | {devices} | {s['device']} | {speeds[len(speeds) // 2]:.1f} | {quality:.4g} | "
+            lines.append(f"| {workload} | {devices} | {s['device']} | {speed:.1f} | {quality:.4g} | "
                          f"{s['skipped_updates']}/{s['total_updates']} |")
     emit(lines, args.out)
     return 0
