@@ -7,7 +7,6 @@ and done.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -133,7 +132,8 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         write per step instead of one per metric: on small networks the loop is op-bound)."""
         state, metrics = mixed_precision_update(state, batch, loss_fn, **options)
         aux = metrics.pop("aux")
-        scalars = jnp.stack([jnp.asarray({**metrics, **aux}[k], jnp.float32) for k in scalar_names])
+        values = {**metrics, **aux}
+        scalars = jnp.stack([jnp.asarray(values[k], jnp.float32) for k in scalar_names])
         return state, (scalars, aux["log_pi"])
 
     def update(train_state: TrainState, traj: dict, last_value, key):
@@ -149,15 +149,15 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
             perm = jax.random.permutation(epoch_key, config.batch_size)
             shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
             state, metrics = jax.lax.scan(step, state, shuffled)
-            return state, (metrics, {"log_prob": shuffled["log_prob"][0]})
+            return state, (metrics, shuffled["log_prob"][0])
 
         skipped_before = train_state.skipped
         epoch_keys = jax.random.split(key, config.update_epochs)
-        train_state, ((scalars, log_pi), first_minibatches) = jax.lax.scan(epoch, train_state, epoch_keys)
+        train_state, ((scalars, log_pi), first_log_mu) = jax.lax.scan(epoch, train_state, epoch_keys)
         per_step = dict(zip(scalar_names, jnp.moveaxis(scalars, -1, 0)))
         # The mismatch on the update's first minibatch: the only one the learner evaluates
         # before any parameter change, so it costs no extra forward pass.
-        mismatch = mismatch_metrics(first_minibatches["log_prob"][0], log_pi[0, 0])
+        mismatch = mismatch_metrics(first_log_mu[0], log_pi[0, 0])
         finite = per_step.pop("grads_finite") > 0
         finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)  # noqa: E731
         return train_state, {
