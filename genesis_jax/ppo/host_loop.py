@@ -29,11 +29,12 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     rollout_net = make_network(config, spec, config.rollout_precision_resolved())
 
     @jax.jit
-    def act(params, obs, key):
+    def act(params, obs, action_noise):
         """One [num_envs, width] float32 array (a single transfer to the host): action
-        (its float32 image for discrete ids), log-prob, value."""
+        (its float32 image for discrete ids), log-prob, value. The noise is drawn once per
+        rollout (`draw_noise`), so this per-step call generates no random numbers."""
         pi_params, value = rollout_net.apply(params, obs)
-        action = distributions.sample(key, pi_params)
+        action = distributions.sample_with(pi_params, action_noise)
         columns = (
             action.reshape(config.num_envs, -1).astype(jnp.float32),
             distributions.log_prob(pi_params, action)[:, None],
@@ -42,6 +43,10 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         return jnp.concatenate(columns, axis=1)
 
     action_width = spec.action_dim if spec.continuous else 1
+
+    def draw_noise(key):
+        """[num_steps, num_envs, action_dim] host array: the whole rollout's action noise."""
+        return np.asarray(distributions.noise(key, (config.num_steps, config.num_envs), spec.action_dim, spec.continuous))
 
     def unpack(packed):
         action = packed[:, :action_width]
@@ -67,13 +72,13 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
 
     def one_update(runner: HostRunnerState):
         params = runner.train_state.params
-        rng, update_key = jax.random.split(runner.rng)
-        step_keys = np.asarray(jax.random.split(rng, config.num_steps + 1))
+        rng, noise_key, update_key = jax.random.split(runner.rng, 3)
+        action_noise = draw_noise(noise_key)
         columns = {k: [] for k in column_names}
         finished = []
         for t in range(config.num_steps):
             obs = host["obs"]
-            action, log_mu, value = unpack(np.asarray(act(params, obs, step_keys[t])))
+            action, log_mu, value = unpack(np.asarray(act(params, obs, action_noise[t])))
             next_obs, reward, terminated, truncated, final_obs = env.step(action)
             for k, v in zip(column_names, (obs, action, log_mu, value, reward, terminated, truncated, final_obs)):
                 columns[k].append(v)
@@ -86,12 +91,12 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         train_state, metrics = learn(runner.train_state, stacked, host["obs"], update_key)
         metrics["episodes"] = len(finished)
         metrics["return_sum"] = float(np.sum(finished))
-        return runner.replace(train_state=train_state, rng=jnp.asarray(step_keys[-1])), metrics
+        return runner.replace(train_state=train_state, rng=rng), metrics
 
     def warmup(runner: HostRunnerState):
         """Compiles the policy call and the learner on dummy data (no env is stepped)."""
         params = runner.train_state.params
-        action, log_mu, value = unpack(np.asarray(act(params, host["obs"], runner.rng)))
+        action, log_mu, value = unpack(np.asarray(act(params, host["obs"], draw_noise(runner.rng)[0])))
         flags = np.zeros(config.num_envs, bool)
         sample = (host["obs"], action, log_mu, value, value, flags, flags, host["obs"])
         columns = {k: np.stack([v] * config.num_steps) for k, v in zip(column_names, sample)}
