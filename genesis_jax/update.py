@@ -136,7 +136,7 @@ def mixed_precision_update(
     # A skipped (or halted) step returns the old params and optimizer state untouched, so they
     # stay bit-identical. (`lax.cond` rather than a select of new and old: with a select, XLA
     # recomputes Adam's moments inside the params update and copies every moment buffer on
-    # each step; the cond measured ~3% more PPO steps/s on CPU. Under vmap it becomes a select.)
+    # each step, 24 copies per PPO minibatch step on CPU. Under vmap it becomes a select.)
     take = finite & active
     new_params, new_opt_state = jax.lax.cond(take, optimizer_step, lambda: (state.params, state.opt_state))
     new_state = state.replace(

@@ -87,7 +87,7 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
 
     def one_update(runner: RunnerState, _):
         # The rollout's randomness is drawn before its loop, in two calls rather than in
-        # three per step: on small networks random-number generation dominates a step.
+        # three per step: on small networks random-number generation is a large share of a step.
         rng, noise_key, env_key, update_key = jax.random.split(runner.rng, 4)
         steps_by_envs = (config.num_steps, config.num_envs)
         randomness = (distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
