@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
 
 
@@ -16,8 +17,8 @@ class ActorCritic(nn.Module):
 
     `__call__` returns `(pi_params, value)`: for discrete actions `pi_params` is `(logits,)`,
     for continuous ones `(mean, log_std)` with a state-independent float32 log-std. The
-    `policy` and `value` methods run one tower only. Hidden layers run in `dtype`; every
-    output is float32.
+    `policy` and `value` methods run one tower only. The matmuls run in `dtype`; biases,
+    activations and every output are float32 (see `nets.dense.Dense`).
     """
 
     action_dim: int
@@ -29,7 +30,7 @@ class ActorCritic(nn.Module):
 
     def _tower(self, name: str, out_features: int, head_scale: float):
         def dense(width, scale, layer_name):
-            return nn.Dense(
+            return Dense(
                 width,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
@@ -52,7 +53,7 @@ class ActorCritic(nn.Module):
         x = obs.astype(jnp.float32)
         for layer in layers:
             x = act(layer(x))
-        return head(x).astype(jnp.float32)
+        return head(x)
 
     def value(self, obs):
         return self._run(self.critic_layers, self.critic_head, obs)[..., 0]
