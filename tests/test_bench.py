@@ -44,11 +44,16 @@ def test_half_precision_halves_world_model_activations(quick_bench):
 
 def test_no_loss_scaling_means_no_overflow_and_scale_one(quick_bench):
     _, rows = quick_bench
+    scaled = {}
     for (w, p), row in rows.items():
         if p in ("fp32", "bf16"):
             assert num(row, "overflow_rate") == 0.0 and num(row, "final_loss_scale") == 1.0
         else:
-            assert num(row, "final_loss_scale") != 2.0**16  # the dynamic scale moved
+            scaled[(w, p)] = (num(row, "overflow_rate"), num(row, "final_loss_scale"))
+    # fp16 runs use the dynamic scaler (initial 2^16): without an overflow it never backs off,
+    # and somewhere in the benchmark an overflow did make it back off.
+    assert all(scale >= 2.0**16 for rate, scale in scaled.values() if rate == 0)
+    assert any(rate > 0 and scale < 2.0**16 for rate, scale in scaled.values())
 
 
 def test_grid_matrix_places_cells():
