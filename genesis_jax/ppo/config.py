@@ -34,7 +34,7 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     num_seeds: int = 1
     vectorization: str = "sync"  # gymnasium: sync (DummyVecEnv) | async (SubprocVecEnv)
     action_repeat: int = 1  # gymnasium only
-    updates_per_chunk: int | None = None  # None: about 25 progress reports per run (JAX envs: chunks of ~100+ updates)
+    updates_per_chunk: int | None = None  # None: about 25 progress reports per run
 
     def __post_init__(self):
         super().__post_init__()

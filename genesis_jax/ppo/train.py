@@ -46,14 +46,14 @@ class PPOResult:
             raise AttributeError(name) from None
 
 
-def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25, min_updates: int = 1) -> int:
+def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25) -> int:
     """Updates per compiled chunk: a divisor of num_updates (so one compilation serves the
-    whole run) near num_updates / target_chunks, or near min_updates if that is more."""
+    whole run) near num_updates / target_chunks."""
     if requested is not None:
         if num_updates % requested:
             raise ValueError(f"updates-per-chunk {requested} does not divide the {num_updates} updates")
         return requested
-    ideal = max(1, min_updates, num_updates // target_chunks)
+    ideal = max(1, num_updates // target_chunks)
     divisors = [d for d in range(1, num_updates + 1) if num_updates % d == 0]
     return min(divisors, key=lambda d: (abs(d - ideal), d))
 
@@ -201,9 +201,7 @@ def train(
     run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
     wall_start = time.perf_counter()
     init, compile_chunks, host_env = _build(config, backend, grad_transform)
-    # Each chunk boundary costs host time the device waits for (CartPole, 500k steps: 25
-    # chunks ran at 0.92x the steps/s of 8), so JAX-env chunks hold at least ~100 updates.
-    per_chunk = chunk_size(config.num_updates, config.updates_per_chunk, min_updates=100 if backend == "gymnax" else 1)
+    per_chunk = chunk_size(config.num_updates, config.updates_per_chunk)
     if checkpoint_every and run_dir:
         per_chunk = min(per_chunk, max(1, checkpoint_every // config.batch_size))
         while config.num_updates % per_chunk:
