@@ -49,7 +49,7 @@ def _dot_dtypes(jaxpr):
     return found
 
 
-def test_every_matmul_of_the_actor_critic_gradient_is_float16():
+def test_every_hidden_matmul_of_the_actor_critic_gradient_is_float16_and_the_heads_float32():
     net = ActorCritic(action_dim=2, hidden=(16, 16), dtype=jnp.float16)
     obs = jnp.ones((8, 4), jnp.float32)
     params = net.init(jax.random.PRNGKey(0), obs)
@@ -59,15 +59,17 @@ def test_every_matmul_of_the_actor_critic_gradient_is_float16():
         return jnp.sum(logits) + jnp.sum(value)
 
     dots = _dot_dtypes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
-    # Forward: 3 layers x 2 towers; backward: one kernel gradient per layer and one input
-    # gradient per layer but the first.
-    assert len(dots) == 6 + 6 + 4
-    assert all(operands == ["float16", "float16"] and result == "float16" for operands, result in dots)
+    # 2 hidden layers and a head per tower. Forward: 4 hidden + 2 head matmuls; backward: a
+    # kernel gradient per layer (4 + 2) and an input gradient per layer but the first (2 + 2).
+    half = [d for d in dots if d == (["float16", "float16"], "float16")]
+    full = [d for d in dots if d == (["float32", "float32"], "float32")]
+    assert len(half) == 4 + 4 + 2 and len(full) == 2 + 2 + 2 and len(dots) == 16
 
 
 def test_gradients_between_layers_are_float16_so_loss_scaling_still_matters():
-    """A loss gradient of 1e-9 underflows float16 (smallest subnormal 6e-8): every kernel
-    gradient is zero unless the loss is scaled; float32 keeps them."""
+    """A loss gradient of 1e-9 underflows float16 (smallest subnormal 6e-8): every hidden
+    layer's kernel gradient is zero unless the loss is scaled (the float32 head's is not);
+    float32 keeps them."""
     obs = jax.random.normal(jax.random.PRNGKey(1), (8, 4))
 
     def kernel_grads(dtype, scale):
@@ -75,7 +77,7 @@ def test_gradients_between_layers_are_float16_so_loss_scaling_still_matters():
         params = net.init(jax.random.PRNGKey(0), obs)
         grads = jax.grad(lambda p: scale * 1e-9 * jnp.sum(net.apply(p, obs)[0][0]))(params)
         return [g for path, g in jax.tree_util.tree_leaves_with_path(grads) if "kernel" in jax.tree_util.keystr(path)
-                and "actor" in jax.tree_util.keystr(path)]
+                and "actor_" in jax.tree_util.keystr(path) and "head" not in jax.tree_util.keystr(path)]
 
     assert all(not np.any(g) for g in kernel_grads(jnp.float16, 1.0))
     assert all(np.any(g) for g in kernel_grads(jnp.float16, 2.0**16))

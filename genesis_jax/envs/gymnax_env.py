@@ -1,4 +1,4 @@
-"""gymnax environments behind a small vmapped interface with flat float32 observations."""
+"""gymnax environments behind a small vmapped interface with float32 observations."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ def _space_info(space):
 
 def gymnax_spec(env_id: str) -> EnvSpec:
     env, params = gymnax.make(env_id)
-    obs_shape = env.observation_space(params).shape
+    obs_shape = tuple(env.observation_space(params).shape) or (1,)
     action_dim, continuous, low, high = _space_info(env.action_space(params))
     limit = getattr(params, "max_steps_in_episode", None)
     return EnvSpec(env_id, "gymnax", int(math.prod(obs_shape)), action_dim, continuous, low, high,
-                   int(limit) if limit else None)
+                   int(limit) if limit else None, obs_shape)
 
 
 class GymnaxVecEnv:
@@ -43,13 +43,14 @@ class GymnaxVecEnv:
         self.spec = gymnax_spec(env_id)
         self.num_envs = num_envs
 
-    def _flat(self, obs):
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+    def _shaped(self, obs):
+        """float32 [num_envs, *obs_shape] (MinAtar's boolean frames included)."""
+        return obs.reshape((obs.shape[0], *self.spec.obs_shape)).astype(jnp.float32)
 
     def reset(self, key):
         keys = jax.random.split(key, self.num_envs)
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
-        return self._flat(obs), state
+        return self._shaped(obs), state
 
     def step(self, keys, state, action):
         if self.spec.continuous:
@@ -59,10 +60,10 @@ class GymnaxVecEnv:
             keys, state, action, self.params
         )
         return (
-            self._flat(obs),
+            self._shaped(obs),
             state,
             reward.astype(jnp.float32),
             terminated.astype(bool),
             jnp.logical_and(truncated, jnp.logical_not(terminated)),
-            self._flat(info["final_observation"]),
+            self._shaped(info["final_observation"]),
         )

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-BACKENDS = ("gymnax", "gymnasium")
+BACKENDS = ("gymnax", "gymnasium", "envpool")  # envpool: Atari only, and only when asked for
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """Spaces of an environment, flattened: observations are float32 vectors."""
+    """Spaces of an environment. Observations have shape `obs_shape` (default: a vector of
+    `obs_dim`); images are (height, width, channels)."""
 
     env_id: str
     backend: str
@@ -20,6 +21,11 @@ class EnvSpec:
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int | None = None  # the time limit, where known: bounds truncations
+    obs_shape: tuple[int, ...] | None = None  # None: (obs_dim,)
+
+    def __post_init__(self):
+        if self.obs_shape is None:
+            object.__setattr__(self, "obs_shape", (self.obs_dim,))
 
 
 def gymnax_ids() -> list[str]:
@@ -29,8 +35,15 @@ def gymnax_ids() -> list[str]:
 
 
 def gymnasium_ids() -> list[str]:
+    """gymnasium's ids, Atari's (ALE/...) included where ale-py is installed."""
     import gymnasium
 
+    try:
+        import ale_py
+
+        gymnasium.register_envs(ale_py)
+    except ImportError:
+        pass
     return list(gymnasium.envs.registry.keys())
 
 
@@ -38,6 +51,8 @@ def resolve_backend(env_id: str, backend: str | None = None) -> str:
     """The backend that runs `env_id`: the asked one, else gymnax where it has the id."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown env backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+    if backend == "envpool":
+        return backend  # its spec names a missing game or a missing EnvPool
     known = {"gymnax": env_id in gymnax_ids(), "gymnasium": env_id in gymnasium_ids()}
     if backend is not None:
         if not known[backend]:
@@ -62,6 +77,10 @@ def resolve_env(env_id: str, backend: str | None = None) -> EnvSpec:
         from genesis_jax.envs.gymnax_env import gymnax_spec
 
         return gymnax_spec(env_id)
+    if backend == "envpool":
+        from genesis_jax.envs.envpool_env import envpool_spec
+
+        return envpool_spec(env_id)
     from genesis_jax.envs.gymnasium_env import gymnasium_spec
 
     return gymnasium_spec(env_id)

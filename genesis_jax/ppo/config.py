@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.parallel import ParallelConfig
 from genesis_jax.precision import MixedPrecisionConfig, Precision, get_precision
 
@@ -12,7 +13,7 @@ from genesis_jax.precision import MixedPrecisionConfig, Precision, get_precision
 @dataclasses.dataclass(frozen=True)
 class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     env: str = "CartPole-v1"
-    env_backend: str | None = None  # gymnax | gymnasium; None: gymnax where it has the id
+    env_backend: str | None = None  # gymnax | gymnasium | envpool; None: gymnax where it has the id, else gymnasium
     rollout_precision: str | None = None  # None: the training precision
     total_steps: int = 500_000
     num_envs: int = 4
@@ -28,8 +29,11 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float | None = 0.5
-    hidden: Sequence[int] = (64, 64)
-    activation: str = "tanh"
+    network: str | None = None  # mlp | resmlp | cnn | impala; None: cnn for images, mlp otherwise
+    hidden: Sequence[int] = (64, 64)  # mlp
+    activation: str = "tanh"  # mlp
+    width: int = 256  # resmlp
+    depth: int = 2  # resmlp: residual blocks
     seed: int = 0
     num_seeds: int = 1
     vectorization: str = "sync"  # gymnasium: sync (DummyVecEnv) | async (SubprocVecEnv)
@@ -39,7 +43,8 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
-        positive = ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat")
+        positive = ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat",
+                    "width", "depth")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -58,6 +63,8 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError(f"gamma and gae-lambda must lie in [0, 1], got {self.gamma}, {self.gae_lambda}")
+        if self.network is not None and self.network not in NETWORKS:
+            raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
         if self.vectorization not in ("sync", "async"):
             raise ValueError(f"vectorization must be sync or async, got {self.vectorization!r}")
         if self.updates_per_chunk is not None and self.updates_per_chunk < 1:

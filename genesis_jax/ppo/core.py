@@ -13,6 +13,7 @@ import optax
 
 from genesis_jax.envs.registry import EnvSpec
 from genesis_jax.nets.actor_critic import ActorCritic
+from genesis_jax.nets.torsos import default_network
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.gae import bootstrap_truncated, compute_gae
@@ -22,6 +23,8 @@ from genesis_jax.update import TrainState, mixed_precision_update
 
 
 def make_network(config: PPOConfig, spec: EnvSpec, precision) -> ActorCritic:
+    """The actor-critic for `spec`'s spaces: `config.network`, else the default for the
+    observation shape (`cnn` for images, `mlp` otherwise)."""
     return ActorCritic(
         action_dim=spec.action_dim,
         continuous=spec.continuous,
@@ -29,6 +32,10 @@ def make_network(config: PPOConfig, spec: EnvSpec, precision) -> ActorCritic:
         activation=config.activation,
         dtype=precision.compute_dtype,
         param_dtype=jnp.float32,
+        network=config.network or default_network(spec.obs_shape),
+        obs_shape=spec.obs_shape,
+        width=config.width,
+        depth=config.depth,
     )
 
 
@@ -50,7 +57,7 @@ def init_train_state(config: PPOConfig, spec: EnvSpec, key) -> TrainState:
     precision = config.train_precision()
     net_key, state_key = jax.random.split(key)
     network = make_network(config, spec, precision)
-    params = network.init(net_key, jnp.zeros((1, spec.obs_dim), jnp.float32))
+    params = network.init(net_key, jnp.zeros((1, *spec.obs_shape), jnp.float32))
     scaler = config.make_loss_scale()
     return TrainState.create(params, make_optimizer(config), scaler, state_key, precision)
 

@@ -1,5 +1,5 @@
-"""PPO on host (gymnasium) environments: one jitted policy call for all envs per step,
-then the same jitted update as the JAX-environment loop."""
+"""PPO on host (gymnasium or EnvPool) environments: one jitted policy call for all envs per
+step, then the same jitted update as the JAX-environment loop."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 from flax import struct
 
 from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
+from genesis_jax.envs.registry import resolve_backend
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
@@ -21,10 +22,18 @@ class HostRunnerState(struct.PyTreeNode):
     rng: jax.Array
 
 
+def make_host_env(config: PPOConfig):
+    if resolve_backend(config.env, config.env_backend) == "envpool":
+        from genesis_jax.envs.envpool_env import EnvPoolVecEnv
+
+        return EnvPoolVecEnv(config.env, config.num_envs, config.seed)
+    return GymnasiumVecEnv(config.env, config.num_envs, config.vectorization, config.action_repeat)
+
+
 def make_host_ppo(config: PPOConfig, grad_transform=None):
     if config.num_seeds != 1:
         raise ValueError("num-seeds > 1 needs a JAX environment (env backend gymnax)")
-    env = GymnasiumVecEnv(config.env, config.num_envs, config.vectorization, config.action_repeat)
+    env = make_host_env(config)
     spec = env.spec
     rollout_net = make_network(config, spec, config.rollout_precision_resolved())
 

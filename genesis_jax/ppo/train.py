@@ -164,6 +164,7 @@ def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend
         "steps_per_second": timing["run_steps"] / timing["run_seconds"] if timing["run_seconds"] > 0 else float("nan"),
         "compile_seconds": timing["compile_seconds"],
         "wall_seconds": timing["wall_seconds"],
+        "train_step_bytes": timing["train_step_bytes"],
         "loss_scale": float(np.mean(np.asarray(ts.loss_scale.loss_scale))),
         "skipped_updates": skipped,
         "total_updates": total_updates,
@@ -219,6 +220,8 @@ def train(
         compile_start = time.perf_counter()
         call = compile_chunks(runner, per_chunk)
         compile_seconds = time.perf_counter() - compile_start
+        # The compiled chunk (rollouts and updates) on JAX envs; host loops have no single program.
+        step_bytes = runs.step_memory_bytes(call) if hasattr(call, "memory_analysis") else None
         run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
         skipped_total = sum(r["skipped"] for r in rows)
         bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
@@ -275,6 +278,7 @@ def train(
         "run_seconds": run_seconds,
         "run_steps": run_steps,
         "wall_seconds": time.perf_counter() - wall_start,
+        "train_step_bytes": step_bytes,
     }
     summary = summarise(rows, config, runner, timing, backend, stopped)
     if run_dir:
