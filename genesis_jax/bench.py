@@ -1,14 +1,22 @@
-"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO (a JAX env
-and a gymnasium env) and the world model (a small and a wide config), several seeds.
+"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO and the
+world model, several seeds.
 
-Per workload x precision it records steps/s (median over runs, compilation excluded),
-compile seconds, activation bytes and compiled temp bytes (world model), peak device memory
-(where the backend reports it), final return or eval loss (mean and std over seeds),
-overflow rate, final loss scale and mismatch KL, and writes `results.csv`, `results.md` and
-`precision.png`.
+The full run (meant for a GPU) has the networks where half precision can pay: PPO with a
+width-1024 residual MLP and with the CNN on MinAtar Breakout, world models of width 1024
+and 2048, plus the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by
+time). `--quick` has small CartPole PPO and world-model configs for a CPU.
 
-    genesis-jax bench --quick --out runs/bench          # about 2 minutes on 2 CPU cores
-    genesis-jax bench --out runs/bench-gpu              # the full run, meant for a GPU
+Per workload x precision it records the total steps, steps/s (median over seeds,
+compilation excluded), compile seconds, the training step's device bytes (XLA's memory
+analysis of the compiled step: this step alone, CPUs too), activation bytes (world model),
+peak device memory so far (where the backend reports it), final return or eval loss (mean
+and std over seeds), skipped updates, overflow rate, final loss scale, mismatch KL, the
+device and package versions; for the world model also its achieved FLOP/s (XLA's FLOP count
+of one step x steps/s) against a large matmul's rate measured in the same run. It writes
+`results.csv`, `results.md` and `precision.png`.
+
+    genesis-jax bench --quick --out runs/bench          # under 3 minutes on 2 CPU cores
+    genesis-jax bench --out runs/bench-gpu              # the full run: 6-7 minutes on an H100
 """
 
 from __future__ import annotations
@@ -33,10 +41,12 @@ class Workload:
     kind: str  # ppo | world-model
     settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
     vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
+    seconds: float | None = None  # host-loop PPO: total steps sized to about this long a run
 
 
 def workloads(quick: bool) -> list[Workload]:
-    """Tiny budgets for --quick (CPU, CI); GPU-sized ones otherwise."""
+    """Tiny budgets for --quick (CPU, CI); GPU-sized ones otherwise: the large networks where
+    half precision can pay, few enough to finish in minutes on one GPU."""
     if quick:
         return [
             Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 65_536, "lr": 1e-3}, True),
@@ -44,11 +54,15 @@ def workloads(quick: bool) -> list[Workload]:
             Workload("wm-small", "world-model", {"width": 64, "depth": 2, "batch_size": 512, "epochs": 3, "num_sequences": 256}),
             Workload("wm-wide", "world-model", {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256}),
         ]
+    big_ppo = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
     return [
         Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),
-        Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 100_000}),
-        Workload("wm-small", "world-model", {"width": 128, "depth": 2, "batch_size": 1024, "epochs": 20}),
-        Workload("wm-wide", "world-model", {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 20, "num_sequences": 4096}),
+        Workload("ppo-resmlp-1024", "ppo", {"env": "CartPole-v1", "network": "resmlp", "width": 1024, "depth": 2,
+                                            **big_ppo}, True),
+        Workload("ppo-cnn-minatar", "ppo", {"env": "Breakout-MinAtar", "network": "cnn", **big_ppo}, True),
+        Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
+        Workload("wm-1024", "world-model", {"width": 1024, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096}),
+        Workload("wm-2048", "world-model", {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096}),
     ]
 
 
@@ -63,8 +77,22 @@ def _train_or_stop(train, config):
         return err.summary, []
 
 
+def _steps_for_seconds(settings: dict, precision: str, seconds: float) -> int:
+    """Total steps for a run of about `seconds`, from the steps/s of a two-update run."""
+    from genesis_jax.ppo import PPOConfig, train
+
+    probe = PPOConfig(precision=precision, **settings)
+    probe = dataclasses.replace(probe, total_steps=2 * probe.batch_size)
+    steps_per_second = train(probe, progress=False).summary["steps_per_second"]
+    return max(probe.total_steps, int(steps_per_second * seconds) // probe.batch_size * probe.batch_size)
+
+
 def _run_ppo(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
     from genesis_jax.ppo import PPOConfig, train
+
+    settings = dict(w.settings)
+    if w.seconds is not None:
+        settings["total_steps"] = _steps_for_seconds(settings, precision, w.seconds)
 
     def record(summary, metrics, seed_index=None):
         return_key = summary["final_return_per_seed"][seed_index] if seed_index is not None else summary["final_return"]
@@ -77,16 +105,20 @@ def _run_ppo(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
             "mismatch_kl_v2": summary["mismatch_kl_v2"],
             "activation_bytes": None,
             "compiled_temp_bytes": None,
+            "train_step_bytes": summary["train_step_bytes"],
+            "flops_per_step": None,
             "peak_device_bytes": runs.peak_device_bytes(),
+            "skipped_updates": summary["skipped_updates"],
+            "total_steps": summary["total_steps"],
             "scale_trace": [(r["step"], r["loss_scale"]) for r in metrics],
             "stopped": summary["stopped"],
         }
 
     if w.vmap_seeds:
-        config = PPOConfig(precision=precision, seed=seeds[0], num_seeds=len(seeds), **w.settings)
+        config = PPOConfig(precision=precision, seed=seeds[0], num_seeds=len(seeds), **settings)
         summary, metrics = _train_or_stop(train, config)
         return [record(summary, metrics, i if len(seeds) > 1 else None) for i in range(len(seeds))]
-    return [record(*_train_or_stop(train, PPOConfig(precision=precision, seed=seed, **w.settings))) for seed in seeds]
+    return [record(*_train_or_stop(train, PPOConfig(precision=precision, seed=seed, **settings))) for seed in seeds]
 
 
 def _run_world_model(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
@@ -104,7 +136,11 @@ def _run_world_model(w: Workload, precision: str, seeds: list[int]) -> list[dict
             "mismatch_kl_v2": None,
             "activation_bytes": s["activation_bytes"],
             "compiled_temp_bytes": s["compiled_temp_bytes"],
+            "train_step_bytes": s["train_step_bytes"],
+            "flops_per_step": s["flops_per_step"],
             "peak_device_bytes": s["peak_device_bytes"],
+            "skipped_updates": s["skipped_updates"],
+            "total_steps": s["total_updates"],
             "scale_trace": [(r["epoch"], r["loss_scale"]) for r in metrics],
             "stopped": s["stopped"],
         })
@@ -122,8 +158,13 @@ def _first(values):
     return next((v for v in values if v is not None), None)
 
 
-def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict]) -> dict:
-    """One results row from the runs of one workload x precision."""
+def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict], matmul_flops: float | None = None) -> dict:
+    """One results row from the runs of one workload x precision; `matmul_flops`, the
+    device's measured rate on a large matmul in this precision's compute dtype, puts the
+    world model's achieved rate in proportion."""
+    steps_per_second = statistics.median(r["steps_per_second"] for r in seed_runs)
+    flops = _first(r["flops_per_step"] for r in seed_runs)
+    achieved = flops * steps_per_second if flops else None
     # A diverged seed has no accuracy; `diverged_seeds` says how many there were.
     accuracy, accuracy_std = _mean_std([r["accuracy"] for r in seed_runs if r["stopped"] != "diverged"])
     return {
@@ -133,27 +174,42 @@ def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict]) ->
         "accuracy_metric": "final_return" if workload.kind == "ppo" else "eval_loss",
         "accuracy_mean": accuracy,
         "accuracy_std": accuracy_std,
-        "steps_per_second": statistics.median(r["steps_per_second"] for r in seed_runs),
+        "steps_per_second": steps_per_second,
         "compile_seconds": statistics.median(r["compile_seconds"] for r in seed_runs),
+        "total_steps": seed_runs[0]["total_steps"],
         "activation_bytes": _first(r["activation_bytes"] for r in seed_runs),
         "compiled_temp_bytes": _first(r["compiled_temp_bytes"] for r in seed_runs),
         "peak_device_bytes": _first(r["peak_device_bytes"] for r in seed_runs),
+        "train_step_bytes": _first(r["train_step_bytes"] for r in seed_runs),
+        "achieved_tflops": achieved / 1e12 if achieved else None,
+        "matmul_tflops": matmul_flops / 1e12 if matmul_flops else None,
+        "matmul_fraction": achieved / matmul_flops if achieved and matmul_flops else None,
+        "skipped_updates": sum(r["skipped_updates"] for r in seed_runs),
         "overflow_rate": float(np.mean([r["overflow_rate"] for r in seed_runs])),
         "final_loss_scale": float(np.mean([r["loss_scale"] for r in seed_runs])),
         "mismatch_kl_v2": _first(r["mismatch_kl_v2"] for r in seed_runs),
         "diverged_seeds": sum(r["stopped"] == "diverged" for r in seed_runs),
+        "device": runs.device_name(),
+        "versions": runs.versions_line(),
     }
 
 
+def _ratio(row: dict, base: dict | None, key: str) -> float | None:
+    return row[key] / base[key] if base and row[key] and base[key] else None
+
+
 def add_ratios(rows: list[dict]) -> list[dict]:
-    """speedup (steps/s over fp32's), memory_ratio (activation bytes over fp32's) and accuracy_ratio (return over fp32's; for losses fp32's over ours), so that
-    above 1 is better for speed and accuracy and below 1 is better for memory."""
+    """speedup (steps/s over fp32's), memory_ratio (activation bytes over fp32's),
+    step_memory_ratio (the training step's device bytes over fp32's) and accuracy_ratio
+    (return over fp32's; for losses fp32's over ours), so that above 1 is better for speed
+    and accuracy and below 1 is better for memory."""
     base = {r["workload"]: r for r in rows if r["precision"] == "fp32"}
     for r in rows:
         b = base.get(r["workload"])
         r["speedup"] = r["steps_per_second"] / b["steps_per_second"] if b else None
         # Activation bytes, not peak memory: a process's peak covers every run before it.
-        r["memory_ratio"] = r["activation_bytes"] / b["activation_bytes"] if b and r["activation_bytes"] and b["activation_bytes"] else None
+        r["memory_ratio"] = _ratio(r, b, "activation_bytes")
+        r["step_memory_ratio"] = _ratio(r, b, "train_step_bytes")
         if b and r["accuracy_mean"] and b["accuracy_mean"]:
             ppo = r["accuracy_metric"] == "final_return"
             r["accuracy_ratio"] = r["accuracy_mean"] / b["accuracy_mean"] if ppo else b["accuracy_mean"] / r["accuracy_mean"]
@@ -162,9 +218,11 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-COLUMNS = ("workload", "precision", "seeds", "steps_per_second", "speedup", "compile_seconds", "accuracy_metric",
-           "accuracy_mean", "accuracy_std", "accuracy_ratio", "activation_bytes", "compiled_temp_bytes",
-           "peak_device_bytes", "memory_ratio", "overflow_rate", "final_loss_scale", "mismatch_kl_v2", "diverged_seeds")
+COLUMNS = ("workload", "precision", "seeds", "total_steps", "steps_per_second", "speedup", "compile_seconds",
+           "accuracy_metric", "accuracy_mean", "accuracy_std", "accuracy_ratio", "activation_bytes", "compiled_temp_bytes",
+           "train_step_bytes", "peak_device_bytes", "memory_ratio", "step_memory_ratio", "achieved_tflops",
+           "matmul_tflops", "matmul_fraction", "skipped_updates", "overflow_rate", "final_loss_scale", "mismatch_kl_v2",
+           "diverged_seeds", "device", "versions")
 
 
 def _fmt(value) -> str:
@@ -182,8 +240,8 @@ def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
     shown = ("workload", "precision", "seeds", "steps_per_second", "speedup", "compile_seconds", "accuracy_metric",
-             "accuracy_mean", "accuracy_std", "accuracy_ratio", "memory_ratio", "overflow_rate", "final_loss_scale",
-             "mismatch_kl_v2", "diverged_seeds")
+             "accuracy_mean", "accuracy_std", "accuracy_ratio", "train_step_bytes", "step_memory_ratio", "memory_ratio",
+             "matmul_fraction", "skipped_updates", "overflow_rate", "final_loss_scale", "mismatch_kl_v2", "diverged_seeds")
     lines = [header, "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in shown) + " |" for r in rows]
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -196,7 +254,7 @@ def plot_results(rows: list[dict], traces: dict, path) -> None:
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     width = 0.8 / max(1, len(precisions))
-    for ax, key, title in ((axes[0, 0], "speedup", "steps/s over fp32"), (axes[0, 1], "memory_ratio", "memory over fp32"),
+    for ax, key, title in ((axes[0, 0], "speedup", "steps/s over fp32"), (axes[0, 1], "step_memory_ratio", "training-step memory over fp32"),
                            (axes[1, 0], "accuracy_ratio", "accuracy over fp32 (higher is better)")):
         for j, p in enumerate(precisions):
             values = [next((r[key] for r in rows if r["workload"] == n and r["precision"] == p), None) for n in names]
@@ -219,6 +277,23 @@ def plot_results(rows: list[dict], traces: dict, path) -> None:
     plt.close(fig)
 
 
+def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
+    """The device's rate on a `size`^3 matmul in `dtype` (2 size^3 FLOPs a product), the best
+    of `repeats` after a warm-up: the yardstick for a model's achieved rate."""
+    import jax
+    import jax.numpy as jnp
+
+    a, b = (jax.random.normal(jax.random.PRNGKey(i), (size, size), jnp.float32).astype(dtype) for i in (0, 1))
+    product = jax.jit(jnp.matmul)
+    product(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
 def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr,
                   command: str | None = None) -> list[dict]:
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
@@ -232,13 +307,23 @@ def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISI
         raise ValueError(f"unknown workload in {sorted(only)}; known: {known}")
     started = time.perf_counter()
     rows, traces = [], {}
+    matmul_size = 1024 if quick else 8192
+    matmul_rates = {}  # compute dtype -> FLOP/s, measured where a world model is benchmarked
+    from genesis_jax.precision import get_precision
+
     for w in chosen:
         # --quick: every seed only where they share one compiled run (PPO on gymnax); one elsewhere.
         w_seeds = list(seeds) if (w.vmap_seeds or not quick) else list(seeds)[:1]
         for p in precisions:
             t0 = time.perf_counter()
             seed_runs = (_run_ppo if w.kind == "ppo" else _run_world_model)(w, p, w_seeds)
-            rows.append(summarise_cell(w, p, seed_runs))
+            rate = None
+            if w.kind == "world-model":
+                dtype = get_precision(p).compute_dtype
+                if dtype not in matmul_rates:
+                    matmul_rates[dtype] = matmul_flops_per_second(dtype, matmul_size)
+                rate = matmul_rates[dtype]
+            rows.append(summarise_cell(w, p, seed_runs, rate))
             traces[(w.name, p)] = seed_runs[0]["scale_trace"]
             print(f"{w.name} {p}: {rows[-1]['steps_per_second']:.0f} steps/s, {rows[-1]['accuracy_metric']} "
                   f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)", file=log, flush=True)

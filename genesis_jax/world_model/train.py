@@ -187,6 +187,8 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     compile_seconds = time.perf_counter() - compile_start
     memory = epoch_fn.memory_analysis()
     temp_bytes = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None
+    step_bytes = runs.step_memory_bytes(epoch_fn)
+    flops_per_step = runs.matmul_flops(step, state, batch0)  # one optimizer step, for the achieved FLOP/s
     param_bytes = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
 
     # Only now, with the data and model known to be good, is the output directory touched.
@@ -258,6 +260,8 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         "stopped": stopped,
         "activation_bytes": act_bytes,
         "compiled_temp_bytes": temp_bytes,
+        "train_step_bytes": step_bytes,
+        "flops_per_step": flops_per_step,
         "param_bytes": param_bytes,
         "peak_device_bytes": runs.peak_device_bytes(),
         "device": runs.device_name(),
