@@ -97,6 +97,9 @@ class StaticLossScale(_LossScaleBase):
         return self
 
 
+SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # 2^-126, float32's smallest normal number
+
+
 @jax.tree_util.register_pytree_node_class
 class DynamicLossScale(_LossScaleBase):
     """PyTorch `GradScaler`'s dynamic scale, as a pytree.
@@ -106,6 +109,11 @@ class DynamicLossScale(_LossScaleBase):
     and, when it reaches `growth_interval`, the scale is multiplied by `growth_factor`
     unless that overflows to inf, and the tracker reset. `min_scale` (optional, not in
     PyTorch) floors the scale after a backoff; it is stored as 0.0 when absent.
+
+    Unlike PyTorch, a backoff never goes below `SMALLEST_SCALE`, float32's smallest normal
+    number (2^-126): XLA's CPU backend flushes denormals to zero, and a scale of 0 would
+    make every later step 0/0 and skip it forever. For every scale of at least 2^-126 the
+    trajectory is GradScaler's, step for step.
     """
 
     _fields = ("loss_scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval", "min_scale")
@@ -129,7 +137,7 @@ class DynamicLossScale(_LossScaleBase):
     def adjust(self, grads_finite) -> "DynamicLossScale":
         """The scaler after one step whose gradients were (not) all finite."""
         grads_finite = jnp.asarray(grads_finite, bool)
-        backed_off = jnp.maximum(self.loss_scale * self.backoff_factor, self.min_scale)
+        backed_off = jnp.maximum(self.loss_scale * self.backoff_factor, jnp.maximum(self.min_scale, SMALLEST_SCALE))
         successful = self.growth_tracker + 1
         grows = successful == self.growth_interval
         grown = self.loss_scale * self.growth_factor
@@ -146,8 +154,8 @@ def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval
     values = (init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
     if not all(_is_concrete(v) for v in values if v is not None):
         return
-    if not (math.isfinite(float(init_scale)) and float(init_scale) > 0):
-        raise ValueError(f"init_scale must be finite and > 0, got {init_scale!r}")
+    if not (math.isfinite(float(init_scale)) and float(init_scale) >= SMALLEST_SCALE):
+        raise ValueError(f"init_scale must be finite and >= 2^-126 (float32's smallest normal), got {init_scale!r}")
     if not float(growth_factor) > 1:
         raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
     if not 0 < float(backoff_factor) < 1:
@@ -156,6 +164,8 @@ def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval
         raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
     if min_scale is not None and not (math.isfinite(float(min_scale)) and 0 < float(min_scale) <= float(init_scale)):
         raise ValueError(f"min_scale must be finite, > 0 and <= init_scale, got {min_scale!r}")
+    if not math.isfinite(float(growth_factor)):
+        raise ValueError(f"growth_factor must be finite, got {growth_factor!r}")
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale

@@ -54,6 +54,22 @@ def test_long_overflow_burst_keeps_halving_without_floor():
     assert out[-1][0] == 0.25
 
 
+def test_scale_never_reaches_zero_or_a_denormal_and_recovers():
+    """XLA's CPU backend flushes float32 denormals: halving 2^-126 gives 0 there, after
+    which every step would be 0/0 and skipped. The scale stops at 2^-126 instead, on every
+    backend, and grows back as usual."""
+    tiny = 2.0**-126
+    s, out = run(DynamicLossScale(init_scale=2.0**-124, growth_interval=3), [False] * 5 + [True] * 3)
+    assert [v for v, _ in out] == [2.0**-125, tiny, tiny, tiny, tiny, tiny, tiny, 2.0**-125]
+    # Above 2^-126, still GradScaler's rule step for step.
+    scale, tracker = np.float32(2.0**-124), 0
+    for flag, (got, got_tracker) in list(zip([False] * 2, out))[:2]:
+        scale, tracker = reference_update(scale, tracker, flag, interval=3)
+        assert (got, got_tracker) == (float(scale), tracker)
+    with pytest.raises(ValueError, match="init_scale must be finite and >= 2\\^-126"):
+        DynamicLossScale(init_scale=2.0**-127)
+
+
 def test_no_growth_to_inf_near_float32_max():
     big = float(np.finfo(np.float32).max) / 1.5
     s, out = run(DynamicLossScale(init_scale=big, growth_interval=1), [True] * 3)
@@ -90,6 +106,8 @@ def test_pytree_keeps_configuration_through_jit_and_tree_map():
         ({"init_scale": float("inf")}, "init_scale"),
         ({"init_scale": -1.0}, "init_scale"),
         ({"min_scale": -1.0}, "min_scale"),
+        ({"growth_factor": float("inf")}, "growth_factor"),
+        ({"growth_factor": float("nan")}, "growth_factor"),
     ],
 )
 def test_validation(kwargs, word):
