@@ -13,6 +13,7 @@ leaf). The spec lets a restore name exactly what differs before anything is read
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -71,6 +72,17 @@ def _flat_spec(state_dict) -> dict[str, str]:
         arr = np.asarray(leaf) if not hasattr(leaf, "dtype") else leaf
         spec[key] = f"{jnp.dtype(arr.dtype).name}[{','.join(map(str, np.shape(arr)))}]"
     return spec
+
+
+def state_digest(state_dict) -> str:
+    """sha256 of every leaf's path, dtype, shape and bytes: written with a checkpoint and
+    checked on restore, so a corrupted checkpoint is refused rather than loaded."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
+        arr = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}|{arr.dtype.name}|{arr.shape}|".encode())
+        digest.update(arr.tobytes())
+    return digest.hexdigest()
 
 
 def _find_train_state(obj, path=(), depth=3):
@@ -155,6 +167,7 @@ class CheckpointStore:
             "scaler_type": type(train_state.loss_scale).__name__ if train_state is not None else None,
             "versions": package_versions(),
             "spec": _flat_spec(state_dict),
+            "digest": state_digest(state_dict),
         }
         return self._manager.save(
             int(step),
@@ -184,6 +197,16 @@ class CheckpointStore:
                 f"checkpoint): {detail}"
             ) from err
 
+    def _verified(self, step: int, meta: dict, state: dict) -> dict:
+        """`state` as read, once its checksum matches the one saved with it (checkpoints
+        written before checksums existed have none to check)."""
+        if "digest" in meta and state_digest(state) != meta["digest"]:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
+                "saved with it"
+            )
+        return state
+
     def _resolve_step(self, step):
         step = self.latest_step() if step is None else step
         if step is None:
@@ -196,7 +219,7 @@ class CheckpointStore:
         meta = self.read_meta(step)
         with self._readable(step):
             state = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-        return state, meta
+        return self._verified(step, meta, state), meta
 
     def restore(self, target, step: int | None = None, kind: str | None = None) -> tuple[Any, dict]:
         """Restores the newest (or given) step into the structure and dtypes of `target`;
@@ -243,6 +266,7 @@ class CheckpointStore:
         )
         with self._readable(step):
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+        restored = self._verified(step, meta, restored)
         if fresh_scaler:
             logger.warning(
                 "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",

@@ -14,6 +14,7 @@ import sys
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # the divergence guard stopped training (metrics and checkpoint written)
+EXIT_SYSTEM = 4  # the system failed the run: disk full or read-only, out of memory, a missing dependency
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,7 +82,10 @@ def _add_run_args(p: argparse.ArgumentParser, checkpoint_unit: str) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar=checkpoint_unit.upper(),
                    help=f"checkpoint every {checkpoint_unit.upper()} {checkpoint_unit} (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a run already in --out (set aside until the new run ends, then deleted)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: continue although settings that change the run differ (the summary lists them)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -190,7 +194,7 @@ def _ppo_config(args):
         clip_value=not args.no_clip_value,
         ent_coef=args.ent_coef,
         vf_coef=args.vf_coef,
-        max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None,
+        max_grad_norm=None if args.max_grad_norm <= 0 else args.max_grad_norm,  # nan reaches the config, which refuses it
         network=args.network,
         hidden=args.hidden,
         activation=args.activation,
@@ -216,6 +220,7 @@ def _run_ppo(args) -> int:
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         overwrite=args.overwrite,
+        allow_config_change=args.allow_config_change,
         progress=not args.no_progress,
     )
     s = result.summary
@@ -241,6 +246,7 @@ def _run_world_model(args) -> int:
         **_parallel_kwargs(args),
     )
     s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
+              allow_config_change=args.allow_config_change,
               checkpoint_every=args.checkpoint_every).summary
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
@@ -301,6 +307,14 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _system_failure(err: BaseException) -> str:
+    """One line for an error the system caused, naming the file where there is one."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where}"
+    return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -308,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     from genesis_jax.checkpoint import CheckpointMismatchError
     from genesis_jax.reliability import DivergenceError, TrainingInterrupted
     from genesis_jax.runs import RunDirectoryError
+    from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     try:
         if args.command == "demo":
@@ -323,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (OSError, MemoryError, ImportError, DependencyMissing) as err:
+        print(f"genesis-jax: system failure: {_system_failure(err)}", file=sys.stderr)
+        return EXIT_SYSTEM
     except DivergenceError as err:
         print(f"genesis-jax: stopped: {err}", file=sys.stderr)
         return EXIT_DIVERGED
@@ -332,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("genesis-jax: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if "RESOURCE_EXHAUSTED" not in str(err):  # XLA's out-of-memory error has no class of its own
+            raise
+        print(f"genesis-jax: system failure: out of device memory: {str(err).splitlines()[0][:300]}", file=sys.stderr)
+        return EXIT_SYSTEM
     parser.error(f"unknown command {args.command!r}")
     return EXIT_BAD_INPUT
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import warnings
 from typing import Mapping
@@ -133,6 +134,12 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
     )
 
 
+# Config fields a resumed run may change (how it runs, not what it computes): the device
+# layout, and the divergence guard's limits.
+RESUMABLE_BASE_FIELDS = ("devices", "coordinator_address", "num_processes", "process_id", "guard_min_scale",
+                         "max_consecutive_skips")
+
+
 @dataclasses.dataclass(frozen=True)
 class MixedPrecisionConfig:
     """The precision fields every trainer config shares; `precision=None` resolves from
@@ -152,6 +159,10 @@ class MixedPrecisionConfig:
     loss_spike_factor: float = 1e6
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):  # every trainer config's floats, its subclass's too
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{field.name.replace('_', '-')} must be a finite number, got {value!r}")
         object.__setattr__(self, "precision", resolve_precision_name(self.precision))
         object.__setattr__(self, "inject_loss_spike", tuple(self.inject_loss_spike))
         self.train_precision()  # fail now on an unknown name

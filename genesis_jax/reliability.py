@@ -26,6 +26,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from genesis_jax.loss_scale import DynamicLossScale
+
 DEFAULT_GUARD_MIN_SCALE = 2.0**-14
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 
@@ -118,17 +120,25 @@ class DivergenceGuard:
             out = out | (skip_streak > self.max_consecutive_skips)
         return out
 
-    def explain(self, scale: float, skip_streak: int, step: int) -> str:
-        """The sentence a user reads when the guard stops a run."""
+    def explain(self, scale: float, skip_streak: int, step: int, dynamic_scale: bool = True) -> str:
+        """The sentence a user reads when the guard stops a run. The advice depends on
+        `dynamic_scale`: only a dynamic loss scale can be tuned out of a skip streak; without
+        one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
         if self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips:
             cause = f"{skip_streak} consecutive updates had non-finite gradients (limit {self.max_consecutive_skips})"
         else:
             cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
-        return (
-            f"training diverged at optimizer step {step}: {cause}. Non-finite steps halve the scale faster than "
-            f"clean steps can grow it back; a scale floor (--min-loss-scale 1) or a shorter --growth-interval "
-            f"helps, or train in bf16/fp32"
-        )
+        if dynamic_scale:
+            advice = (
+                "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "
+                "(--min-loss-scale 1) or a shorter --growth-interval helps, or train in bf16/fp32"
+            )
+        else:
+            advice = (
+                "No loss scale is being adjusted here, so the loss or its gradients are themselves non-finite: "
+                "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
+            )
+        return f"training diverged at optimizer step {step}: {cause}. {advice}"
 
 
 def combine_grad_transforms(*transforms: Callable | None) -> Callable | None:
@@ -166,7 +176,10 @@ def halted_report(train_state, guard: DivergenceGuard) -> str | None:
         return None
     i = int(jnp.argmax(halted))
     pick = lambda x: float(jnp.atleast_1d(x)[i])  # noqa: E731
-    return guard.explain(pick(train_state.loss_scale.loss_scale), int(pick(train_state.skip_streak)), int(pick(train_state.step)))
+    dynamic = isinstance(train_state.loss_scale, DynamicLossScale)
+    return guard.explain(
+        pick(train_state.loss_scale.loss_scale), int(pick(train_state.skip_streak)), int(pick(train_state.step)), dynamic
+    )
 
 
 class StopSignals:

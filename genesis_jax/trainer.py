@@ -25,6 +25,12 @@ class MixedPrecisionTrainer:
     `loss_fn(params, batch) -> (loss, aux)` or `-> loss`. With `cast_params=True` the
     whole params tree is cast to the compute dtype before `loss_fn` (for plain functions);
     Flax modules built with `dtype=` do their own casting and leave it False.
+
+    The caller's arrays stay valid: `params` passed in, and `trainer.params` read before a
+    `step`, can still be used afterwards. `donate=True` lets XLA reuse the state's buffers
+    for the next state (one copy of params and optimizer state less in memory), at the cost
+    of that guarantee: the params passed in and every earlier `trainer.params` are then
+    deleted by the first `step`.
     """
 
     def __init__(
@@ -38,6 +44,7 @@ class MixedPrecisionTrainer:
         cast_params: bool = False,
         has_aux: bool = False,
         seed: int = 0,
+        donate: bool = False,
     ):
         self.precision = precision if isinstance(precision, Precision) else get_precision(precision)
         scaler = loss_scale if loss_scale is not None else make_loss_scale(self.precision.loss_scaling)
@@ -48,7 +55,7 @@ class MixedPrecisionTrainer:
             functools.partial(
                 mixed_precision_update, loss_fn=wrapped, max_grad_norm=max_grad_norm, compute_dtype=compute_dtype
             ),
-            donate_argnums=0,
+            donate_argnums=0 if donate else (),
         )
 
     def step(self, batch) -> dict:

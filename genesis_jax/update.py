@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from genesis_jax import amp
 from genesis_jax.loss_scale import LossScale
 from genesis_jax.precision import Precision
 
@@ -59,19 +60,6 @@ class TrainState(struct.PyTreeNode):
         )
 
 
-def unscale_and_clip(scaled_grads, inv_scale, max_norm: float | None):
-    """(unscaled, clipped float32 grads, unscaled global norm) in one pass over the grads.
-
-    Same as unscaling then `torch.nn.utils.clip_grad_norm_` (coefficient
-    max_norm / (norm + 1e-6), at most 1), up to one rounding: each gradient is multiplied
-    once, by coefficient x 1/scale, instead of twice.
-    """
-    grads = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_grads)
-    norm = optax.tree.norm(grads) * inv_scale
-    factor = inv_scale if max_norm is None else inv_scale * jnp.minimum(1.0, max_norm / (norm + 1e-6))
-    return jax.tree.map(lambda g: g * factor, grads), norm
-
-
 def _keep_if(finite, new, old):
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o).astype(o.dtype), new, old)
 
@@ -88,7 +76,8 @@ def mixed_precision_update(
     loss_transform: Callable[[Any, Any], Any] | None = None,
     guard=None,
 ) -> tuple[TrainState, dict]:
-    """One pure, jit-able update. Returns the new state and float32 metrics.
+    """One pure, jit-able update, built from the pieces of `genesis_jax.amp`. Returns the
+    new state and float32 metrics.
 
     `compute_dtype` (optional) casts floating params to it before `loss_fn` sees them.
     `grad_transform(grads, state)` / `loss_transform(loss, state)` (optional) edit the
@@ -98,7 +87,7 @@ def mixed_precision_update(
     changes, so it stays the last good state.
     """
 
-    def scaled_loss(params):
+    def loss_with_hooks(params, batch):
         if compute_dtype is not None:
             params = jax.tree.map(
                 lambda p: p.astype(compute_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
@@ -107,40 +96,30 @@ def mixed_precision_update(
         loss = loss.astype(jnp.float32)
         if loss_transform is not None:
             loss = loss_transform(loss, state)
-        return state.loss_scale.scale(loss), (loss, aux)
+        return loss, aux
 
-    scaled_grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    scaled_grads, (loss, aux) = amp.scaled_loss_grad(loss_with_hooks, has_aux=True)(state.loss_scale, state.params, batch)
     if axis_name is not None:
         # Averaging is linear, so the scaled gradients can be averaged before unscaling:
         # every replica then sees the same gradients and takes the same finite decision.
-        scaled_grads = jax.lax.pmean(scaled_grads, axis_name)
-        loss = jax.lax.pmean(loss, axis_name)
+        scaled_grads, loss = jax.lax.pmean((scaled_grads, loss), axis_name)
     if grad_transform is not None:
         scaled_grads = grad_transform(scaled_grads, state)
-    grads, grad_norm = unscale_and_clip(scaled_grads, jnp.reciprocal(state.loss_scale.loss_scale), max_grad_norm)
-    # An inf or NaN anywhere makes the global norm inf or NaN, so one scalar decides for all
-    # gradients. (Unlike PyTorch, finite gradients whose unscaled norm overflows float32,
-    # |g| > 1e19, also count as non-finite: torch would clip them to zero and step.)
-    finite = jnp.isfinite(grad_norm)
+    # Unscaling and clipping in one pass (torch's unscale_ then clip_grad_norm_, up to one
+    # rounding); the optimizer below then needs no clipping of its own.
+    grads, grad_norm, finite = amp.unscale(scaled_grads, state.loss_scale, max_grad_norm)
     # Back to the params' dtypes (float16 in fp16-full) so the optimizer state keeps its dtype.
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-
-    def optimizer_step():
-        updates, new_opt_state = state.tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), new_opt_state
 
     streak = jnp.where(finite, 0, state.skip_streak + 1).astype(jnp.int32)
     new_scale = state.loss_scale.adjust(finite)
     active = jnp.logical_not(state.halted)
     tripped = jnp.asarray(False) if guard is None else active & guard.tripped(new_scale.loss_scale, streak)
-    # A skipped (or halted) step returns the old params and optimizer state untouched, so they
-    # stay bit-identical. (`lax.cond` rather than a select of new and old: with a select, XLA
-    # recomputes Adam's moments inside the params update and copies every moment buffer on
-    # each step, 24 copies per PPO minibatch step on CPU. Under vmap it becomes a select.)
+    # A skipped (or halted) step keeps params and optimizer state bit-identical.
     take = finite & active
-    new_params, new_opt_state = jax.lax.cond(take, optimizer_step, lambda: (state.params, state.opt_state))
+    updates, new_opt_state = amp.step_if_finite(state.tx, grads, state.opt_state, state.params, take)
     new_state = state.replace(
-        params=new_params,
+        params=optax.apply_updates(state.params, updates),
         opt_state=new_opt_state,
         loss_scale=_keep_if(active & ~tripped, new_scale, state.loss_scale),
         step=state.step + active.astype(jnp.int32),

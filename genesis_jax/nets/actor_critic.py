@@ -10,6 +10,7 @@ import numpy as np
 
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
+from genesis_jax.nets.rules import with_precision_rules
 from genesis_jax.nets.torsos import IMAGE_NETWORKS, make_torso
 
 
@@ -26,7 +27,8 @@ class ActorCritic(nn.Module):
     for continuous ones `(mean, log_std)` with a state-independent float32 log-std. The
     `policy` and `value` methods run what their head needs only. Observations may carry any
     batch dimensions before `obs_shape`. The torsos' matmuls and convolutions run in
-    `dtype`; the heads (logits, mean, value) run in float32, as does every output.
+    `dtype`; the heads (logits, mean, value) and the norms run in float32, as does every
+    output: the methods run under `nets.rules.FLOAT32_RULES` (modules named `*head`, norms).
     """
 
     action_dim: int
@@ -51,7 +53,8 @@ class ActorCritic(nn.Module):
                           param_dtype=self.param_dtype, name=name)
 
     def _head(self, features: int, scale: float, name: str):
-        return Dense(features, jnp.float32, self.param_dtype, nn.initializers.orthogonal(scale), name=name)
+        # float32 by the precision rules (the name ends in "head"), not by its own dtype.
+        return Dense(features, self.dtype, self.param_dtype, nn.initializers.orthogonal(scale), name=name)
 
     def setup(self):
         if self.network in IMAGE_NETWORKS:
@@ -88,12 +91,15 @@ class ActorCritic(nn.Module):
             return (out,)
         return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape))
 
+    @with_precision_rules
     def value(self, obs):
         return self.critic_head(self._features(self._trunks()[1], obs))[..., 0]
 
+    @with_precision_rules
     def policy(self, obs):
         return self._policy_from(self._features(self._trunks()[0], obs))
 
+    @with_precision_rules
     def __call__(self, obs):
         actor, critic = self._trunks()
         if actor is critic:  # one shared torso pass

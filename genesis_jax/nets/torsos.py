@@ -5,7 +5,8 @@ or MinAtar's one-layer CNN for small images) and `impala` (IMPALA-ResNet); the t
 takes observations of shape [B, *obs_shape] and returns [B, features] float32.
 
 What stays float32, and why: LayerNorm statistics and the residual stream (a sum of many
-half-precision terms loses the small ones; SimBa, BRO and DreamerV3 keep norms in float32),
+half-precision terms loses the small ones; SimBa, BRO and DreamerV3 keep norms in float32;
+the norms are float32 by `nets.rules.FLOAT32_RULES`, which the residual MLP applies),
 the image scaling of uint8 pixels, and every layer's output that leaves the torso. The
 matmuls and convolutions, the bulk of the work, run in `dtype`.
 """
@@ -20,6 +21,7 @@ import numpy as np
 
 from genesis_jax.nets.conv import Conv
 from genesis_jax.nets.dense import Dense
+from genesis_jax.nets.rules import with_precision_rules
 
 NETWORKS = ("mlp", "resmlp", "cnn", "impala")
 IMAGE_NETWORKS = ("cnn", "impala")
@@ -56,9 +58,10 @@ class ResidualBlock(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
+    @with_precision_rules
     @nn.compact
     def __call__(self, x):
-        y = nn.LayerNorm(dtype=jnp.float32, param_dtype=self.param_dtype, name="norm")(x)
+        y = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="norm")(x)
         init = nn.initializers.he_normal()
         y = nn.relu(Dense(4 * self.width, self.dtype, self.param_dtype, init, name="expand")(y))
         return x + Dense(self.width, self.dtype, self.param_dtype, init, name="project")(y)
@@ -73,12 +76,13 @@ class ResidualMLP(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
+    @with_precision_rules
     @nn.compact
     def __call__(self, x):
         x = Dense(self.width, self.dtype, self.param_dtype, nn.initializers.orthogonal(1.0), name="embed")(x)
         for i in range(self.depth):
             x = ResidualBlock(self.width, self.dtype, self.param_dtype, name=f"block_{i}")(x)
-        return nn.LayerNorm(dtype=jnp.float32, param_dtype=self.param_dtype, name="final_norm")(x)
+        return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="final_norm")(x)
 
 
 def _conv(features, kernel, stride, padding, dtype, param_dtype, name, init=nn.initializers.lecun_normal()):

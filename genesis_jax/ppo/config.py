@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.parallel import ParallelConfig
-from genesis_jax.precision import MixedPrecisionConfig, Precision, get_precision
+from genesis_jax.precision import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig, Precision, get_precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +42,13 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
     action_repeat: int = 1  # gymnasium only
     updates_per_chunk: int | None = None  # None: about 25 progress reports per run
 
+    # What a resume may change without changing what the run is (see `train`).
+    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("total_steps", "updates_per_chunk", "vectorization")
+
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.hidden, (str, bytes)) or not all(isinstance(h, (int, np.integer)) for h in self.hidden):
+            raise ValueError(f"hidden must be a sequence of integers such as (64, 64), got {self.hidden!r}")
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         positive = ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat",
                     "width", "depth")

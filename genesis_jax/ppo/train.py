@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import signal
 import time
 from typing import Any
@@ -54,7 +56,8 @@ def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25)
             raise ValueError(f"updates-per-chunk {requested} does not divide the {num_updates} updates")
         return requested
     ideal = max(1, num_updates // target_chunks)
-    divisors = [d for d in range(1, num_updates + 1) if num_updates % d == 0]
+    small = [d for d in range(1, math.isqrt(num_updates) + 1) if num_updates % d == 0]  # O(sqrt n), not O(n)
+    divisors = small + [num_updates // d for d in small]
     return min(divisors, key=lambda d: (abs(d - ideal), d))
 
 
@@ -189,9 +192,13 @@ def train(
     progress: bool = True,
     grad_transform=None,
     max_to_keep: int = 3,
+    allow_config_change: bool = False,
 ) -> PPOResult:
     """Trains PPO as `config` says; writes metrics.jsonl, summary.json, ppo.png and
-    checkpoints under `out_dir` when one is given. `checkpoint_every` is in env steps."""
+    checkpoints under `out_dir` when one is given. `checkpoint_every` is in env steps.
+    `resume` continues the run there; a config that differs from the run's in more than
+    `PPOConfig.RESUMABLE_FIELDS` is refused unless `allow_config_change` (the summary then
+    lists the changes)."""
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
     # A bad id or an unsupported space fails here, before anything is written.
@@ -199,7 +206,7 @@ def train(
     start_distributed(config)
     if config.devices > 1 and backend != "gymnax":
         raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
-    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
+    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
     wall_start = time.perf_counter()
     init, compile_chunks, host_env = _build(config, backend, grad_transform)
     per_chunk = chunk_size(config.num_updates, config.updates_per_chunk)
@@ -207,90 +214,95 @@ def train(
         per_chunk = min(per_chunk, max(1, checkpoint_every // config.batch_size))
         while config.num_updates % per_chunk:
             per_chunk -= 1
-    runner = init(_seed_keys(config))
-    rows: list[dict] = []
-    store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
-    done_updates = 0
-    stopped = None
-    try:
-        if run_dir and resume and store.latest_step() is not None:
-            runner, meta = store.restore(runner, kind="ppo")
-            done_updates = int(meta["step"])
-            rows = run_dir.read_metrics(done_updates)
-        compile_start = time.perf_counter()
-        call = compile_chunks(runner, per_chunk)
-        compile_seconds = time.perf_counter() - compile_start
-        # The compiled chunk (rollouts and updates) on JAX envs; host loops have no single program.
-        step_bytes = runs.step_memory_bytes(call) if hasattr(call, "memory_analysis") else None
-        run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
-        skipped_total = sum(r["skipped"] for r in rows)
-        bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
-        with StopSignals() as signals:
-            # (Timed from before each call: the host loop's calls run the chunk synchronously.)
-            dispatched = time.perf_counter()
-            pending = call(runner) if done_updates < config.num_updates else None
-            while pending is not None:
-                runner, chunk_metrics = pending
-                pending = None
-                chunk_metrics = jax.device_get(chunk_metrics)
-                run_seconds += time.perf_counter() - dispatched
-                run_steps += per_chunk * config.batch_size * config.num_seeds
-                halted = bool(np.any(chunk_metrics["halted"]))
-                due = checkpoint_every and (done_updates + per_chunk - last_ckpt) * config.batch_size >= checkpoint_every
-                more = done_updates + per_chunk < config.num_updates
-                # The next chunk is dispatched before the host turns this one's metrics into rows,
-                # files and progress, so the two overlap; not when this chunk's state is still
-                # needed (a checkpoint or a stop), since the call consumes it.
-                if more and not halted and signals.received is None and not (store and due):
-                    dispatched = time.perf_counter()
-                    pending = call(runner)
-                new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
-                done_updates += len(new_rows)
-                rows.extend(new_rows)
-                if run_dir:
-                    run_dir.append_metrics(new_rows)
-                skipped_total += sum(r["skipped"] for r in new_rows)
-                finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
-                last_return = finished[-1] if finished else last_return
-                bar.update(len(new_rows) * config.batch_size)
-                bar.set_postfix(ret=f"{last_return:.1f}", scale=f"{new_rows[-1]['loss_scale']:.0f}", skipped=skipped_total,
-                                sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-")
-                if pending is not None:
-                    continue
-                if halted:
-                    stopped = "diverged"
-                elif signals.received is not None:
-                    stopped = signal.Signals(signals.received).name
-                if store and (due or stopped or not more):
-                    store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
-                    last_ckpt = done_updates
-                if more and not stopped:
-                    dispatched = time.perf_counter()
-                    pending = call(runner)
-        bar.close()
-    finally:
-        if store:
-            store.close()
-        if host_env is not None:
-            host_env.close()
-    timing = {
-        "compile_seconds": compile_seconds,
-        "run_seconds": run_seconds,
-        "run_steps": run_steps,
-        "wall_seconds": time.perf_counter() - wall_start,
-        "train_step_bytes": step_bytes,
-    }
-    summary = summarise(rows, config, runner, timing, backend, stopped)
-    if run_dir:
-        run_dir.write_summary(summary, config.to_dict())
-        runs.plot_ppo(rows, run_dir.path / "ppo.png", title=f"PPO {config.env} ({summary['precision']})")
-    where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
-    if stopped == "diverged":
-        raise DivergenceError(halted_report(runner.train_state, config.divergence_guard()) + where, summary)
-    if stopped is not None:
-        resume_hint = f"; continue with --resume --out {out_dir}" if run_dir else ""
-        raise TrainingInterrupted(
-            f"{stopped} received: stopped after update {done_updates} of {config.num_updates}{where}{resume_hint}",
-            getattr(signal, stopped), summary,
-        )
-    return PPOResult(summary=summary, runner_state=runner, metrics=rows)
+    # Every input is validated: only now is the output directory touched.
+    with run_dir.opened(finished=(DivergenceError, TrainingInterrupted)) if run_dir else contextlib.nullcontext():
+        runner = init(_seed_keys(config))
+        rows: list[dict] = []
+        store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
+        done_updates = 0
+        stopped = None
+        config_changes = []
+        try:
+            if run_dir and resume:
+                if store.latest_step() is not None:
+                    runner, meta = store.restore(runner, kind="ppo")
+                    done_updates = int(meta["step"])
+                    config_changes = runs.check_config_changes(meta, config, allow_config_change)
+                rows = run_dir.read_metrics(done_updates)  # none without a checkpoint: a clean start
+            compile_start = time.perf_counter()
+            call = compile_chunks(runner, per_chunk)
+            compile_seconds = time.perf_counter() - compile_start
+            # The compiled chunk (rollouts and updates) on JAX envs; host loops have no single program.
+            step_bytes = runs.step_memory_bytes(call) if hasattr(call, "memory_analysis") else None
+            run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
+            skipped_total = sum(r["skipped"] for r in rows)
+            bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
+            with StopSignals() as signals:
+                # (Timed from before each call: the host loop's calls run the chunk synchronously.)
+                dispatched = time.perf_counter()
+                pending = call(runner) if done_updates < config.num_updates else None
+                while pending is not None:
+                    runner, chunk_metrics = pending
+                    pending = None
+                    chunk_metrics = jax.device_get(chunk_metrics)
+                    run_seconds += time.perf_counter() - dispatched
+                    run_steps += per_chunk * config.batch_size * config.num_seeds
+                    halted = bool(np.any(chunk_metrics["halted"]))
+                    due = checkpoint_every and (done_updates + per_chunk - last_ckpt) * config.batch_size >= checkpoint_every
+                    more = done_updates + per_chunk < config.num_updates
+                    # The next chunk is dispatched before the host turns this one's metrics into rows,
+                    # files and progress, so the two overlap; not when this chunk's state is still
+                    # needed (a checkpoint or a stop), since the call consumes it.
+                    if more and not halted and signals.received is None and not (store and due):
+                        dispatched = time.perf_counter()
+                        pending = call(runner)
+                    new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
+                    done_updates += len(new_rows)
+                    rows.extend(new_rows)
+                    if run_dir:
+                        run_dir.append_metrics(new_rows)
+                    skipped_total += sum(r["skipped"] for r in new_rows)
+                    finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
+                    last_return = finished[-1] if finished else last_return
+                    bar.update(len(new_rows) * config.batch_size)
+                    bar.set_postfix(ret=f"{last_return:.1f}", scale=f"{new_rows[-1]['loss_scale']:.0f}", skipped=skipped_total,
+                                    sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-")
+                    if pending is not None:
+                        continue
+                    if halted:
+                        stopped = "diverged"
+                    elif signals.received is not None:
+                        stopped = signal.Signals(signals.received).name
+                    if store and (due or stopped or not more):
+                        store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
+                        last_ckpt = done_updates
+                    if more and not stopped:
+                        dispatched = time.perf_counter()
+                        pending = call(runner)
+            bar.close()
+        finally:
+            if store:
+                store.close()
+            if host_env is not None:
+                host_env.close()
+        timing = {
+            "compile_seconds": compile_seconds,
+            "run_seconds": run_seconds,
+            "run_steps": run_steps,
+            "wall_seconds": time.perf_counter() - wall_start,
+            "train_step_bytes": step_bytes,
+        }
+        summary = {**summarise(rows, config, runner, timing, backend, stopped), "config_changes": config_changes}
+        if run_dir:
+            run_dir.write_summary(summary, config.to_dict())
+            runs.plot_ppo(rows, run_dir.path / "ppo.png", title=f"PPO {config.env} ({summary['precision']})")
+        where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
+        if stopped == "diverged":
+            raise DivergenceError(halted_report(runner.train_state, config.divergence_guard()) + where, summary)
+        if stopped is not None:
+            resume_hint = f"; continue with --resume --out {out_dir}" if run_dir else ""
+            raise TrainingInterrupted(
+                f"{stopped} received: stopped after update {done_updates} of {config.num_updates}{where}{resume_hint}",
+                getattr(signal, stopped), summary,
+            )
+        return PPOResult(summary=summary, runner_state=runner, metrics=rows)

@@ -183,12 +183,24 @@ def save_dataset(data: dict, path: str) -> None:
     np.savez_compressed(path, meta=json.dumps(data["meta"]), **arrays)
 
 
+DATASET_KEYS = ("obs", "action", "reward", "terminated", "meta")
+
+
 def load_dataset(path: str) -> dict:
+    """A dataset written by `save_dataset` (`genesis-jax collect`); anything else (an empty,
+    truncated or foreign file) is refused with one sentence."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no dataset at {path}")
-    with np.load(path, allow_pickle=False) as f:
-        data = {k: f[k] for k in f.files if k != "meta"}
-        data["meta"] = json.loads(str(f["meta"]))
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in DATASET_KEYS if k not in f.files]
+            if missing:
+                raise ValueError(f"it has no {', '.join(missing)}")
+            data = {k: f[k] for k in f.files if k != "meta"}
+            data["meta"] = json.loads(str(f["meta"]))
+    except Exception as err:  # numpy and zipfile raise many kinds for a damaged file
+        detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path} is not a dataset written by genesis-jax collect: {detail}") from None
     return data
 
 

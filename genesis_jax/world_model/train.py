@@ -8,6 +8,7 @@ the shared mixed-precision update step, with per-epoch overflow counts and memor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import signal
@@ -23,7 +24,7 @@ from genesis_jax import runs
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.parallel import ParallelConfig, constrain, on_devices, replicated, start_distributed
-from genesis_jax.precision import MixedPrecisionConfig
+from genesis_jax.precision import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
 from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report, update_options
 from genesis_jax.update import TrainState, mixed_precision_update
 from genesis_jax.world_model import data as wm_data
@@ -44,6 +45,9 @@ class WorldModelConfig(MixedPrecisionConfig, ParallelConfig):
     lr: float = 1e-3
     max_grad_norm: float | None = 1.0
     seed: int = 0
+
+    # What a resume may change without changing what the run is (see `train`).
+    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("epochs",)
 
     def __post_init__(self):
         super().__post_init__()
@@ -83,6 +87,8 @@ def windows(data: dict, horizon: int) -> dict:
     """Training samples: open-loop windows of `horizon` steps (one-step transitions for 1),
     sequence by sequence; a known per-step noise floor comes along as `floor`."""
     n, length = data["reward"].shape
+    if horizon > length:
+        raise ValueError(f"horizon {horizon} is longer than the data's sequences ({length} steps)")
     next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
     starts = np.arange(length - horizon + 1)
     take = lambda x: np.stack([x[:, s:s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
@@ -132,12 +138,16 @@ def activation_bytes(loss_fn, params, batch) -> int:
 
 
 def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-          grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3) -> WorldModelResult:
+          grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3,
+          allow_config_change: bool = False) -> WorldModelResult:
     """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
     checkpoints (every `checkpoint_every` epochs and at the end) under `out_dir` when one
-    is given; `resume` continues the run there from its newest checkpoint."""
+    is given; `resume` continues the run there from its newest checkpoint, refusing a
+    config that differs in more than `WorldModelConfig.RESUMABLE_FIELDS` unless
+    `allow_config_change` (the summary then lists the changes)."""
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
     start_distributed(config)
     mesh = config.mesh()
     wall_start = time.perf_counter()
@@ -192,90 +202,92 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     param_bytes = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
 
     # Only now, with the data and model known to be good, is the output directory touched.
-    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir else None
-    rows, run_seconds, start_epoch, stopped = [], 0.0, 0, None
-    store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
-    ckpt_meta = {"config": config.to_dict(), "kind": "world-model"}
-    try:
-        if store and resume and store.latest_step() is not None:
-            state, meta = store.restore(state, kind="world-model")
-            start_epoch = int(meta["epoch"])
-            rows = run_dir.read_metrics(start_epoch, key="epoch")
-        bar = runs.progress_bar(config.epochs, start_epoch, enabled=progress, unit="epoch")
-        with StopSignals() as signals:
-            for e in range(start_epoch, config.epochs):
-                t0 = time.perf_counter()
-                state, m = epoch_fn(state, train_set)
-                m = jax.device_get(m)
-                elapsed = time.perf_counter() - t0
-                run_seconds += elapsed
-                row = {
-                    "epoch": e + 1,
-                    "train_loss": float(m["train_loss"]),
-                    "eval_loss": float(eval_fn(state.params, eval_set)),
-                    "loss_scale": float(m["loss_scale"]),
-                    "skipped": int(m["skipped"]),
-                    "steps_per_second": batches_per_epoch / elapsed,
-                }
-                rows.append(row)
-                if run_dir:
-                    run_dir.append_metrics([row])
-                bar.update(1)
-                bar.set_postfix(train=f"{row['train_loss']:.4f}", eval=f"{row['eval_loss']:.4f}",
-                                scale=f"{row['loss_scale']:g}", skipped=row["skipped"])
-                if m["halted"]:
-                    stopped = "diverged"
-                elif signals.received is not None:
-                    stopped = signal.Signals(signals.received).name
-                due = checkpoint_every and (e + 1) % checkpoint_every == 0
-                if store and (due or stopped or e + 1 == config.epochs):
-                    store.save(int(state.step), state, {**ckpt_meta, "epoch": e + 1}, force=True)
-                if stopped:
-                    break
-        bar.close()
-    finally:
-        if store:
-            store.close()
-    total_updates = int(state.step)
-    summary = {
-        "data": dataset["meta"]["source"],
-        "precision": precision.name,
-        "seed": config.seed,
-        "width": config.width,
-        "depth": config.depth,
-        "batch_size": config.batch_size,
-        "horizon": config.horizon,
-        "final_train_loss": rows[-1]["train_loss"],
-        "eval_loss": rows[-1]["eval_loss"],
-        "noise_floor": noise_floor,
-        "epochs": len(rows),
-        "steps_per_second": (rows[-1]["epoch"] - start_epoch) * batches_per_epoch / run_seconds if run_seconds else float("nan"),
-        "compile_seconds": compile_seconds,
-        "wall_seconds": time.perf_counter() - wall_start,
-        "loss_scale": float(state.loss_scale.loss_scale),
-        "skipped_updates": int(state.skipped),
-        "total_updates": total_updates,
-        "overflow_rate": int(state.skipped) / total_updates if total_updates else 0.0,
-        "injected_nonfinite": config.fault_injection(config.seed).count_nonfinite(total_updates),
-        "stopped": stopped,
-        "activation_bytes": act_bytes,
-        "compiled_temp_bytes": temp_bytes,
-        "train_step_bytes": step_bytes,
-        "flops_per_step": flops_per_step,
-        "param_bytes": param_bytes,
-        "peak_device_bytes": runs.peak_device_bytes(),
-        "device": runs.device_name(),
-    }
-    if run_dir:
-        run_dir.write_summary(summary, config.to_dict())
-        runs.plot_curves(rows, "epoch", ("train_loss", "eval_loss"), run_dir.path / "world_model.png",
-                         title=f"world model ({precision.name})", floor=noise_floor)
-    where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
-    if stopped == "diverged":
-        raise DivergenceError(halted_report(state, config.divergence_guard()) + where, summary)
-    if stopped is not None:
-        raise TrainingInterrupted(
-            f"{stopped} received: stopped after epoch {rows[-1]['epoch']} of {config.epochs}{where}",
-            getattr(signal, stopped), summary,
-        )
-    return WorldModelResult(summary=summary, train_state=state, metrics=rows)
+    with run_dir.opened(finished=(DivergenceError, TrainingInterrupted)) if run_dir else contextlib.nullcontext():
+        rows, run_seconds, start_epoch, stopped, config_changes = [], 0.0, 0, None, []
+        store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
+        ckpt_meta = {"config": config.to_dict(), "kind": "world-model"}
+        try:
+            if store and resume:
+                if store.latest_step() is not None:
+                    state, meta = store.restore(state, kind="world-model")
+                    start_epoch = int(meta["epoch"])
+                    config_changes = runs.check_config_changes(meta, config, allow_config_change)
+                rows = run_dir.read_metrics(start_epoch, key="epoch")  # none without a checkpoint: a clean start
+            bar = runs.progress_bar(config.epochs, start_epoch, enabled=progress, unit="epoch")
+            with StopSignals() as signals:
+                for e in range(start_epoch, config.epochs):
+                    t0 = time.perf_counter()
+                    state, m = epoch_fn(state, train_set)
+                    m = jax.device_get(m)
+                    elapsed = time.perf_counter() - t0
+                    run_seconds += elapsed
+                    row = {
+                        "epoch": e + 1,
+                        "train_loss": float(m["train_loss"]),
+                        "eval_loss": float(eval_fn(state.params, eval_set)),
+                        "loss_scale": float(m["loss_scale"]),
+                        "skipped": int(m["skipped"]),
+                        "steps_per_second": batches_per_epoch / elapsed,
+                    }
+                    rows.append(row)
+                    if run_dir:
+                        run_dir.append_metrics([row])
+                    bar.update(1)
+                    bar.set_postfix(train=f"{row['train_loss']:.4f}", eval=f"{row['eval_loss']:.4f}",
+                                    scale=f"{row['loss_scale']:g}", skipped=row["skipped"])
+                    if m["halted"]:
+                        stopped = "diverged"
+                    elif signals.received is not None:
+                        stopped = signal.Signals(signals.received).name
+                    due = checkpoint_every and (e + 1) % checkpoint_every == 0
+                    if store and (due or stopped or e + 1 == config.epochs):
+                        store.save(int(state.step), state, {**ckpt_meta, "epoch": e + 1}, force=True)
+                    if stopped:
+                        break
+            bar.close()
+        finally:
+            if store:
+                store.close()
+        total_updates = int(state.step)
+        summary = {
+            "data": dataset["meta"]["source"],
+            "precision": precision.name,
+            "seed": config.seed,
+            "width": config.width,
+            "depth": config.depth,
+            "batch_size": config.batch_size,
+            "horizon": config.horizon,
+            "final_train_loss": rows[-1]["train_loss"],
+            "eval_loss": rows[-1]["eval_loss"],
+            "noise_floor": noise_floor,
+            "epochs": len(rows),
+            "steps_per_second": (rows[-1]["epoch"] - start_epoch) * batches_per_epoch / run_seconds if run_seconds else float("nan"),
+            "compile_seconds": compile_seconds,
+            "wall_seconds": time.perf_counter() - wall_start,
+            "loss_scale": float(state.loss_scale.loss_scale),
+            "skipped_updates": int(state.skipped),
+            "total_updates": total_updates,
+            "overflow_rate": int(state.skipped) / total_updates if total_updates else 0.0,
+            "injected_nonfinite": config.fault_injection(config.seed).count_nonfinite(total_updates),
+            "stopped": stopped,
+            "activation_bytes": act_bytes,
+            "compiled_temp_bytes": temp_bytes,
+            "train_step_bytes": step_bytes,
+            "flops_per_step": flops_per_step,
+            "param_bytes": param_bytes,
+            "peak_device_bytes": runs.peak_device_bytes(),
+            "device": runs.device_name(),
+        }
+        if run_dir:
+            run_dir.write_summary(summary, config.to_dict())
+            runs.plot_curves(rows, "epoch", ("train_loss", "eval_loss"), run_dir.path / "world_model.png",
+                             title=f"world model ({precision.name})", floor=noise_floor)
+        where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
+        if stopped == "diverged":
+            raise DivergenceError(halted_report(state, config.divergence_guard()) + where, summary)
+        if stopped is not None:
+            raise TrainingInterrupted(
+                f"{stopped} received: stopped after epoch {rows[-1]['epoch']} of {config.epochs}{where}",
+                getattr(signal, stopped), summary,
+            )
+        return WorldModelResult(summary=summary, train_state=state, metrics=rows)

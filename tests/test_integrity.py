@@ -1,0 +1,290 @@
+"""Nothing lost, duplicated or silently accepted: kills before the first checkpoint, bad
+arguments with --overwrite, corrupted checkpoints, changed settings on resume, two
+processes on one directory, torn metrics, bad values, damaged datasets and system failures.
+Real subprocesses, real signals, real corrupted bytes."""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from genesis_jax import runs
+from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.cli import main
+from genesis_jax.ppo import PPOConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
+# A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
+LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]
+
+
+def snapshot(path: pathlib.Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def start(argv, preamble=""):
+    script = f"import sys\n{preamble}\nfrom genesis_jax.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", script, *argv], cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(condition, proc, timeout=120):
+    deadline = time.time() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def metric_updates(run: pathlib.Path) -> list[int]:
+    return [json.loads(line)["update"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "ppo"
+    assert main(SMALL + ["--out", str(run)]) == 0
+    return run
+
+
+def copy_of(run: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    import shutil
+
+    return pathlib.Path(shutil.copytree(run, tmp_path / "copy"))
+
+
+def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(tmp_path):
+    run = tmp_path / "run"
+    proc = start(LONG + ["--out", str(run)])
+    wait_until(lambda: (run / "metrics.jsonl").exists() and len(metric_updates(run)) >= 8, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not any(p.name.isdigit() for p in (run / "checkpoints").iterdir())  # killed before any checkpoint
+    assert main(LONG + ["--out", str(run), "--resume"]) == 0
+    assert metric_updates(run) == list(range(1, 65))  # a clean start: no update twice
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["iterations"] == 64 and summary["total_steps"] == 32768
+
+
+# Long enough (about 15 s on 2 cores) for a second process to start while the first runs.
+LONGER = ["train", "ppo", "--precision", "fp16", "--total-steps", "1048576", "--updates-per-chunk", "64", "--no-progress"]
+
+
+def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
+    run = tmp_path / "run"
+    first = start(LONGER + ["--out", str(run)])
+    wait_until(lambda: (run / "metrics.jsonl").exists(), first)
+    second = start(LONGER + ["--out", str(run), "--resume"])
+    assert second.wait(timeout=120) == 2
+    err = second.stderr.read().strip().splitlines()
+    assert len(err) == 1 and f"in use by another run (pid {first.pid})" in err[0], err
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert (run / ".lock").read_text().strip() == str(first.pid)  # stale: its holder is dead
+    third = start(LONGER + ["--out", str(run), "--resume"])
+    assert third.wait(timeout=300) == 0, third.stderr.read()[-2000:]
+    assert not (run / ".lock").exists() and metric_updates(run) == list(range(1, 2049))
+
+
+@pytest.mark.parametrize("bad", [["--updates-per-chunk", "3"], ["--devices", "2"], ["--num-seeds", "2", "--env-backend",
+                                 "gymnasium"], ["--clip-eps", "nan"], ["--lr", "inf"], ["--max-grad-norm", "nan"]])
+def test_overwrite_with_a_bad_argument_leaves_the_old_run_untouched(small_run, tmp_path, capsys, bad):
+    run = copy_of(small_run, tmp_path)
+    before = snapshot(run)
+    assert main(SMALL + ["--out", str(run), "--overwrite"] + bad) == 2
+    assert "error" in one_line_error(capsys)
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, tmp_path):
+    from genesis_jax.ppo import train
+
+    run = copy_of(small_run, tmp_path)
+    before = snapshot(run)
+
+    def broken(grads, state):
+        raise RuntimeError("the new run failed")
+
+    with pytest.raises(RuntimeError, match="the new run failed"):
+        train(PPOConfig(precision="fp16", total_steps=2048), str(run), overwrite=True, progress=False, grad_transform=broken)
+    assert snapshot(run) == before  # the old run is back, whole
+    train(PPOConfig(precision="fp32", total_steps=2048), str(run), overwrite=True, progress=False)
+    assert json.loads((run / "summary.json").read_text())["precision"] == "fp32"
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "ppo.png", "summary.json"]
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp_path, capsys):
+    run = copy_of(small_run, tmp_path)
+    step = CheckpointStore(run / "checkpoints").latest_step()
+    data = max((p for p in (run / "checkpoints" / str(step) / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x04
+    data.write_bytes(bytes(raw))
+    before = snapshot(run)
+    assert main(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"]) == 2
+    line = one_line_error(capsys)
+    assert f"checkpoint at step {step}" in line and ("corrupted" in line or "cannot be read" in line), line
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("change, words", [(["--lr", "0.001"], "lr: 0.00025 -> 0.001"),
+                                           (["--num-steps", "64"], "num_steps: 128 -> 64"),
+                                           (["--seed", "3"], "seed: 0 -> 3")])
+def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, capsys, change, words):
+    run = copy_of(small_run, tmp_path)
+    before = snapshot(run)
+    argv = SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"] + change
+    assert main(argv) == 2
+    line = one_line_error(capsys)
+    assert words in line and "--allow-config-change" in line, line
+    assert snapshot(run) == before
+    if change[0] == "--lr":  # allowed: it continues, and the summary says what changed
+        assert main(argv + ["--allow-config-change"]) == 0
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["config_changes"] == [words] and summary["total_steps"] == 4096
+
+
+def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys):
+    for saved, asked in (("fp32", "fp16"), ("fp16", "bf16")):
+        run = tmp_path / saved
+        assert main(["train", "ppo", "--precision", saved, "--total-steps", "1024", "--no-progress", "--out", str(run)]) == 0
+        before = snapshot(run)
+        assert main(["train", "ppo", "--precision", asked, "--total-steps", "2048", "--no-progress", "--out", str(run),
+                     "--resume"]) == 2
+        assert "precision" in one_line_error(capsys)
+        assert snapshot(run) == before
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(small_run, tmp_path, caplog):
+    run = copy_of(small_run, tmp_path)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"update": 5, "loss": 0.1')  # a process killed mid-line
+    assert main(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"]) == 0
+    assert "torn last line" in caplog.text
+    assert metric_updates(run) == list(range(1, 9))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["iterations"] == len(metric_updates(run))
+
+
+def test_json_output_never_holds_nan_or_infinity(tmp_path):
+    run = runs.RunDirectory(tmp_path / "run").open()
+    run.write_summary({"final_return": math.nan, "per_seed": [1.0, math.inf], "nested": {"x": -math.inf}}, {})
+    run.append_metrics([{"update": 1, "episode_return": math.nan}])
+    run.close(succeeded=True)
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON output"))
+
+    assert strict((tmp_path / "run" / "summary.json").read_text())["per_seed"] == [1.0, None]
+    assert strict((tmp_path / "run" / "metrics.jsonl").read_text())["episode_return"] is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--out", ""], "empty path"),
+    (["--init-loss-scale", "nan"], "init-loss-scale must be a finite number"),
+    (["--total-steps", "1000000000000000", "--num-envs", "4096", "--num-steps", "1"], None),
+])
+def test_bad_values_are_refused_in_one_line(tmp_path, capsys, argv, words):
+    if words is None:  # a huge step count: the chunk search is O(sqrt n), so the config is answered at once
+        from genesis_jax.ppo.train import chunk_size
+
+        started = time.perf_counter()
+        assert chunk_size(10**15 // 4096, None) > 0 and time.perf_counter() - started < 5
+        return
+    assert main(["train", "ppo", "--no-progress"] + argv) == 2
+    assert words in one_line_error(capsys)
+
+
+def test_hidden_sizes_must_be_integers_not_a_string():
+    with pytest.raises(ValueError, match="hidden must be a sequence of integers"):
+        PPOConfig(hidden="64")
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated", "wrong-keys"])
+def test_a_damaged_dataset_is_refused_in_one_line(tmp_path, capsys, content):
+    path = tmp_path / "data.npz"
+    if content == "wrong-keys":
+        np.savez(path, x=np.zeros(3))
+    else:
+        path.write_bytes(content)
+    assert main(["train", "world-model", "--data", str(path), "--no-progress"]) == 2
+    assert "is not a dataset written by genesis-jax collect" in one_line_error(capsys)
+
+
+def test_a_horizon_longer_than_the_datas_sequences_is_refused(tmp_path, capsys):
+    path = tmp_path / "short.npz"
+    assert main(["collect", "--env", "CartPole-v1", "--num-sequences", "16", "--sequence-length", "4", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["train", "world-model", "--data", str(path), "--horizon", "8", "--no-progress"]) == 2
+    assert "horizon 8 is longer than the data's sequences (4 steps)" in one_line_error(capsys)
+
+
+def test_a_missing_optional_dependency_is_a_system_failure_in_one_line(capsys):
+    pytest.importorskip("gymnasium")
+    try:
+        import Box2D  # noqa: F401
+        pytest.skip("box2d is installed here")
+    except ImportError:
+        pass
+    assert main(["train", "ppo", "--env", "LunarLander-v3", "--no-progress"]) == 4
+    assert "box2d" in one_line_error(capsys).lower()
+
+
+def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkpoint_intact(small_run, tmp_path):
+    """RLIMIT_FSIZE makes every write past 4 KiB fail with EFBIG, as a full disk would: the
+    new checkpoint's files are larger than that."""
+    run = copy_of(small_run, tmp_path)
+    step = CheckpointStore(run / "checkpoints").latest_step()
+    preamble = ("import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))")
+    proc = start(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"], preamble)
+    assert proc.wait(timeout=300) == 4
+    err = [line for line in proc.stderr.read().strip().splitlines() if line.startswith("genesis-jax")]
+    assert len(err) == 1 and "system failure" in err[0], err
+    with CheckpointStore(run / "checkpoints") as store:
+        assert store.latest_step() == step
+        store.restore_raw(step)  # still reads, checksum and all
+
+
+@pytest.mark.parametrize("precision, scale_advice", [("fp32", False), ("fp16", True)])
+def test_divergence_advice_fits_the_precision(tmp_path, capsys, precision, scale_advice):
+    # Every gradient non-finite: fp32 has no scale to tune, so loss-scale advice would mislead.
+    argv = ["train", "ppo", "--precision", precision, "--total-steps", "8192", "--updates-per-chunk", "4",
+            "--inject-nonfinite", "1.0", "--max-consecutive-skips", "2", "--no-progress", "--out", str(tmp_path / "r")]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "training diverged" in err
+    assert ("--min-loss-scale" in err) == scale_advice
+    assert ("lower the learning rate" in err) == (not scale_advice)
+
+
+def test_an_unwritable_output_directory_is_a_system_failure_in_one_line(tmp_path, capsys):
+    # Root ignores permission bits, so as root take a directory no one may create: sysfs refuses it.
+    if os.geteuid() == 0:
+        out = pathlib.Path("/sys/genesis-jax-test-run")
+    else:
+        parent = tmp_path / "read-only"
+        parent.mkdir()
+        parent.chmod(0o555)
+        out = parent / "run"
+    assert main(SMALL + ["--out", str(out)]) == 4
+    line = one_line_error(capsys)
+    assert line.startswith("genesis-jax: system failure") and str(out) in line
+    assert not out.exists()
