@@ -10,7 +10,9 @@ Three pieces, usable without genesis-jax's `TrainState`:
   (`grads_finite=`), runs the inner optimizer on finite steps only, keeps its state
   bit-identical on the others, counts the skips, and optionally clips the global norm
   as torch's `clip_grad_norm_` does after `GradScaler.unscale_`;
-- the scalers of `genesis_jax.loss_scale` (GradScaler's rule, as pytrees).
+- the scalers of `genesis_jax.loss_scale` (GradScaler's rule, as pytrees);
+- per-module precision rules (`precision_rules`, `with_precision_rules`, from
+  `genesis_jax.nets.rules`): norms and heads in float32 without editing the modules.
 
 >>> import jax, jax.numpy as jnp, optax
 >>> from genesis_jax import amp
@@ -34,6 +36,7 @@ Three pieces, usable without genesis-jax's `TrainState`:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -42,6 +45,14 @@ import jmp
 import optax
 
 from genesis_jax.loss_scale import LossScale
+from genesis_jax.nets.rules import FLOAT32_RULES, PrecisionRule, precision_rules, with_precision_rules
+
+__all__ = [
+    "value_and_grad", "scaled_loss_grad", "unscale", "ScaledGradients", "skip_nonfinite", "SkipNonFiniteState",
+    "step_if_finite", "advance_schedules", "resolve_policy",
+    # per-module precision rules, from genesis_jax.nets.rules
+    "PrecisionRule", "FLOAT32_RULES", "precision_rules", "with_precision_rules",
+]
 
 AxisName = str | tuple[str, ...] | None
 
@@ -90,13 +101,27 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
             params, args = policy.cast_to_compute((params, args))
         out = loss_fn(params, *args)
         loss, aux = out if has_aux else (out, None)
-        loss = jnp.asarray(loss).astype(jnp.float32)
+        loss = float32_loss(loss)
         return loss_scale.scale(loss), (loss, aux)
 
     def fn(loss_scale, params, *args):
         return jax.grad(scaled, has_aux=True)(params, loss_scale, args)
 
     return fn
+
+
+def float32_loss(loss) -> jax.Array:
+    """The loss as float32, with a warning (at trace time) when it was computed in float16:
+    its gradient starts as the loss scale itself, which overflows float16 above 65504, so
+    every step with a scale of 2^16 would be skipped. Cast before the reduction instead."""
+    loss = jnp.asarray(loss)
+    if loss.dtype == jnp.float16:
+        warnings.warn(
+            "the loss is float16: its gradient (the loss scale, 2^16 by default) overflows float16; "
+            "compute the loss in float32, casting before the mean or sum",
+            stacklevel=3,
+        )
+    return loss.astype(jnp.float32)
 
 
 def unscale(scaled_grads, loss_scale: LossScale, max_norm: float | None = None):

@@ -5,7 +5,7 @@ scaling it needs by default:
 
 >>> from genesis_jax.precision import get_precision
 >>> p = get_precision("fp16")
->>> p.policy.compute_dtype, p.loss_scaling
+>>> p.policy.compute_dtype.dtype, p.loss_scaling
 (dtype('float16'), 'dynamic')
 
 Only the CLI and the config constructors call `resolve_precision_name`, which reads

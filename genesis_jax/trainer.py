@@ -1,8 +1,15 @@
 """A thin stateful wrapper for users coming from PyTorch's FP16-trainer pattern.
 
->>> trainer = MixedPrecisionTrainer(loss_fn, params, optax.adam(1e-3), precision="fp16")  # doctest: +SKIP
->>> metrics = trainer.step(batch)   # jitted; returns device arrays, no host sync      # doctest: +SKIP
->>> trainer.stats()                 # {'training_steps': ..., 'overflow_rate': ...}     # doctest: +SKIP
+>>> import jax, jax.numpy as jnp, optax
+>>> from genesis_jax import MixedPrecisionTrainer
+>>> loss_fn = lambda params, batch: jnp.mean(jnp.square((batch @ params["w"]).astype(jnp.float32)))
+>>> params = {"w": jnp.ones((4, 1))}
+>>> trainer = MixedPrecisionTrainer(loss_fn, params, optax.sgd(0.1), precision="fp16", cast_params=True)
+>>> metrics = trainer.step(jnp.full((8, 4), 0.1))   # jitted; device arrays, no host sync
+>>> trainer.stats()["training_steps"], trainer.stats()["overflow_steps"]
+(1, 0)
+>>> float(params["w"][0, 0])   # the caller's params are untouched and still usable
+1.0
 """
 
 from __future__ import annotations

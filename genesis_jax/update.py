@@ -93,7 +93,7 @@ def mixed_precision_update(
                 lambda p: p.astype(compute_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params
             )
         loss, aux = loss_fn(params, batch)
-        loss = loss.astype(jnp.float32)
+        loss = amp.float32_loss(loss)
         if loss_transform is not None:
             loss = loss_transform(loss, state)
         return loss, aux

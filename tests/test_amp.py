@@ -1,0 +1,381 @@
+"""The composable pieces of `genesis_jax.amp`: scaled value_and_grad, the skip-non-finite
+optax wrapper, gradient accumulation, schedules on skipped steps, per-module precision rules,
+and the PureJaxRL-style example pair."""
+
+import pathlib
+import runpy
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from genesis_jax import DynamicLossScale, MixedPrecisionTrainer, NoOpLossScale, amp
+from genesis_jax.nets import MLP, ActorCritic
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def regression(seed=0, n=64):
+    x = jax.random.normal(jax.random.PRNGKey(seed), (n, 8))
+    y = jnp.sin(x).sum(-1, keepdims=True)
+    return x, y
+
+
+def make_model(dtype):
+    return MLP(features=(32, 32, 1), dtype=dtype)
+
+
+def mse(model):
+    def loss_fn(params, x, y):
+        return jnp.mean((model.apply(params, x) - y) ** 2)
+
+    return loss_fn
+
+
+def run_pieces(optimizer, dtype=jnp.float16, steps=150, scaler=None, seed=0, **skip_kwargs):
+    """Trains the regression with value_and_grad + skip_nonfinite; returns (losses, params, opt_state, scaler)."""
+    model, (x, y) = make_model(dtype), regression(seed)
+    params = model.init(jax.random.PRNGKey(seed + 1), x)
+    tx = amp.skip_nonfinite(optimizer, **skip_kwargs)
+    grad_fn = amp.value_and_grad(mse(model))
+
+    @jax.jit
+    def step(carry, _):
+        params, opt_state, scaler = carry
+        loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+        return (optax.apply_updates(params, updates), opt_state, scaler), loss
+
+    carry = (params, tx.init(params), scaler or DynamicLossScale())
+    carry, losses = jax.lax.scan(step, carry, None, steps)
+    return np.asarray(losses), *carry
+
+
+SCHEDULE = optax.linear_schedule(3e-3, 1e-4, 150)
+
+
+@pytest.mark.parametrize("name, optimizer", [
+    ("adam", optax.adam(3e-3)),
+    ("adamw", optax.adamw(3e-3, weight_decay=1e-4)),
+    ("sgd-momentum", optax.sgd(0.05, momentum=0.9)),
+    ("chain-with-schedule", optax.chain(optax.add_decayed_weights(1e-5), optax.adam(SCHEDULE))),
+])
+def test_pieces_compose_with_optimizers_and_train_in_fp16(name, optimizer):
+    losses, params, opt_state, scaler = run_pieces(optimizer)
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < 0.3 * losses[0], (name, losses[0], losses[-1])
+    # GradScaler's rule: no growth within 150 steps, one halving per skip, and few skips.
+    assert int(opt_state.skipped) <= 3 and float(scaler.loss_scale) == 2.0 ** (16 - int(opt_state.skipped))
+
+
+def test_in_fp32_without_a_scale_the_pieces_equal_plain_optax():
+    model, (x, y) = make_model(jnp.float32), regression()
+    params = model.init(jax.random.PRNGKey(1), x)
+    ours, _, _, _ = run_pieces(optax.adam(3e-3), dtype=jnp.float32, steps=50, scaler=NoOpLossScale())
+    tx, loss_fn = optax.adam(3e-3), mse(model)
+    opt_state, plain = tx.init(params), []
+    for _ in range(50):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        plain.append(float(loss))
+    np.testing.assert_allclose(ours, plain, rtol=1e-5)
+
+
+def nan_grads_like(tree):
+    return jax.tree.map(lambda g: jnp.full_like(g, jnp.nan), tree)
+
+
+@pytest.mark.parametrize("optimizer", [optax.adam(1e-3), optax.sgd(0.1, momentum=0.9), optax.adamw(1e-3)])
+def test_a_skip_leaves_params_and_optimizer_state_bit_identical(optimizer):
+    _, params, opt_state, _ = run_pieces(optimizer, steps=5)
+    params = jax.tree.map(lambda p: p.at[..., 0].set(-0.0), params)  # -0.0 must stay -0.0
+    tx = amp.skip_nonfinite(optimizer)
+
+    @jax.jit
+    def skip(params, opt_state):
+        grads = nan_grads_like(params)
+        updates, new_state = tx.update(grads, opt_state, params, grads_finite=jnp.asarray(False))
+        return optax.apply_updates(params, updates), new_state
+
+    new_params, new_state = skip(params, opt_state)
+    for a, b in zip(jax.tree.leaves((params, opt_state.inner_state)), jax.tree.leaves((new_params, new_state.inner_state))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert int(new_state.skipped) == int(opt_state.skipped) + 1
+    assert int(new_state.consecutive_skips) == int(opt_state.consecutive_skips) + 1
+
+
+def test_without_a_flag_the_wrapper_decides_from_the_gradients_and_never_applies_nonfinite_ones():
+    params = {"w": jnp.ones(3)}
+    tx = amp.skip_nonfinite(optax.sgd(0.1))
+    state = tx.init(params)
+    for _ in range(7):  # optax.apply_if_finite would apply the 6th in a row; this never does
+        updates, state = tx.update(nan_grads_like(params), state, params)
+        params = optax.apply_updates(params, updates)
+    assert np.all(np.asarray(params["w"]) == 1.0) and int(state.consecutive_skips) == 7
+    updates, state = tx.update({"w": jnp.ones(3)}, state, params)
+    assert np.allclose(optax.apply_updates(params, updates)["w"], 0.9) and int(state.consecutive_skips) == 0
+
+
+def test_clipping_uses_torchs_coefficient_on_the_unscaled_norm():
+    grads = {"a": jnp.array([3.0, 4.0])}  # norm 5
+    tx = amp.skip_nonfinite(optax.sgd(1.0), max_grad_norm=1.0)
+    updates, _ = tx.update(grads, tx.init(grads), grads)
+    np.testing.assert_allclose(updates["a"], -np.array([3.0, 4.0]) * (1.0 / (5.0 + 1e-6)), rtol=1e-6)
+
+
+def test_scaled_value_and_grad_matches_jax_grad_and_backs_off_on_overflow():
+    model, (x, y) = make_model(jnp.float32), regression()
+    params = model.init(jax.random.PRNGKey(1), x)
+    loss, grads, finite, scaler = amp.value_and_grad(mse(model))(DynamicLossScale(), params, x, y)
+    ref_loss, ref_grads = jax.value_and_grad(mse(model))(params, x, y)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert bool(finite) and int(scaler.growth_tracker) == 1
+    # float16 compute with a loss large enough that 2^16 x its gradient overflows float16
+    half = make_model(jnp.float16)
+    _, _, finite, scaler = amp.value_and_grad(mse(half))(DynamicLossScale(), params, x * 100.0, y * 100.0)
+    assert not bool(finite) and float(scaler.loss_scale) == 2.0**15
+
+
+def test_the_policy_casts_plain_functions_to_the_compute_dtype():
+    seen = []
+
+    def loss_fn(params, x):
+        seen.append((params["w"].dtype, x.dtype))
+        return jnp.sum((x @ params["w"]).astype(jnp.float32))
+
+    value, grads, _, _ = amp.value_and_grad(loss_fn, policy="fp16")(DynamicLossScale(), {"w": jnp.ones((2, 2))},
+                                                                     jnp.ones((3, 2)))
+    assert seen == [(jnp.float16, jnp.float16)]
+    assert grads["w"].dtype == jnp.float32 and value.dtype == jnp.float32
+
+
+def test_pieces_work_under_vmap_over_seeds():
+    """Two seeds in one vmapped step: one seed's batch overflows, the other's does not; each
+    takes its own decision and keeps its own scaler."""
+    model = make_model(jnp.float16)
+    x, y = regression()
+    params = jax.vmap(lambda k: model.init(k, x))(jax.random.split(jax.random.PRNGKey(0), 2))
+    xs = jnp.stack([x, x * 1e5])  # beyond float16's range
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    grad_fn = amp.value_and_grad(mse(model))
+
+    @jax.jit
+    @jax.vmap
+    def step(params, opt_state, scaler, x):
+        loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+        return optax.apply_updates(params, updates), opt_state, scaler, finite
+
+    scalers = jax.vmap(lambda _: DynamicLossScale(init_scale=2.0**10))(jnp.arange(2))
+    new_params, opt_state, scalers, finite = step(params, jax.vmap(tx.init)(params), scalers, xs)
+    assert list(np.asarray(finite)) == [True, False]
+    assert list(np.asarray(scalers.loss_scale)) == [2.0**10, 2.0**9]
+    assert list(np.asarray(opt_state.skipped)) == [0, 1]
+    kept = jax.tree.map(lambda a, b: bool(jnp.array_equal(a[1], b[1])), params, new_params)
+    assert all(jax.tree.leaves(kept))
+
+
+def test_accumulated_micro_batches_equal_one_big_batch_in_fp32():
+    model, (x, y) = make_model(jnp.float32), regression(n=64)
+    params = model.init(jax.random.PRNGKey(1), x)
+    big = amp.value_and_grad(mse(model))(NoOpLossScale(), params, x, y)
+    small = amp.value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+    np.testing.assert_allclose(small.value, big.value, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(small.grads), jax.tree.leaves(big.grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7 * float(jnp.abs(b).max()))
+
+
+def test_a_nan_in_one_micro_batch_skips_exactly_one_optimizer_step():
+    model, (x, y) = make_model(jnp.float16), regression(n=64)
+    params = model.init(jax.random.PRNGKey(1), x)
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    grad_fn = jax.jit(amp.value_and_grad(mse(model), accumulate=4))
+    opt_state, scaler, history = tx.init(params), DynamicLossScale(init_scale=2.0**10), []
+    for step in range(3):
+        batch_y = y.at[40].set(jnp.nan) if step == 1 else y  # row 40: the third of four micro-batches
+        loss, grads, finite, scaler = grad_fn(scaler, params, x, batch_y)
+        updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+        new_params = optax.apply_updates(params, updates)
+        history.append((bool(finite), all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params, new_params)))))
+        params = new_params
+    assert history == [(True, False), (False, True), (True, False)]
+    assert int(opt_state.skipped) == 1 and float(scaler.loss_scale) == 2.0**9
+
+
+def test_a_batch_that_does_not_split_into_micro_batches_is_refused():
+    model, (x, y) = make_model(jnp.float32), regression(n=10)
+    params = model.init(jax.random.PRNGKey(1), x)
+    with pytest.raises(ValueError, match="does not split into 4 micro-batches"):
+        amp.value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+
+
+@pytest.mark.parametrize("advance, lr_count", [(False, 1), (True, 2)])
+def test_learning_rate_schedules_on_skipped_steps(advance, lr_count):
+    """Default: a skip freezes the schedule (optax keeps the count in the kept state). With
+    `advance_schedule_on_skip`, the schedule advances as PyTorch's scheduler.step() does, while
+    Adam's own count (torch Adam's `step`) stays."""
+    params = {"w": jnp.ones(3)}
+    tx = amp.skip_nonfinite(optax.adam(optax.linear_schedule(1.0, 0.0, 10)), advance_schedule_on_skip=advance)
+    state = tx.init(params)
+    _, state = tx.update({"w": jnp.ones(3)}, state, params)
+    _, state = tx.update(nan_grads_like(params), state, params)
+    adam_state, schedule_state = state.inner_state
+    assert int(adam_state.count) == 1 and int(schedule_state.count) == lr_count
+
+
+class Tower(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Dense(16, dtype=jnp.float16, name="hidden")(x)
+        x = nn.LayerNorm(dtype=jnp.float16, name="norm")(x)
+        return nn.Dense(3, dtype=jnp.float16, name="value_head")(x)
+
+
+def intermediate_dtypes(module, params, x):
+    _, state = module.apply(params, x, capture_intermediates=True)
+    return {k: v["__call__"][0].dtype for k, v in state["intermediates"].items() if k != "__call__"}
+
+
+def dot_dtypes(fn, *args) -> list:
+    """The output dtypes of every matmul in fn's jaxpr, nested jaxprs included, in order."""
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                yield eqn.outvars[0].aval.dtype
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    yield from walk(inner)
+
+    return list(walk(jax.make_jaxpr(fn)(*args).jaxpr))
+
+
+def test_precision_rules_run_the_marked_modules_in_float32():
+    tower, x = Tower(), jnp.ones((2, 5))
+    params = tower.init(jax.random.PRNGKey(0), x)
+    assert intermediate_dtypes(tower, params, x) == {"hidden": jnp.float16, "norm": jnp.float16, "value_head": jnp.float16}
+    with amp.precision_rules():
+        assert intermediate_dtypes(tower, params, x) == {"hidden": jnp.float16, "norm": jnp.float32,
+                                                         "value_head": jnp.float32}
+        # The arithmetic itself, not only a cast at the end: the head's matmul is a float32 dot.
+        assert dot_dtypes(lambda p: tower.apply(p, x), params) == [jnp.float16, jnp.float32]
+    assert dot_dtypes(lambda p: tower.apply(p, x), params) == [jnp.float16, jnp.float16]
+    rules = [amp.PrecisionRule("hidden", jnp.bfloat16)]
+    with amp.precision_rules(rules):
+        assert intermediate_dtypes(tower, params, x)["hidden"] == jnp.bfloat16
+
+
+def test_genesis_networks_get_their_float32_heads_from_the_rules():
+    net = ActorCritic(action_dim=3, network="resmlp", width=16, depth=1, dtype=jnp.float16)
+    x = jnp.ones((2, 6))
+    params = net.init(jax.random.PRNGKey(0), x)
+    _, state = net.apply(params, x, capture_intermediates=True)
+    inter = state["intermediates"]
+    assert inter["actor_head"]["__call__"][0].dtype == jnp.float32
+    assert inter["actor"]["block_0"]["norm"]["__call__"][0].dtype == jnp.float32
+    assert inter["critic"]["final_norm"]["__call__"][0].dtype == jnp.float32
+    # embed, expand, project in float16 per tower; each tower's head in float32
+    assert dot_dtypes(lambda p: net.apply(p, x), params) == [jnp.float16] * 3 + [jnp.float32] + [jnp.float16] * 3 + [
+        jnp.float32]
+
+
+def test_mixed_precision_trainer_leaves_the_callers_arrays_usable():
+    model, (x, y) = make_model(jnp.float16), regression()
+    params = model.init(jax.random.PRNGKey(1), x)
+    trainer = MixedPrecisionTrainer(lambda p, batch: mse(model)(p, *batch), params, optax.adam(1e-3))
+    before = trainer.params
+    trainer.step((x, y))
+    trainer.step((x, y))
+    model.apply(params, x)  # the caller's params are still alive
+    model.apply(before, x)  # and so is what trainer.params returned before the steps
+    assert trainer.stats()["training_steps"] == 2
+
+
+def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
+    """shard_map over 4 forced CPU devices: the averaged gradients equal the whole batch's, and
+    an inf in one shard makes every replica skip and back off together."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax, jax.numpy as jnp, numpy as np, optax
+        from jax.sharding import Mesh, PartitionSpec as P
+        from genesis_jax import DynamicLossScale, amp
+        from genesis_jax.nets import MLP
+        model = MLP(features=(16, 1), dtype=jnp.float16)
+        x = jax.random.normal(jax.random.PRNGKey(0), (32, 8)); y = jnp.sin(x).sum(-1, keepdims=True)
+        params = model.init(jax.random.PRNGKey(1), x)
+        loss_fn = lambda p, x, y: jnp.mean((model.apply(p, x) - y) ** 2)
+        tx = amp.skip_nonfinite(optax.adam(1e-3))
+        grad_fn = amp.value_and_grad(loss_fn, axis_name="data")
+        mesh = Mesh(np.array(jax.devices()), ("data",))
+        def step(params, opt_state, scaler, x, y):
+            loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+            updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+            return optax.apply_updates(params, updates), opt_state, scaler, grads, finite[None]
+        sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("data"), P("data")),
+                                        out_specs=(P(), P(), P(), P(), P("data")), check_vma=False))
+        scaler = DynamicLossScale(init_scale=2.0 ** 10)  # each shard's mean loss: 4x the whole batch's gradients
+        out = sharded(params, tx.init(params), scaler, x, y)
+        ref = amp.value_and_grad(loss_fn)(scaler, params, x, y)
+        for a, b in zip(jax.tree.leaves(out[3]), jax.tree.leaves(ref.grads)):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-4)  # float16 forward, 4 shards vs 1
+        assert np.asarray(out[4]).tolist() == [True] * 4
+        bad = y.at[9].set(jnp.inf)  # row 9 lives on the second device only
+        new_params, opt_state, scaler, _, finite = sharded(params, tx.init(params), scaler, x, bad)
+        assert np.asarray(finite).tolist() == [False] * 4
+        assert float(scaler.loss_scale) == 2.0 ** 9 and int(opt_state.skipped) == 1
+        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return {name: runpy.run_path(str(REPO / "examples" / f"{name}.py")) for name in
+            ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16")}
+
+
+@pytest.mark.parametrize("name", ["purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"])
+def test_the_purejaxrl_style_examples_improve_the_return(examples, name):
+    out = jax.jit(examples[name]["make_train"]({"TOTAL_TIMESTEPS": 60_000}))(jax.random.PRNGKey(0))
+    returns = np.asarray(out["metrics"]["episode_return"])
+    assert np.nanmean(returns[-10:]) > 2 * np.nanmean(returns[:10])
+    if name.endswith("fp16"):
+        # It reports a running count of skips and the scale, and they obey GradScaler's rule:
+        # each skip halves the scale, each growth (at most one per 2000 clean steps) doubles it.
+        skipped = np.concatenate([[0], np.asarray(out["metrics"]["skipped"])])
+        log2_scale = np.log2(np.concatenate([[2.0**16], np.asarray(out["metrics"]["loss_scale"])]))
+        growths = np.diff(log2_scale) + np.diff(skipped)
+        assert np.all(np.diff(skipped) >= 0) and np.all(growths >= 0) and np.all(growths == np.round(growths))
+        minibatch_steps = 16 * len(returns)
+        assert growths.sum() <= (minibatch_steps - skipped[-1]) // 2000
+
+
+def test_the_mixed_precision_example_differs_from_the_fp32_one_in_at_most_15_lines():
+    import difflib
+
+    fp32, fp16 = ((REPO / "examples" / f"{n}.py").read_text().splitlines() for n in
+                  ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"))
+    changed = [line for line in difflib.unified_diff(fp32, fp16, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len([line for line in changed if line.startswith("+")]) <= 15
+
+
+def test_a_float16_loss_is_warned_about_because_its_gradient_overflows():
+    loss_fn = lambda params, x: jnp.mean(x @ params["w"])  # noqa: E731  (float16 mean)
+    with pytest.warns(UserWarning, match="the loss is float16"):
+        out = amp.value_and_grad(loss_fn, policy="fp16")(DynamicLossScale(), {"w": jnp.ones((2, 1))}, jnp.ones((3, 2)))
+    assert not bool(out.grads_finite)  # exactly what the warning predicts
