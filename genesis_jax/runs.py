@@ -115,6 +115,21 @@ def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
     return changes
 
 
+def resume_run(run_dir: "RunDirectory", store, state, config, *, kind: str, meta_key: str, metrics_key: str,
+               allow_config_change: bool):
+    """What `--resume` continues from: (state, position reached, metric rows, config changes).
+
+    The position is the checkpoint meta's `meta_key`; metric rows past it (by `metrics_key`)
+    are dropped. Without a complete checkpoint the run starts cleanly: the given state,
+    position 0 and no rows, so no update is logged twice."""
+    done, changes = 0, []
+    if store.latest_step() is not None:
+        state, meta = store.restore(state, kind=kind)
+        done = int(meta[meta_key])
+        changes = check_config_changes(meta, config, allow_config_change)
+    return state, done, run_dir.read_metrics(done, key=metrics_key), changes
+
+
 class RunDirectory:
     """A run's output directory, and the rules that keep runs apart:
 

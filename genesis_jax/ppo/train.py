@@ -224,11 +224,10 @@ def train(
         config_changes = []
         try:
             if run_dir and resume:
-                if store.latest_step() is not None:
-                    runner, meta = store.restore(runner, kind="ppo")
-                    done_updates = int(meta["step"])
-                    config_changes = runs.check_config_changes(meta, config, allow_config_change)
-                rows = run_dir.read_metrics(done_updates)  # none without a checkpoint: a clean start
+                runner, done_updates, rows, config_changes = runs.resume_run(
+                    run_dir, store, runner, config, kind="ppo", meta_key="step", metrics_key="update",
+                    allow_config_change=allow_config_change,
+                )
             compile_start = time.perf_counter()
             call = compile_chunks(runner, per_chunk)
             compile_seconds = time.perf_counter() - compile_start

@@ -208,11 +208,10 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         ckpt_meta = {"config": config.to_dict(), "kind": "world-model"}
         try:
             if store and resume:
-                if store.latest_step() is not None:
-                    state, meta = store.restore(state, kind="world-model")
-                    start_epoch = int(meta["epoch"])
-                    config_changes = runs.check_config_changes(meta, config, allow_config_change)
-                rows = run_dir.read_metrics(start_epoch, key="epoch")  # none without a checkpoint: a clean start
+                state, start_epoch, rows, config_changes = runs.resume_run(
+                    run_dir, store, state, config, kind="world-model", meta_key="epoch", metrics_key="epoch",
+                    allow_config_change=allow_config_change,
+                )
             bar = runs.progress_bar(config.epochs, start_epoch, enabled=progress, unit="epoch")
             with StopSignals() as signals:
                 for e in range(start_epoch, config.epochs):
