@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 from flax import serialization
 
 from genesis_jax.loss_scale import SCALER_TYPES, NoOpLossScale
+from genesis_jax.parallel import host_array
 
 logger = logging.getLogger("genesis_jax")
 
@@ -76,10 +77,11 @@ def _flat_spec(state_dict) -> dict[str, str]:
 
 def state_digest(state_dict) -> str:
     """sha256 of every leaf's path, dtype, shape and bytes: written with a checkpoint and
-    checked on restore, so a corrupted checkpoint is refused rather than loaded."""
+    checked on restore, so a corrupted checkpoint is refused rather than loaded. Leaves split
+    over several processes are gathered first, so every process computes the same digest."""
     digest = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
-        arr = np.ascontiguousarray(np.asarray(leaf))
+        arr = np.ascontiguousarray(host_array(leaf))
         digest.update(f"{jax.tree_util.keystr(path)}|{arr.dtype.name}|{arr.shape}|".encode())
         digest.update(arr.tobytes())
     return digest.hexdigest()

@@ -59,11 +59,14 @@ def _add_parallel_args(p: argparse.ArgumentParser, split: str) -> None:
     g.add_argument("--coordinator-address", default=None, help="multi-host: host:port of process 0")
     g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (hosts)")
     g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
+    g.add_argument("--heartbeat-timeout", type=int, default=30, metavar="SECONDS",
+                   help="multi-host: a process silent this long is declared dead and the others exit (default 30)")
 
 
 def _parallel_kwargs(args) -> dict:
     return {"devices": args.devices, "coordinator_address": args.coordinator_address,
-            "num_processes": args.num_processes, "process_id": args.process_id}
+            "num_processes": args.num_processes, "process_id": args.process_id,
+            "heartbeat_timeout": args.heartbeat_timeout}
 
 
 def _reliability_kwargs(args) -> dict:
@@ -162,6 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workloads", default=None, help="comma-separated workload names (default: all)")
     bench.add_argument("--out", required=True, help="directory for results.csv, results.md and precision.png")
 
+    launch = sub.add_parser("launch", help="run a train command as several JAX processes on this machine",
+                            description="Runs 'genesis-jax COMMAND' as --processes processes joined by jax.distributed "
+                                        "(process 0 prints and writes the run). Example: genesis-jax launch --processes 2 "
+                                        "--local-devices 2 -- train ppo --devices 4 --out runs/dp")
+    launch.add_argument("--processes", type=int, required=True, help="number of processes")
+    launch.add_argument("--local-devices", type=int, default=None,
+                        help="CPU: forced host devices per process (sets XLA_FLAGS); default: leave XLA_FLAGS alone")
+    launch.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
+    launch.add_argument("--grace", type=float, default=60.0,
+                        help="seconds the other processes get to stop after one failed (default 60)")
+    launch.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- train ...",
+                        help="the genesis-jax train command every process runs")
+
     demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
     _add_precision_args(demo)
     demo.add_argument("--steps", type=int, default=500)
@@ -224,6 +240,8 @@ def _run_ppo(args) -> int:
         progress=not args.no_progress,
     )
     s = result.summary
+    if args.process_id not in (None, 0):
+        return 0
     print(
         f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
         f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
@@ -248,6 +266,8 @@ def _run_world_model(args) -> int:
     s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
               allow_config_change=args.allow_config_change,
               checkpoint_every=args.checkpoint_every).summary
+    if args.process_id not in (None, 0):
+        return 0
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
         f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor} "
@@ -291,6 +311,13 @@ def _run_bench(args) -> int:
     return 0
 
 
+def _run_launch(args) -> int:
+    from genesis_jax.launch import launch
+
+    command = args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command
+    return launch(command, args.processes, local_devices=args.local_devices, port=args.port, grace_seconds=args.grace)
+
+
 def _run_demo(args) -> int:
     from genesis_jax.demo import run_demo
 
@@ -318,7 +345,11 @@ def _system_failure(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    # Of several processes, only process 0 logs and shows progress; the others report errors alone.
+    worker = getattr(args, "process_id", None) not in (None, 0)
+    if worker:
+        args.no_progress = True
+    logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     from genesis_jax.checkpoint import CheckpointMismatchError
     from genesis_jax.reliability import DivergenceError, TrainingInterrupted
     from genesis_jax.runs import RunDirectoryError
@@ -327,10 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _run_demo(args)
+        if args.command == "launch":
+            return _run_launch(args)
         if args.command == "bench":
             return _run_bench(args)
         if args.command == "collect":
             return _run_collect(args)
+        if getattr(args, "coordinator_address", None) is not None:
+            # Before a config is built: JAX must join the other processes before it touches a device.
+            from genesis_jax.parallel import initialize_distributed
+
+            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout)
         if args.command == "train" and args.workload == "ppo":
             return _run_ppo(args)
         if args.command == "train" and args.workload == "world-model":

@@ -22,15 +22,58 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
-def initialize_distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
-    """`jax.distributed.initialize` with the given arguments; a no-op when none is given."""
+# A process that stops sending heartbeats for this long is declared dead and every other
+# process exits (JAX's coordination service), instead of waiting in a collective forever.
+HEARTBEAT_TIMEOUT_SECONDS = 30
+
+
+def initialize_distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
+                           heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
+    """`jax.distributed.initialize` with the given arguments; a no-op when none is given.
+    On CPU the processes' collectives go through gloo (XLA's CPU backend has no other
+    cross-process implementation)."""
     if coordinator_address is None and num_processes is None and process_id is None:
         return
     if coordinator_address is None or num_processes is None or process_id is None:
         raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout)
+
+
+def is_primary() -> bool:
+    """Whether this is process 0, the one that writes files and prints progress."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reached the barrier `name` (nothing to wait for in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` holds in any process: one decision all processes take together (a signal
+    that reached only some of them still stops all, at the same step)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
+
+
+def host_array(array) -> np.ndarray:
+    """The whole of a (possibly multi-process, sharded) array on this host: a collective
+    when other processes hold parts of it, so every process must call it."""
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 def make_mesh(num_devices: int) -> Mesh:
@@ -72,15 +115,12 @@ def replicas_agree(array) -> bool:
     return all(np.array_equal(shards[0], s, equal_nan=True) for s in shards[1:])
 
 
-_distributed_started = False
-
-
 def start_distributed(config) -> None:
-    """Initializes multi-host JAX once per process from a config's distributed fields."""
-    global _distributed_started
-    if not _distributed_started:
-        initialize_distributed(config.coordinator_address, config.num_processes, config.process_id)
-        _distributed_started = config.coordinator_address is not None
+    """Joins this process to a multi-process run as a config's distributed fields say, once
+    (a no-op for a single process, and when the CLI already did it)."""
+    if config.coordinator_address is not None and not jax.distributed.is_initialized():
+        initialize_distributed(config.coordinator_address, config.num_processes, config.process_id,
+                               config.heartbeat_timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,12 +132,15 @@ class ParallelConfig:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS
 
     def validate_parallel(self, split_name: str, split_size: int) -> None:
         if not isinstance(self.devices, int) or self.devices < 1:
             raise ValueError(f"devices must be a positive integer, got {self.devices!r}")
         if split_size % self.devices:
             raise ValueError(f"{split_name} {split_size} cannot be split evenly over {self.devices} devices")
+        if not isinstance(self.heartbeat_timeout, int) or self.heartbeat_timeout < 1:
+            raise ValueError(f"heartbeat-timeout must be a positive integer (seconds), got {self.heartbeat_timeout!r}")
         given = [v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)]
         if any(given) and not all(given):
             raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")

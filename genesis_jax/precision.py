@@ -136,7 +136,7 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
 
 # Config fields a resumed run may change (how it runs, not what it computes): the device
 # layout, and the divergence guard's limits.
-RESUMABLE_BASE_FIELDS = ("devices", "coordinator_address", "num_processes", "process_id", "guard_min_scale",
+RESUMABLE_BASE_FIELDS = ("devices", "coordinator_address", "num_processes", "process_id", "heartbeat_timeout", "guard_min_scale",
                          "max_consecutive_skips")
 
 

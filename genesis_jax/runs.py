@@ -28,8 +28,9 @@ def device_name() -> str:
 
 
 def peak_device_bytes() -> int | None:
-    """Peak memory of device 0 so far, where the backend reports it (GPUs do, CPUs not)."""
-    device = jax.devices()[0]
+    """Peak memory of this process's first device so far, where the backend reports it (GPUs
+    do, CPUs not)."""
+    device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
@@ -116,18 +117,20 @@ def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
 
 
 def resume_run(run_dir: "RunDirectory", store, state, config, *, kind: str, meta_key: str, metrics_key: str,
-               allow_config_change: bool):
+               allow_config_change: bool, rewrite: bool = True):
     """What `--resume` continues from: (state, position reached, metric rows, config changes).
 
     The position is the checkpoint meta's `meta_key`; metric rows past it (by `metrics_key`)
     are dropped. Without a complete checkpoint the run starts cleanly: the given state,
-    position 0 and no rows, so no update is logged twice."""
+    position 0 and no rows, so no update is logged twice. `rewrite`: trim metrics.jsonl to
+    those rows (one process of several does; the others only read)."""
     done, changes = 0, []
     if store.latest_step() is not None:
         state, meta = store.restore(state, kind=kind)
         done = int(meta[meta_key])
-        changes = check_config_changes(meta, config, allow_config_change)
-    return state, done, run_dir.read_metrics(done, key=metrics_key), changes
+        if config is not None:
+            changes = check_config_changes(meta, config, allow_config_change)
+    return state, done, run_dir.read_metrics(done, key=metrics_key, rewrite=rewrite), changes
 
 
 class RunDirectory:
@@ -255,7 +258,7 @@ class RunDirectory:
             f.flush()
             os.fsync(f.fileno())
 
-    def read_metrics(self, up_to_update: int, key: str = "update") -> list[dict]:
+    def read_metrics(self, up_to_update: int, key: str = "update", rewrite: bool = True) -> list[dict]:
         """Rows up to a resumed checkpoint (none where there is none); later rows, written
         after it, are dropped, so no update is ever logged twice. A torn last line (a
         process killed while writing it) is dropped with a warning."""
@@ -269,8 +272,11 @@ class RunDirectory:
             except json.JSONDecodeError:
                 if i < len(lines) - 1:
                     raise RunDirectoryError(f"{self.metrics_file} is damaged at line {i + 1}") from None
-                logging.getLogger("genesis_jax").warning("dropping the torn last line of %s", self.metrics_file)
+                if rewrite:
+                    logging.getLogger("genesis_jax").warning("dropping the torn last line of %s", self.metrics_file)
         rows = [r for r in rows if r[key] <= up_to_update]
+        if not rewrite:
+            return rows
         tmp = self.metrics_file.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(_dumps(row) + "\n" for row in rows))
         os.replace(tmp, self.metrics_file)

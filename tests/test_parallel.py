@@ -1,11 +1,16 @@
 """Data parallelism on 4 forced CPU devices, each scenario in its own process (the device
-count is fixed when JAX starts); the checkpoint written there is restored here, on 1 device."""
+count is fixed when JAX starts); the checkpoint written there is restored here, on 1 device.
+Then the same runs as 2 processes of 2 devices each (jax.distributed on localhost, gloo),
+started by `genesis-jax launch`, against the 1-process 4-device results."""
 
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -13,6 +18,8 @@ import pytest
 
 from genesis_jax.ppo import PPOConfig
 from genesis_jax.ppo import train as train_ppo
+from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.launch import free_port
 from tests.parallel_worker import checksum
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -44,8 +51,13 @@ def test_ppo_four_devices_match_one_device(ppo_runs):
     assert four["returns"][:4] == one["returns"][:4]
 
 
-def test_world_model_four_devices_match_one_device():
-    runs = run_worker("world_model")
+@pytest.fixture(scope="module")
+def world_model_runs():
+    return run_worker("world_model")
+
+
+def test_world_model_four_devices_match_one_device(world_model_runs):
+    runs = world_model_runs
     assert runs["4"]["replicas_agree"]
     np.testing.assert_allclose(runs["4"]["losses"], runs["1"]["losses"], rtol=1e-4)
     np.testing.assert_allclose(runs["4"]["eval"], runs["1"]["eval"], rtol=1e-4)
@@ -68,3 +80,102 @@ def test_four_device_checkpoint_resumes_on_one_device(ppo_runs):
     assert checksum(resumed.train_state.params) == runs["4"]["param_checksum"]
     longer = train_ppo(PPOConfig(**{**config.to_dict(), "total_steps": 12288}), out_dir=str(out), resume=True, progress=False)
     assert len(longer.metrics) == 24 and np.isfinite(longer.metrics[-1]["loss"])
+
+
+# -- several processes -------------------------------------------------------------------
+
+PPO_ARGS = ["train", "ppo", "--precision", "fp16", "--num-envs", "8", "--num-steps", "64", "--seed", "1",
+            "--devices", "4"]
+LAUNCH = [sys.executable, "-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "2"]
+
+
+def launch(*args, timeout=600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([*LAUNCH, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def metric_rows(run: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_process_ppo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mp") / "ppo"
+    proc = launch("--", *PPO_ARGS, "--total-steps", "8192", "--checkpoint-every", "4096", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out
+
+
+def test_two_processes_give_the_losses_of_one_process_with_four_devices(ppo_runs, two_process_ppo):
+    runs, _ = ppo_runs
+    proc, out = two_process_ppo
+    rows = metric_rows(out)
+    assert [r["update"] for r in rows] == list(range(1, 17))  # written once: no update twice, none lost
+    np.testing.assert_allclose([r["loss"] for r in rows], runs["4"]["losses"], rtol=2e-4, atol=1e-5)
+    assert [r["return_sum"] for r in rows][:4] == runs["4"]["returns"][:4]
+    # Quiet workers: every process's stdout reaches the launcher's, yet one summary line comes.
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("PPO CartPole-v1")]) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_updates"] == 16 * 16 and summary["device"].endswith("x4")
+
+
+def test_a_two_process_checkpoint_restores_on_one_process(two_process_ppo):
+    _, out = two_process_ppo
+    config = PPOConfig(precision="fp16", total_steps=8192, num_envs=8, num_steps=64, seed=1, devices=1)
+    resumed = train_ppo(config, out_dir=str(out), resume=True, progress=False)  # complete: restores and verifies
+    assert resumed.summary["total_updates"] == 16 * 16 and len(resumed.metrics) == 16
+
+
+def test_world_model_on_two_processes_matches_one_process(world_model_runs, tmp_path):
+    out = tmp_path / "wm"
+    proc = launch("--", "train", "world-model", "--precision", "fp16", "--epochs", "3", "--batch-size", "256",
+                  "--num-sequences", "128", "--width", "32", "--devices", "4", "--no-progress", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = metric_rows(out)
+    np.testing.assert_allclose([r["train_loss"] for r in rows], world_model_runs["4"]["losses"], rtol=1e-4)
+    np.testing.assert_allclose([r["eval_loss"] for r in rows], world_model_runs["4"]["eval"], rtol=1e-4)
+
+
+def test_an_inf_in_one_process_makes_both_skip_the_same_step():
+    port = free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.multiprocess_worker", f"127.0.0.1:{port}", str(i)], cwd=REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[1][1][-2000:]
+    seen = [json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][0][7:]) for out, _ in outs]
+    assert [s["process"] for s in seen] == [0, 1] and all(s["devices"] == 4 and s["local_devices"] == 2 for s in seen)
+    expected = [{"grads_finite": True, "skipped": 0, "scale": 2.0**16}, {"grads_finite": False, "skipped": 1, "scale": 2.0**15},
+                {"grads_finite": True, "skipped": 1, "scale": 2.0**15}]
+    assert seen[0]["steps"] == seen[1]["steps"] == expected
+    assert seen[0]["params"] == seen[1]["params"]
+
+
+def test_a_killed_process_stops_the_other_in_bounded_time_and_both_resume(tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    args = [*PPO_ARGS, "--checkpoint-every", "1024", "--heartbeat-timeout", "10", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen([*LAUNCH, "--grace", "60", "--", *args, "--total-steps", "400000"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = [int(p) for p in re.search(r"pids (\d+) (\d+)", proc.stderr.readline()).groups()]
+    checkpoints = out / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    os.kill(pids[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    waited = time.monotonic() - killed_at
+    assert proc.returncode == 4, err[-3000:]
+    line = [l for l in err.splitlines() if l.startswith("genesis-jax launch: process")][-1]
+    # Process 0 noticed on its own (JAX's heartbeat), well before the launcher's 60 s grace.
+    assert "process 1 was killed by SIGKILL" in line and "0 stopped on their own" in line and "--resume" in line, line
+    assert waited < 45, waited
+    with CheckpointStore(checkpoints) as store:
+        last = store.latest_step()  # in updates of 512 steps
+    resumed = launch("--", *args, "--total-steps", str((last + 8) * 512), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["update"] for r in metric_rows(out)] == list(range(1, last + 9))  # none twice, none lost

@@ -7,10 +7,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import signal
 import time
 from typing import Any
 
@@ -18,11 +16,10 @@ import jax
 import numpy as np
 
 from genesis_jax import runs
-from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.parallel import replicated, start_distributed
 from genesis_jax.ppo.config import PPOConfig
-from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
+from genesis_jax.session import Session
 
 # Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
 _LOGGED = (
@@ -129,14 +126,6 @@ def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) 
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def _until_halt(rows: list[dict]) -> list[dict]:
-    """Rows up to and including the update where the divergence guard stopped training."""
-    for i, row in enumerate(rows):
-        if row["halted"]:
-            return rows[: i + 1]
-    return rows
-
-
 def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str, stopped: str | None = None) -> dict:
     """summary.json: the run's outcome in one flat dict."""
     last = rows[-max(1, len(rows) // 10):]
@@ -182,6 +171,12 @@ def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend
     }
 
 
+def _postfix(row: dict, skipped: list[int]) -> dict:
+    skipped[0] += row["skipped"]
+    ret = row["episode_return"]
+    return {"ret": "-" if ret is None else f"{ret:.1f}", "scale": f"{row['loss_scale']:.0f}", "skipped": skipped[0]}
+
+
 def train(
     config: PPOConfig,
     out_dir: str | None = None,
@@ -193,115 +188,73 @@ def train(
     grad_transform=None,
     max_to_keep: int = 3,
     allow_config_change: bool = False,
+    writers=(),
 ) -> PPOResult:
-    """Trains PPO as `config` says; writes metrics.jsonl, summary.json, ppo.png and
-    checkpoints under `out_dir` when one is given. `checkpoint_every` is in env steps.
-    `resume` continues the run there; a config that differs from the run's in more than
-    `PPOConfig.RESUMABLE_FIELDS` is refused unless `allow_config_change` (the summary then
-    lists the changes)."""
+    """Trains PPO as `config` says.
+
+    Args:
+        config: the run's settings.
+        out_dir: run directory for metrics.jsonl, summary.json, ppo.png and checkpoints (None: nothing written).
+        checkpoint_every: environment steps between checkpoints (0: only at the end).
+        resume: continue the run in `out_dir`; a config that differs from the run's in more than
+            `PPOConfig.RESUMABLE_FIELDS` is refused unless `allow_config_change` (the summary lists the changes).
+        overwrite: replace a run already in `out_dir`.
+        progress: a progress bar on stderr.
+        grad_transform: `(grads, train_state) -> grads`, applied before the finite check.
+        max_to_keep: checkpoints kept.
+        writers: extra metric writers (`genesis_jax.metric_writers`).
+
+    Returns:
+        A `PPOResult`: the summary, the final runner state and the metric rows.
+
+    Raises:
+        DivergenceError: the divergence guard stopped training (files written first).
+        TrainingInterrupted: SIGINT or SIGTERM stopped it (a final checkpoint written first).
+    """
+    start_distributed(config)  # before anything touches a device
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
     # A bad id or an unsupported space fails here, before anything is written.
     backend = resolve_env(config.env, config.env_backend).backend
-    start_distributed(config)
     if config.devices > 1 and backend != "gymnax":
         raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
-    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
-    wall_start = time.perf_counter()
-    init, compile_chunks, host_env = _build(config, backend, grad_transform)
     per_chunk = chunk_size(config.num_updates, config.updates_per_chunk)
-    if checkpoint_every and run_dir:
-        per_chunk = min(per_chunk, max(1, checkpoint_every // config.batch_size))
+    every_updates = max(1, checkpoint_every // config.batch_size) if checkpoint_every else 0
+    if every_updates and out_dir is not None:
+        per_chunk = min(per_chunk, every_updates)
         while config.num_updates % per_chunk:
             per_chunk -= 1
+    skipped = [0]
+    session = Session(
+        out_dir, config, kind="ppo", total=config.num_updates, position_key="update", meta_key="step",
+        unit_size=config.batch_size, unit="step", checkpoint_every=every_updates, resume=resume, overwrite=overwrite,
+        progress=progress, max_to_keep=max_to_keep, allow_config_change=allow_config_change, writers=writers,
+        postfix=lambda row: {**_postfix(row, skipped), "sps": session.steps_per_second(config.batch_size * config.num_seeds)},
+    )
+    init, compile_chunks, host_env = _build(config, backend, grad_transform)
     # Every input is validated: only now is the output directory touched.
-    with run_dir.opened(finished=(DivergenceError, TrainingInterrupted)) if run_dir else contextlib.nullcontext():
-        runner = init(_seed_keys(config))
-        rows: list[dict] = []
-        store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
-        done_updates = 0
-        stopped = None
-        config_changes = []
-        try:
-            if run_dir and resume:
-                runner, done_updates, rows, config_changes = runs.resume_run(
-                    run_dir, store, runner, config, kind="ppo", meta_key="step", metrics_key="update",
-                    allow_config_change=allow_config_change,
-                )
+    try:
+        with session:
+            runner = session.restore(init(_seed_keys(config)))
+            skipped[0] = sum(r["skipped"] for r in session.rows)
             compile_start = time.perf_counter()
             call = compile_chunks(runner, per_chunk)
             compile_seconds = time.perf_counter() - compile_start
             # The compiled chunk (rollouts and updates) on JAX envs; host loops have no single program.
             step_bytes = runs.step_memory_bytes(call) if hasattr(call, "memory_analysis") else None
-            run_seconds, run_steps, last_ckpt, last_return = 0.0, 0, done_updates, float("nan")
-            skipped_total = sum(r["skipped"] for r in rows)
-            bar = runs.progress_bar(config.total_steps, done_updates * config.batch_size, enabled=progress)
-            with StopSignals() as signals:
-                # (Timed from before each call: the host loop's calls run the chunk synchronously.)
-                dispatched = time.perf_counter()
-                pending = call(runner) if done_updates < config.num_updates else None
-                while pending is not None:
-                    runner, chunk_metrics = pending
-                    pending = None
-                    chunk_metrics = jax.device_get(chunk_metrics)
-                    run_seconds += time.perf_counter() - dispatched
-                    run_steps += per_chunk * config.batch_size * config.num_seeds
-                    halted = bool(np.any(chunk_metrics["halted"]))
-                    due = checkpoint_every and (done_updates + per_chunk - last_ckpt) * config.batch_size >= checkpoint_every
-                    more = done_updates + per_chunk < config.num_updates
-                    # The next chunk is dispatched before the host turns this one's metrics into rows,
-                    # files and progress, so the two overlap; not when this chunk's state is still
-                    # needed (a checkpoint or a stop), since the call consumes it.
-                    if more and not halted and signals.received is None and not (store and due):
-                        dispatched = time.perf_counter()
-                        pending = call(runner)
-                    new_rows = _until_halt(_per_update_rows(chunk_metrics, done_updates, config))
-                    done_updates += len(new_rows)
-                    rows.extend(new_rows)
-                    if run_dir:
-                        run_dir.append_metrics(new_rows)
-                    skipped_total += sum(r["skipped"] for r in new_rows)
-                    finished = [r["episode_return"] for r in new_rows if r["episode_return"] is not None]
-                    last_return = finished[-1] if finished else last_return
-                    bar.update(len(new_rows) * config.batch_size)
-                    bar.set_postfix(ret=f"{last_return:.1f}", scale=f"{new_rows[-1]['loss_scale']:.0f}", skipped=skipped_total,
-                                    sps=f"{run_steps / run_seconds:.0f}" if run_seconds else "-")
-                    if pending is not None:
-                        continue
-                    if halted:
-                        stopped = "diverged"
-                    elif signals.received is not None:
-                        stopped = signal.Signals(signals.received).name
-                    if store and (due or stopped or not more):
-                        store.save(done_updates, runner, {"config": config.to_dict(), "kind": "ppo"}, force=True)
-                        last_ckpt = done_updates
-                    if more and not stopped:
-                        dispatched = time.perf_counter()
-                        pending = call(runner)
-            bar.close()
-        finally:
-            if store:
-                store.close()
-            if host_env is not None:
-                host_env.close()
-        timing = {
-            "compile_seconds": compile_seconds,
-            "run_seconds": run_seconds,
-            "run_steps": run_steps,
-            "wall_seconds": time.perf_counter() - wall_start,
-            "train_step_bytes": step_bytes,
-        }
-        summary = {**summarise(rows, config, runner, timing, backend, stopped), "config_changes": config_changes}
-        if run_dir:
-            run_dir.write_summary(summary, config.to_dict())
-            runs.plot_ppo(rows, run_dir.path / "ppo.png", title=f"PPO {config.env} ({summary['precision']})")
-        where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
-        if stopped == "diverged":
-            raise DivergenceError(halted_report(runner.train_state, config.divergence_guard()) + where, summary)
-        if stopped is not None:
-            resume_hint = f"; continue with --resume --out {out_dir}" if run_dir else ""
-            raise TrainingInterrupted(
-                f"{stopped} received: stopped after update {done_updates} of {config.num_updates}{where}{resume_hint}",
-                getattr(signal, stopped), summary,
-            )
-        return PPOResult(summary=summary, runner_state=runner, metrics=rows)
+            runner = session.run(runner, call, lambda m, done: _per_update_rows(m, done, config), per_chunk)
+            timing = {
+                "compile_seconds": compile_seconds,
+                "run_seconds": session.timing.run_seconds,
+                "run_steps": session.timing.positions_run * config.batch_size * config.num_seeds,
+                "wall_seconds": session.elapsed(),
+                "train_step_bytes": step_bytes,
+            }
+            summary = summarise(session.rows, config, runner, timing, backend, session.stopped)
+            title = f"PPO {config.env} ({summary['precision']})"
+            summary = session.finish(summary, runner.train_state,
+                                     plot=lambda rows, path: runs.plot_ppo(rows, path / "ppo.png", title=title))
+    finally:
+        if host_env is not None:
+            host_env.close()
+    return PPOResult(summary=summary, runner_state=runner, metrics=session.rows)

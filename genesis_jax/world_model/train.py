@@ -8,10 +8,8 @@ the shared mixed-precision update step, with per-epoch overflow counts and memor
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import signal
 import time
 from typing import Any
 
@@ -21,11 +19,11 @@ import numpy as np
 import optax
 
 from genesis_jax import runs
-from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.parallel import ParallelConfig, constrain, on_devices, replicated, start_distributed
 from genesis_jax.precision import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
-from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report, update_options
+from genesis_jax.reliability import update_options
+from genesis_jax.session import Session
 from genesis_jax.update import TrainState, mixed_precision_update
 from genesis_jax.world_model import data as wm_data
 
@@ -139,18 +137,22 @@ def activation_bytes(loss_fn, params, batch) -> int:
 
 def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bool = False, progress: bool = True,
           grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3,
-          allow_config_change: bool = False) -> WorldModelResult:
+          allow_config_change: bool = False, writers=()) -> WorldModelResult:
     """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
     checkpoints (every `checkpoint_every` epochs and at the end) under `out_dir` when one
     is given; `resume` continues the run there from its newest checkpoint, refusing a
     config that differs in more than `WorldModelConfig.RESUMABLE_FIELDS` unless
-    `allow_config_change` (the summary then lists the changes)."""
-    if checkpoint_every < 0:
-        raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
-    run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
-    start_distributed(config)
+    `allow_config_change` (the summary then lists the changes). `writers`: extra metric
+    writers (`genesis_jax.metric_writers`)."""
+    start_distributed(config)  # before anything touches a device
+    session = Session(
+        out_dir, config, kind="world-model", total=config.epochs, position_key="epoch", unit="epoch",
+        checkpoint_every=checkpoint_every, resume=resume, overwrite=overwrite, progress=progress,
+        max_to_keep=max_to_keep, allow_config_change=allow_config_change, writers=writers,
+        postfix=lambda row: {"train": f"{row['train_loss']:.4f}", "eval": f"{row['eval_loss']:.4f}",
+                             "scale": f"{row['loss_scale']:g}", "skipped": row["skipped"]},
+    )
     mesh = config.mesh()
-    wall_start = time.perf_counter()
     precision = config.train_precision()
     dataset = load_data(config)
     train_seqs, eval_seqs = wm_data.split(dataset, config.eval_fraction)
@@ -202,51 +204,30 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     param_bytes = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
 
     # Only now, with the data and model known to be good, is the output directory touched.
-    with run_dir.opened(finished=(DivergenceError, TrainingInterrupted)) if run_dir else contextlib.nullcontext():
-        rows, run_seconds, start_epoch, stopped, config_changes = [], 0.0, 0, None, []
-        store = CheckpointStore(run_dir.checkpoints, max_to_keep=max_to_keep) if run_dir else None
-        ckpt_meta = {"config": config.to_dict(), "kind": "world-model"}
-        try:
-            if store and resume:
-                state, start_epoch, rows, config_changes = runs.resume_run(
-                    run_dir, store, state, config, kind="world-model", meta_key="epoch", metrics_key="epoch",
-                    allow_config_change=allow_config_change,
-                )
-            bar = runs.progress_bar(config.epochs, start_epoch, enabled=progress, unit="epoch")
-            with StopSignals() as signals:
-                for e in range(start_epoch, config.epochs):
-                    t0 = time.perf_counter()
-                    state, m = epoch_fn(state, train_set)
-                    m = jax.device_get(m)
-                    elapsed = time.perf_counter() - t0
-                    run_seconds += elapsed
-                    row = {
-                        "epoch": e + 1,
-                        "train_loss": float(m["train_loss"]),
-                        "eval_loss": float(eval_fn(state.params, eval_set)),
-                        "loss_scale": float(m["loss_scale"]),
-                        "skipped": int(m["skipped"]),
-                        "steps_per_second": batches_per_epoch / elapsed,
-                    }
-                    rows.append(row)
-                    if run_dir:
-                        run_dir.append_metrics([row])
-                    bar.update(1)
-                    bar.set_postfix(train=f"{row['train_loss']:.4f}", eval=f"{row['eval_loss']:.4f}",
-                                    scale=f"{row['loss_scale']:g}", skipped=row["skipped"])
-                    if m["halted"]:
-                        stopped = "diverged"
-                    elif signals.received is not None:
-                        stopped = signal.Signals(signals.received).name
-                    due = checkpoint_every and (e + 1) % checkpoint_every == 0
-                    if store and (due or stopped or e + 1 == config.epochs):
-                        store.save(int(state.step), state, {**ckpt_meta, "epoch": e + 1}, force=True)
-                    if stopped:
-                        break
-            bar.close()
-        finally:
-            if store:
-                store.close()
+    with session:
+        state = session.restore(state)
+
+        def run_epoch(state):
+            state, m = epoch_fn(state, train_set)
+            return state, {**m, "eval_loss": eval_fn(state.params, eval_set)}
+
+        last_row_time = [time.perf_counter()]
+
+        def to_rows(m, done: int) -> list[dict]:
+            now = time.perf_counter()
+            elapsed, last_row_time[0] = now - last_row_time[0], now
+            return [{
+                "epoch": done + 1,
+                "train_loss": float(m["train_loss"]),
+                "eval_loss": float(m["eval_loss"]),
+                "loss_scale": float(m["loss_scale"]),
+                "skipped": int(m["skipped"]),
+                "steps_per_second": batches_per_epoch / elapsed,
+                "halted": bool(m["halted"]),
+            }]
+
+        state = session.run(state, run_epoch, to_rows)
+        rows = session.rows
         total_updates = int(state.step)
         summary = {
             "data": dataset["meta"]["source"],
@@ -260,15 +241,14 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
             "eval_loss": rows[-1]["eval_loss"],
             "noise_floor": noise_floor,
             "epochs": len(rows),
-            "steps_per_second": (rows[-1]["epoch"] - start_epoch) * batches_per_epoch / run_seconds if run_seconds else float("nan"),
+            "steps_per_second": session.steps_per_second(batches_per_epoch),
             "compile_seconds": compile_seconds,
-            "wall_seconds": time.perf_counter() - wall_start,
+            "wall_seconds": session.elapsed(),
             "loss_scale": float(state.loss_scale.loss_scale),
             "skipped_updates": int(state.skipped),
             "total_updates": total_updates,
             "overflow_rate": int(state.skipped) / total_updates if total_updates else 0.0,
             "injected_nonfinite": config.fault_injection(config.seed).count_nonfinite(total_updates),
-            "stopped": stopped,
             "activation_bytes": act_bytes,
             "compiled_temp_bytes": temp_bytes,
             "train_step_bytes": step_bytes,
@@ -277,16 +257,8 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
             "peak_device_bytes": runs.peak_device_bytes(),
             "device": runs.device_name(),
         }
-        if run_dir:
-            run_dir.write_summary(summary, config.to_dict())
-            runs.plot_curves(rows, "epoch", ("train_loss", "eval_loss"), run_dir.path / "world_model.png",
-                             title=f"world model ({precision.name})", floor=noise_floor)
-        where = f"; metrics and a checkpoint are in {out_dir}" if run_dir else ""
-        if stopped == "diverged":
-            raise DivergenceError(halted_report(state, config.divergence_guard()) + where, summary)
-        if stopped is not None:
-            raise TrainingInterrupted(
-                f"{stopped} received: stopped after epoch {rows[-1]['epoch']} of {config.epochs}{where}",
-                getattr(signal, stopped), summary,
-            )
-        return WorldModelResult(summary=summary, train_state=state, metrics=rows)
+        plot = lambda rows, path: runs.plot_curves(  # noqa: E731
+            rows, "epoch", ("train_loss", "eval_loss"), path / "world_model.png",
+            title=f"world model ({precision.name})", floor=noise_floor)
+        summary = session.finish(summary, state, plot=plot)
+    return WorldModelResult(summary=summary, train_state=state, metrics=rows)

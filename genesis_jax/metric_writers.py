@@ -1,0 +1,121 @@
+"""Where a run's metric rows go: `metrics.jsonl` always, TensorBoard and Weights & Biases on request.
+
+Every writer takes the same rows a trainer logs (one dict per update or epoch, with a
+position field such as "update") and writes each numeric field as a scalar at that position:
+the loss scale, skipped steps and overflow rate among them, as DreamerV3 and fairseq2 log
+theirs. Strings and lists are left to `metrics.jsonl`.
+
+>>> writer = TensorBoardWriter("runs/x", step_key="update")     # doctest: +SKIP
+>>> writer.write([{"update": 1, "loss": 0.5, "loss_scale": 65536.0}])  # doctest: +SKIP
+>>> writer.close()                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Protocol
+
+
+class MetricWriter(Protocol):
+    """What a `Session` calls: `write` per chunk of rows, `write_summary` once, `close` at the end."""
+
+    def write(self, rows: list[dict]) -> None: ...
+
+    def write_summary(self, summary: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars(row: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
+    """The row's finite numbers (booleans as 0/1), without the `skip` keys."""
+    out = {}
+    for key, value in row.items():
+        if key in skip or isinstance(value, (str, list, tuple, dict)) or value is None:
+            continue
+        value = float(value)
+        if math.isfinite(value):
+            out[key] = value
+    return out
+
+
+class JsonlWriter:
+    """`metrics.jsonl` of a `RunDirectory`: one strict-JSON line per row, flushed to disk per chunk."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+
+    def write(self, rows: list[dict]) -> None:
+        self.run_dir.append_metrics(rows)
+
+    def write_summary(self, summary: dict) -> None:
+        del summary  # summary.json is the run directory's own
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardWriter:
+    """TensorBoard event files in `log_dir` (tensorboardX: `pip install genesis-jax[tensorboard]`).
+
+    Args:
+        log_dir: the directory TensorBoard reads (a run's `tensorboard/`).
+        step_key: the rows' position field, used as TensorBoard's step.
+        prefix: tag prefix, such as "train/".
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, step_key: str, prefix: str = "train/"):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError as err:
+            raise ImportError("--tensorboard needs tensorboardX: pip install 'genesis-jax[tensorboard]'") from err
+        self.step_key, self.prefix = step_key, prefix
+        self._writer = SummaryWriter(logdir=os.fspath(log_dir))
+
+    def write(self, rows: list[dict]) -> None:
+        for row in rows:
+            step = int(row[self.step_key])
+            for key, value in scalars(row, skip=(self.step_key,)).items():
+                self._writer.add_scalar(self.prefix + key, value, step)
+        self._writer.flush()
+
+    def write_summary(self, summary: dict) -> None:
+        for key, value in scalars(summary).items():
+            self._writer.add_scalar("summary/" + key, value, 0)
+        self._writer.add_text("summary/precision", str(summary.get("precision")), 0)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbWriter:
+    """A Weights & Biases run (`pip install genesis-jax[wandb]`). `mode="offline"` (or
+    WANDB_MODE=offline) writes to `dir` without a network; `wandb sync` uploads it later.
+
+    Args:
+        dir: where wandb keeps its files (a run's directory).
+        step_key: the rows' position field, used as W&B's step.
+        config: the run's settings, shown with it.
+        project, mode, name: as `wandb.init`'s.
+    """
+
+    def __init__(self, dir: str | os.PathLike, step_key: str, config: dict | None = None, project: str = "genesis-jax",
+                 mode: str | None = None, name: str | None = None):
+        try:
+            import wandb
+        except ImportError as err:
+            raise ImportError("--wandb needs wandb: pip install 'genesis-jax[wandb]'") from err
+        self.step_key = step_key
+        self._run = wandb.init(project=project, dir=os.fspath(dir), config=config, mode=mode, name=name, reinit=True)
+
+    def write(self, rows: list[dict]) -> None:
+        for row in rows:
+            self._run.log(scalars(row, skip=(self.step_key,)), step=int(row[self.step_key]))
+
+    def write_summary(self, summary: dict) -> None:
+        self._run.summary.update(scalars(summary))
+        self._run.summary["precision"] = summary.get("precision")
+
+    def close(self) -> None:
+        self._run.finish()

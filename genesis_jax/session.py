@@ -1,0 +1,252 @@
+"""One training run's outer layer, the same under every trainer.
+
+A `Session` owns what a run does around its compiled steps: the run directory (refuse,
+`resume` or `overwrite`), the checkpoint store and resume, the metric writers, the progress
+bar, SIGINT / SIGTERM, the divergence-guard stop, the save cadence, `summary.json` and the
+final exception. A trainer supplies its initial state, one compiled chunk (`step`), the
+metric rows of a chunk (`to_rows`) and its summary fields:
+
+>>> import jax.numpy as jnp
+>>> from genesis_jax.session import Session
+>>> def step(w):                                      # one compiled chunk: state -> (state, metrics)
+...     return w * 0.5, {"loss": w}
+>>> def to_rows(metrics, done):                       # the chunk's metric rows (host)
+...     return [{"update": done + 1, "loss": float(metrics["loss"])}]
+>>> with Session(None, kind="toy", total=3, progress=False) as session:
+...     w = session.restore(jnp.float32(8.0))
+...     w = session.run(w, step, to_rows)
+...     summary = session.finish({"final_loss": session.rows[-1]["loss"]})
+>>> summary["final_loss"], session.position
+(2.0, 3)
+
+With several processes (`jax.distributed`), every process runs the same session; only
+process 0 writes the run directory, the metrics and the progress bar, and the processes agree
+on every stop so their collectives stay in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from genesis_jax import parallel, runs
+from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.metric_writers import JsonlWriter, MetricWriter
+from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
+
+
+def _until_halt(rows: list[dict]) -> list[dict]:
+    """Rows up to and including the one where the divergence guard stopped training."""
+    for i, row in enumerate(rows):
+        if row.get("halted"):
+            return rows[: i + 1]
+    return rows
+
+
+@dataclasses.dataclass
+class Timing:
+    """Seconds spent in `Session.run` waiting for compiled chunks, and the positions they ran."""
+
+    run_seconds: float = 0.0
+    positions_run: int = 0
+
+
+class Session:
+    """A run of `total` positions (updates, epochs: whatever one metric row counts).
+
+    Args:
+        out_dir: run directory, or None for a run that writes nothing.
+        config: the trainer's config (`to_dict()`, `RESUMABLE_FIELDS`, `divergence_guard()`);
+            None for a loop without one (no config check on resume, no guard advice).
+        kind: the workload's name, stored in checkpoints; resume refuses another kind's.
+        total: positions in the whole run.
+        position_key: the metric rows' position field ("update", "epoch").
+        meta_key: the checkpoint meta's position field (default: `position_key`).
+        unit_size: progress-bar units per position (PPO: environment steps per update).
+        unit: the progress bar's unit name.
+        checkpoint_every: positions between checkpoints (0: only at the end and on a stop).
+        resume, overwrite, allow_config_change: as the CLI's flags of the same names.
+        progress: show a progress bar (process 0 only).
+        max_to_keep: checkpoints kept.
+        writers: metric writers besides `metrics.jsonl` (TensorBoard, W&B), process 0 only.
+        postfix: a row -> dict for the progress bar's postfix.
+    """
+
+    def __init__(self, out_dir: str | None, config: Any = None, *, kind: str, total: int,
+                 position_key: str = "update", meta_key: str | None = None, unit_size: int = 1, unit: str = "update",
+                 checkpoint_every: int = 0, resume: bool = False, overwrite: bool = False, progress: bool = True,
+                 max_to_keep: int = 3, allow_config_change: bool = False, writers: Sequence[MetricWriter] = (),
+                 postfix: Callable[[dict], dict] | None = None):
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+        if resume and out_dir is None:
+            raise ValueError("resume needs an output directory")
+        # Every process checks the directory before any process writes to it.
+        self.run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
+        self.config, self.kind, self.total = config, kind, total
+        self.position_key, self.meta_key = position_key, meta_key or position_key
+        self.unit_size, self.unit = unit_size, unit
+        self.checkpoint_every, self.resume, self.max_to_keep = checkpoint_every, resume, max_to_keep
+        self.allow_config_change = allow_config_change
+        self.primary = parallel.is_primary()
+        self.progress = progress and self.primary
+        self.extra_writers = list(writers)
+        self.postfix = postfix
+        self.store: CheckpointStore | None = None
+        self.writers: list[MetricWriter] = []
+        self.position = 0
+        self.rows: list[dict] = []
+        self.config_changes: list[str] = []
+        self.stopped: str | None = None
+        self.timing = Timing()
+        self.wall_start = time.perf_counter()
+        self._last_save = 0
+
+    # -- the run directory ------------------------------------------------------------------
+
+    def __enter__(self) -> "Session":
+        parallel.barrier("genesis-session-checked")
+        if self.run_dir is not None:
+            if self.primary:
+                self.run_dir.open()
+                self.writers = [JsonlWriter(self.run_dir), *self.extra_writers]
+            parallel.barrier("genesis-session-opened")
+            self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.store is not None:
+                self.store.close()
+            for writer in self.writers:
+                writer.close()
+        finally:
+            if self.run_dir is not None and self.primary:
+                # A guard stop or a signal is a clean end: the run's files are complete.
+                clean = exc_type is None or issubclass(exc_type, (DivergenceError, TrainingInterrupted))
+                self.run_dir.close(clean)
+
+    @property
+    def path(self):
+        return None if self.run_dir is None else self.run_dir.path
+
+    def restore(self, state):
+        """With `resume`: the newest checkpoint's state (its position and the metric rows up
+        to it are kept); otherwise, or where no checkpoint was completed, `state` itself."""
+        if self.store is None or not self.resume:
+            return state
+        state, self.position, rows, self.config_changes = runs.resume_run(
+            self.run_dir, self.store, state, self.config, kind=self.kind, meta_key=self.meta_key,
+            metrics_key=self.position_key, allow_config_change=self.allow_config_change, rewrite=self.primary,
+        )
+        self.rows = rows
+        self._last_save = self.position
+        return state
+
+    def save(self, state, meta: dict | None = None) -> None:
+        """A checkpoint of `state` at the current position (every process takes part)."""
+        if self.store is None:
+            return
+        full_meta = {"kind": self.kind, self.meta_key: self.position, **(meta or {})}
+        if self.config is not None:
+            full_meta["config"] = self.config.to_dict()
+        self.store.save(self.position, state, full_meta, force=True)
+        self._last_save = self.position
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, state, step: Callable, to_rows: Callable[[Any, int], list[dict]], per_call: int = 1,
+            checkpoint_meta: dict | None = None):
+        """Calls `step(state) -> (state, metrics)` until `total` positions ran, the guard halted
+        (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, position)` and saves on
+        the cadence and at the end. The next call is dispatched before this one's rows are
+        written, so the device and the host overlap, except where this call's state is still
+        needed (a save or a stop). Returns the last state; `stopped` says why it ended early."""
+        bar = runs.progress_bar(self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress,
+                                unit=self.unit)
+        try:
+            with StopSignals() as signals:
+                dispatched = time.perf_counter()
+                pending = step(state) if self.position < self.total else None
+                while pending is not None:
+                    state, metrics = pending
+                    pending = None
+                    metrics = jax.device_get(metrics)
+                    self.timing.run_seconds += time.perf_counter() - dispatched
+                    halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
+                    # A halted chunk logs rows only up to the halt, and nothing runs after it.
+                    after = self.position + per_call
+                    due = self.store is not None and self.checkpoint_every and after - self._last_save >= self.checkpoint_every
+                    more = after < self.total
+                    signalled = parallel.any_process(signals.received is not None)
+                    if more and not halted and not signalled and not due:
+                        dispatched = time.perf_counter()
+                        pending = step(state)
+                    new_rows = _until_halt(to_rows(metrics, self.position))
+                    self.position += len(new_rows)
+                    self.timing.positions_run += len(new_rows)
+                    self._log(new_rows, bar)
+                    if pending is not None:
+                        continue
+                    if halted:
+                        self.stopped = "diverged"
+                    elif signalled:
+                        self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
+                    if due or self.stopped or not more:
+                        self.save(state, checkpoint_meta)
+                    if more and not self.stopped:
+                        dispatched = time.perf_counter()
+                        pending = step(state)
+        finally:
+            bar.close()
+        return state
+
+    def _log(self, rows: list[dict], bar) -> None:
+        self.rows.extend(rows)
+        for writer in self.writers:
+            writer.write(rows)
+        bar.update(len(rows) * self.unit_size)
+        if rows and self.postfix is not None:
+            bar.set_postfix(**self.postfix(rows[-1]))
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def finish(self, summary: dict, train_state=None, plot: Callable[[list[dict], Any], None] | None = None) -> dict:
+        """Writes `summary.json` (with the config and any resume changes) and the plot, then
+        raises `DivergenceError` or `TrainingInterrupted` where the run stopped early; returns
+        the summary otherwise. `train_state` (a `TrainState`) names the guard's cause."""
+        summary = {**summary, "stopped": self.stopped, "config_changes": self.config_changes}
+        if self.run_dir is not None and self.primary:
+            self.run_dir.write_summary(summary, self.config.to_dict() if self.config is not None else {})
+            for writer in self.writers:
+                writer.write_summary(summary)
+            if plot is not None:
+                plot(self.rows, self.run_dir.path)
+        where = f"; metrics and a checkpoint are in {self.path}" if self.run_dir else ""
+        if self.stopped == "diverged":
+            report = None
+            if train_state is not None and self.config is not None:
+                report = halted_report(train_state, self.config.divergence_guard())
+            raise DivergenceError((report or "training diverged") + where, summary)
+        if self.stopped is not None:
+            hint = f"; continue with --resume --out {self.path}" if self.run_dir else ""
+            raise TrainingInterrupted(
+                f"{self.stopped} received: stopped after {self.position_key} {self.position} of {self.total}{where}{hint}",
+                getattr(signal, self.stopped), summary,
+            )
+        return summary
+
+    def steps_per_second(self, steps_per_position: int = 1) -> float:
+        """Steps per second of `run` so far (waiting for compiled chunks; host work overlapped)."""
+        if not self.timing.run_seconds:
+            return float("nan")
+        return self.timing.positions_run * steps_per_position / self.timing.run_seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the session was made (the run's wall-clock time so far)."""
+        return time.perf_counter() - self.wall_start

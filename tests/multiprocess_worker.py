@@ -1,0 +1,49 @@
+"""One process of a 2-process run joined by jax.distributed on localhost (2 CPU devices each,
+gloo collectives): three update steps on a 4-device mesh where only process 1's rows hold an
+inf, at the second step. Prints what this process saw as JSON; tests/test_multiprocess.py
+starts both processes and compares them."""
+
+import functools
+import json
+import sys
+
+from genesis_jax.parallel import initialize_distributed
+
+initialize_distributed(sys.argv[1], 2, int(sys.argv[2]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update  # noqa: E402
+from genesis_jax.parallel import DATA_AXIS, host_array, make_mesh, replicated  # noqa: E402
+from tests.helpers import mlp_loss, regression_problem  # noqa: E402
+
+
+def main() -> dict:
+    mesh = make_mesh(4)
+    rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    x, y = (np.asarray(a) for a in regression_problem(n=256))
+    mine = slice(128 * jax.process_index(), 128 * (jax.process_index() + 1))  # this process's half of the batch
+    model, loss_fn = mlp_loss(np.float16)
+    state = TrainState.create(model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(1e-3), DynamicLossScale(),
+                              precision="fp16")
+    state = jax.device_put(state, replicated(mesh))
+    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
+    seen = []
+    for i in range(3):
+        local_x = x[mine].copy()
+        if i == 1 and jax.process_index() == 1:
+            local_x[5] = np.inf
+        batch = tuple(jax.make_array_from_process_local_data(rows, a) for a in (local_x, y[mine]))
+        state, metrics = step(state, batch)
+        seen.append({"grads_finite": bool(host_array(metrics["grads_finite"])), "skipped": int(host_array(state.skipped)),
+                     "scale": float(host_array(state.loss_scale.loss_scale))})
+    params = [host_array(p) for p in jax.tree.leaves(state.params)]
+    return {"process": jax.process_index(), "devices": jax.device_count(), "local_devices": jax.local_device_count(),
+            "steps": seen, "params": [float(np.sum(p.astype(np.float64) * (k + 1))) for k, p in enumerate(params)]}
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main()), flush=True)
