@@ -56,7 +56,8 @@ def _add_reliability_args(p: argparse.ArgumentParser) -> None:
 def _add_parallel_args(p: argparse.ArgumentParser, split: str) -> None:
     g = p.add_argument_group("data parallelism")
     g.add_argument("--devices", type=int, default=1, help=f"devices on the data axis ({split} are split over them)")
-    g.add_argument("--coordinator-address", default=None, help="multi-host: host:port of process 0")
+    g.add_argument("--coordinator-address", default=None,
+                   help="multi-host: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)")
     g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (hosts)")
     g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
     g.add_argument("--heartbeat-timeout", type=int, default=30, metavar="SECONDS",
@@ -240,7 +241,7 @@ def _run_ppo(args) -> int:
         progress=not args.no_progress,
     )
     s = result.summary
-    if args.process_id not in (None, 0):
+    if not _primary():
         return 0
     print(
         f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
@@ -266,7 +267,7 @@ def _run_world_model(args) -> int:
     s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
               allow_config_change=args.allow_config_change,
               checkpoint_every=args.checkpoint_every).summary
-    if args.process_id not in (None, 0):
+    if not _primary():
         return 0
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
@@ -334,6 +335,13 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _primary() -> bool:
+    """Process 0 of a multi-process run, or the only process (JAX not started is one process)."""
+    import jax
+
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
 def _system_failure(err: BaseException) -> str:
     """One line for an error the system caused, naming the file where there is one."""
     if isinstance(err, OSError) and err.strerror:
@@ -345,8 +353,17 @@ def _system_failure(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # Of several processes, only process 0 logs and shows progress; the others report errors alone.
-    worker = getattr(args, "process_id", None) not in (None, 0)
+    if getattr(args, "coordinator_address", None) is not None:
+        # First of all: JAX must join the other processes before anything touches a device.
+        from genesis_jax.parallel import initialize_distributed
+
+        try:
+            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout)
+        except ValueError as err:
+            print(f"genesis-jax: error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    # Of several processes, only process 0 logs, prints and shows progress; the others report errors alone.
+    worker = not _primary()
     if worker:
         args.no_progress = True
     logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
@@ -364,11 +381,6 @@ def main(argv: list[str] | None = None) -> int:
             return _run_bench(args)
         if args.command == "collect":
             return _run_collect(args)
-        if getattr(args, "coordinator_address", None) is not None:
-            # Before a config is built: JAX must join the other processes before it touches a device.
-            from genesis_jax.parallel import initialize_distributed
-
-            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout)
         if args.command == "train" and args.workload == "ppo":
             return _run_ppo(args)
         if args.command == "train" and args.workload == "world-model":

@@ -25,20 +25,27 @@ DATA_AXIS = "data"
 # A process that stops sending heartbeats for this long is declared dead and every other
 # process exits (JAX's coordination service), instead of waiting in a collective forever.
 HEARTBEAT_TIMEOUT_SECONDS = 30
+AUTO = "auto"  # coordinator address: JAX's cluster auto-detection
 
 
 def initialize_distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
                            heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
     """`jax.distributed.initialize` with the given arguments; a no-op when none is given.
-    On CPU the processes' collectives go through gloo (XLA's CPU backend has no other
-    cross-process implementation)."""
+    `coordinator_address="auto"` (alone) lets JAX read them from the cluster's environment
+    (SLURM, Open MPI, Kubernetes...). On CPU the processes' collectives go through gloo (XLA's
+    CPU backend has no other cross-process implementation)."""
     if coordinator_address is None and num_processes is None and process_id is None:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator_address == AUTO:
+        if num_processes is not None or process_id is not None:
+            raise ValueError("coordinator-address auto reads num-processes and process-id from the cluster; leave them out")
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout)
         return
     if coordinator_address is None or num_processes is None or process_id is None:
         raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout)
 
@@ -142,7 +149,11 @@ class ParallelConfig:
         if not isinstance(self.heartbeat_timeout, int) or self.heartbeat_timeout < 1:
             raise ValueError(f"heartbeat-timeout must be a positive integer (seconds), got {self.heartbeat_timeout!r}")
         given = [v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)]
-        if any(given) and not all(given):
+        if self.coordinator_address == AUTO:
+            if any(given[1:]):
+                raise ValueError("coordinator-address auto reads num-processes and process-id from the cluster; "
+                                 "leave them out")
+        elif any(given) and not all(given):
             raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
 
     def mesh(self) -> Mesh | None:
