@@ -91,6 +91,14 @@ def _add_run_args(p: argparse.ArgumentParser, checkpoint_unit: str) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: continue although settings that change the run differ (the summary lists them)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard "
+                   "(pip install 'genesis-jax[tensorboard]')")
+    p.add_argument("--wandb", action="store_true", help="also log to a Weights & Biases run in OUT "
+                   "(pip install 'genesis-jax[wandb]'; WANDB_MODE=offline works without a network)")
+
+
+def _writers(args) -> tuple[str, ...]:
+    return tuple(name for name in ("tensorboard", "wandb") if getattr(args, name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,6 +247,7 @@ def _run_ppo(args) -> int:
         overwrite=args.overwrite,
         allow_config_change=args.allow_config_change,
         progress=not args.no_progress,
+        writers=_writers(args),
     )
     s = result.summary
     if not _primary():
@@ -265,7 +274,7 @@ def _run_world_model(args) -> int:
         **_parallel_kwargs(args),
     )
     s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
-              allow_config_change=args.allow_config_change,
+              allow_config_change=args.allow_config_change, writers=_writers(args),
               checkpoint_every=args.checkpoint_every).summary
     if not _primary():
         return 0

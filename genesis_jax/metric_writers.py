@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Protocol
+import pathlib
+from typing import Callable, Protocol
 
 
 class MetricWriter(Protocol):
@@ -119,3 +120,19 @@ class WandbWriter:
 
     def close(self) -> None:
         self._run.finish()
+
+
+# Writers a run can ask for by name: (run directory, position key, config dict) -> writer.
+NAMED_WRITERS: dict[str, Callable[[pathlib.Path, str, dict], MetricWriter]] = {
+    "tensorboard": lambda path, key, config: TensorBoardWriter(path / "tensorboard", key),
+    "wandb": lambda path, key, config: WandbWriter(path, key, config=config),
+}
+
+
+def make_writer(spec, run_path: pathlib.Path, step_key: str, config: dict) -> MetricWriter:
+    """A writer from a name in `NAMED_WRITERS` ("tensorboard", "wandb") or a writer itself."""
+    if isinstance(spec, str):
+        if spec not in NAMED_WRITERS:
+            raise ValueError(f"unknown metric writer {spec!r}; choose from {', '.join(NAMED_WRITERS)}")
+        return NAMED_WRITERS[spec](pathlib.Path(run_path), step_key, config)
+    return spec

@@ -14,7 +14,7 @@ import sys
 
 import jax
 
-_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "tensorboard", "wandb")
 
 
 class RunDirectoryError(ValueError):

@@ -36,7 +36,7 @@ import numpy as np
 
 from genesis_jax import parallel, runs
 from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.metric_writers import JsonlWriter, MetricWriter
+from genesis_jax.metric_writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 
 
@@ -73,19 +73,25 @@ class Session:
         resume, overwrite, allow_config_change: as the CLI's flags of the same names.
         progress: show a progress bar (process 0 only).
         max_to_keep: checkpoints kept.
-        writers: metric writers besides `metrics.jsonl` (TensorBoard, W&B), process 0 only.
+        writers: metric writers besides `metrics.jsonl`, process 0 only: names ("tensorboard"
+            writes `tensorboard/` in the run directory, "wandb" a W&B run there) or `MetricWriter`s.
         postfix: a row -> dict for the progress bar's postfix.
     """
 
     def __init__(self, out_dir: str | None, config: Any = None, *, kind: str, total: int,
                  position_key: str = "update", meta_key: str | None = None, unit_size: int = 1, unit: str = "update",
                  checkpoint_every: int = 0, resume: bool = False, overwrite: bool = False, progress: bool = True,
-                 max_to_keep: int = 3, allow_config_change: bool = False, writers: Sequence[MetricWriter] = (),
+                 max_to_keep: int = 3, allow_config_change: bool = False, writers: Sequence[str | MetricWriter] = (),
                  postfix: Callable[[dict], dict] | None = None):
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
         if resume and out_dir is None:
             raise ValueError("resume needs an output directory")
+        unknown = [w for w in writers if isinstance(w, str) and w not in NAMED_WRITERS]
+        if unknown:
+            raise ValueError(f"unknown metric writer {unknown[0]!r}; choose from {', '.join(NAMED_WRITERS)}")
+        if any(isinstance(w, str) for w in writers) and out_dir is None:
+            raise ValueError(f"metric writers {', '.join(map(str, writers))} need an output directory (--out)")
         # Every process checks the directory before any process writes to it.
         self.run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
         self.config, self.kind, self.total = config, kind, total
@@ -114,7 +120,10 @@ class Session:
         if self.run_dir is not None:
             if self.primary:
                 self.run_dir.open()
-                self.writers = [JsonlWriter(self.run_dir), *self.extra_writers]
+                config = self.config.to_dict() if self.config is not None else {}
+                self.writers = [JsonlWriter(self.run_dir)]
+                for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
+                    self.writers.append(make_writer(spec, self.run_dir.path, self.position_key, config))
             parallel.barrier("genesis-session-opened")
             self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
         return self

@@ -1,0 +1,159 @@
+"""A trainer the package does not know (supervised regression) run through `Session`: it gets
+a run directory, resume, signal handling, the divergence guard and metric writers without
+copying any of the drivers' code. TensorBoard's event file and an offline W&B run are read back."""
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
+from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection, TrainingInterrupted
+from genesis_jax.runs import RunDirectoryError
+from genesis_jax.session import Session
+from tests.helpers import mlp_loss, regression_problem
+
+STEPS_PER_CHUNK = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionConfig:
+    """The toy trainer's config: what Session needs of one (to_dict, RESUMABLE_FIELDS, the guard)."""
+
+    chunks: int = 6
+    lr: float = 3e-3
+    nonfinite_rate: float = 0.0
+    RESUMABLE_FIELDS = ("chunks",)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def divergence_guard(self):
+        return DivergenceGuard(min_scale=None, max_consecutive_skips=3)
+
+
+def make_regression(config: RegressionConfig):
+    """(initial state, one compiled chunk of STEPS_PER_CHUNK updates, chunk metrics -> rows)."""
+    x, y = regression_problem(n=128)
+    model, loss_fn = mlp_loss(jnp.float16)
+    state = TrainState.create(model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(config.lr), DynamicLossScale(),
+                              precision="fp16")
+    faults = FaultInjection(nonfinite_rate=config.nonfinite_rate)
+    update = functools.partial(mixed_precision_update, loss_fn=loss_fn, guard=config.divergence_guard(),
+                               grad_transform=faults.grad_transform if config.nonfinite_rate else None)
+
+    @jax.jit
+    def chunk(state):
+        state, m = jax.lax.scan(lambda s, _: update(s, (x, y)), state, None, STEPS_PER_CHUNK)
+        return state, {"loss": m["loss"], "loss_scale": state.loss_scale.loss_scale, "skipped": state.skipped,
+                       "halted": state.halted}
+
+    def to_rows(m, done):
+        return [{"chunk": done + 1, "loss": float(m["loss"][-1]), "loss_scale": float(m["loss_scale"]),
+                 "skipped": int(m["skipped"]), "halted": bool(m["halted"])}]
+
+    return state, chunk, to_rows
+
+
+def train_regression(config, out_dir, *, resume=False, signal_at=None, writers=()):
+    state, chunk, to_rows = make_regression(config)
+    calls = [0]
+
+    def step(state):
+        calls[0] += 1
+        if calls[0] == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the chunk runs, as a real one would
+        return chunk(state)
+
+    with Session(out_dir, config, kind="regression", total=config.chunks, position_key="chunk", resume=resume,
+                 checkpoint_every=2, progress=False, writers=writers) as session:
+        state = session.restore(state)
+        state = session.run(state, step, to_rows)
+        summary = session.finish({"final_loss": session.rows[-1]["loss"], "steps": int(state.step)}, state)
+    return summary, session.rows, calls[0]
+
+
+def test_a_toy_trainer_gets_a_run_directory_and_exact_resume(tmp_path):
+    straight, straight_rows, _ = train_regression(RegressionConfig(), str(tmp_path / "straight"))
+    assert [r["chunk"] for r in straight_rows] == list(range(1, 7)) and straight["steps"] == 6 * STEPS_PER_CHUNK
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as stop:
+        train_regression(RegressionConfig(), str(run), signal_at=3)
+    assert stop.value.signum == signal.SIGTERM and "stopped after chunk 3 of 6" in str(stop.value)
+    assert json.loads((run / "summary.json").read_text())["stopped"] == "SIGTERM"
+    with pytest.raises(RunDirectoryError, match="holds another run"):
+        train_regression(RegressionConfig(), str(run))
+    resumed, rows, calls = train_regression(RegressionConfig(), str(run), resume=True)
+    assert calls == 3  # chunks 4..6 only
+    assert [r["chunk"] for r in rows] == list(range(1, 7))
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["chunk"] for r in lines] == list(range(1, 7))
+    # The same losses as the straight run: the whole state (scaler, optimizer) came back.
+    np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in straight_rows], rtol=1e-6)
+    assert resumed["steps"] == straight["steps"]
+
+
+def test_the_guard_stops_a_toy_trainer_with_its_own_message(tmp_path):
+    with pytest.raises(DivergenceError, match="consecutive updates had non-finite gradients") as stop:
+        train_regression(RegressionConfig(nonfinite_rate=1.0), str(tmp_path / "bad"))
+    # 4 skips in a row trip the guard (limit 3), inside the first chunk of 5: one row, then the stop.
+    assert stop.value.summary["stopped"] == "diverged"
+    assert [json.loads(line)["chunk"] for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def read_tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """Scalars of every event file under `log_dir`, read from the TFRecord framing directly
+    (length, crc, Event proto, crc), with tensorboardX's own Event message."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars = {}
+    for name in sorted(os.listdir(log_dir)):
+        data = (log_dir / name).read_bytes()
+        at = 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_tensorboard_event_files_hold_the_loss_scale_of_every_row(tmp_path):
+    _, rows, _ = train_regression(RegressionConfig(chunks=4), str(tmp_path / "tb"), writers=("tensorboard",))
+    scalars = read_tensorboard_scalars(tmp_path / "tb" / "tensorboard")
+    assert scalars["train/loss_scale"] == [(r["chunk"], r["loss_scale"]) for r in rows]
+    assert [s for _, s in scalars["train/skipped"]] == [r["skipped"] for r in rows]
+    np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [r["loss"] for r in rows], rtol=1e-6)
+    assert "summary/final_loss" in scalars
+
+
+def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    train_regression(RegressionConfig(chunks=2), str(tmp_path / "wb"), writers=("wandb",))
+    logs = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1 and b"loss_scale" in logs[0].read_bytes()
+
+
+def test_writers_need_a_run_directory_and_a_known_name():
+    with pytest.raises(ValueError, match="need an output directory"):
+        Session(None, kind="x", total=1, writers=("tensorboard",))
+    with pytest.raises(ValueError, match="unknown metric writer 'csv'"):
+        Session(None, kind="x", total=1, writers=("csv",))
+
+
+def test_the_cli_refuses_writers_without_out(capsys):
+    from genesis_jax.cli import main
+
+    assert main(["train", "world-model", "--tensorboard", "--epochs", "1", "--no-progress"]) == 2
+    assert "need an output directory" in capsys.readouterr().err
