@@ -15,14 +15,28 @@ import subprocess
 import sys
 import tempfile
 
-from genesis_jax.runs import versions_line
-
 from _report import emit
+
+from genesis_jax.runs import versions_line
 
 RUNS = {
     "ppo": ["train", "ppo", "--precision", "fp16", "--num-envs", "16", "--total-steps", "409600"],
-    "world-model": ["train", "world-model", "--precision", "fp16", "--width", "512", "--depth", "3",
-                    "--batch-size", "4096", "--epochs", "4", "--num-sequences", "1024"],
+    "world-model": [
+        "train",
+        "world-model",
+        "--precision",
+        "fp16",
+        "--width",
+        "512",
+        "--depth",
+        "3",
+        "--batch-size",
+        "4096",
+        "--epochs",
+        "4",
+        "--num-sequences",
+        "1024",
+    ],
 }
 
 
@@ -31,8 +45,17 @@ def run(workload: str, devices: int, force_cpu_devices: int | None) -> dict:
     if force_cpu_devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={force_cpu_devices}"
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "genesis_jax.cli", *RUNS[workload], "--devices", str(devices),
-                "--out", f"{tmp}/run", "--no-progress"]
+        argv = [
+            sys.executable,
+            "-m",
+            "genesis_jax.cli",
+            *RUNS[workload],
+            "--devices",
+            str(devices),
+            "--out",
+            f"{tmp}/run",
+            "--no-progress",
+        ]
         subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
         with open(f"{tmp}/run/summary.json") as f:
             return json.load(f)
@@ -46,10 +69,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     force = None if args.gpu else args.devices
-    lines = [f"Data-parallel steps/s, median of {args.repeats} alternating runs (quality from the first); "
-             f"versions: {versions_line()}; command: "
-             f"python experiments/data_parallel_speed.py {' '.join(sys.argv[1:])}", "",
-             "| workload | devices | device | steps/s | final return / eval loss | skipped |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Data-parallel steps/s, median of {args.repeats} alternating runs (quality from the first); "
+        f"versions: {versions_line()}; command: "
+        f"python experiments/data_parallel_speed.py {' '.join(sys.argv[1:])}",
+        "",
+        "| workload | devices | device | steps/s | final return / eval loss | skipped |",
+        "|---|---|---|---|---|---|",
+    ]
     for workload in RUNS:
         results = {1: [], args.devices: []}
         for _ in range(args.repeats):
@@ -59,8 +86,10 @@ def main(argv=None) -> int:
             speed = statistics.median(s["steps_per_second"] for s in summaries)
             s = summaries[0]
             quality = s.get("final_return", s.get("eval_loss"))
-            lines.append(f"| {workload} | {devices} | {s['device']} | {speed:.1f} | {quality:.4g} | "
-                         f"{s['skipped_updates']}/{s['total_updates']} |")
+            lines.append(
+                f"| {workload} | {devices} | {s['device']} | {speed:.1f} | {quality:.4g} | "
+                f"{s['skipped_updates']}/{s['total_updates']} |"
+            )
     emit(lines, args.out)
     return 0
 

@@ -27,8 +27,11 @@ def main(argv=None) -> int:
     cells = []
     for env in args.envs.split(","):
         cells += mismatch_grid(env, args.total_steps, seed=args.seed)
-    header = [f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {runs.device_name()}; "
-              f"command: python experiments/mismatch.py {' '.join(sys.argv[1:])}", ""]
+    header = [
+        f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {runs.device_name()}; "
+        f"command: python experiments/mismatch.py {' '.join(sys.argv[1:])}",
+        "",
+    ]
     (out / "mismatch.md").write_text("\n".join(header + table(cells)) + "\n")
     (out / "mismatch.json").write_text(json.dumps(cells, indent=1))
     plot_heatmaps(cells, out / "mismatch.png")

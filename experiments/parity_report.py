@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from genesis_jax import parity
-from genesis_jax.nets import MLP, ActorCritic
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # the harness: tests/parity
+from genesis_jax.nets import MLP, ActorCritic  # noqa: E402
+from tests.parity import harness as parity  # noqa: E402
 
 INJECT = (20, 21, 90, 150)
 # (per-step loss rtol, final weights atol); see tests/parity/test_parity.py for why.
@@ -30,7 +31,13 @@ TOLERANCES = {
 def _row(quantity, ours, theirs, tolerance, relative=True):
     abs_d, rel_d = parity.max_diffs(ours, theirs)
     ok = (rel_d if relative else abs_d) <= tolerance
-    return {"quantity": quantity, "max_abs_diff": abs_d, "max_rel_diff": rel_d, "tolerance": f"{'rel' if relative else 'abs'} {tolerance:g}", "pass": ok}
+    return {
+        "quantity": quantity,
+        "max_abs_diff": abs_d,
+        "max_rel_diff": rel_d,
+        "tolerance": f"{'rel' if relative else 'abs'} {tolerance:g}",
+        "pass": ok,
+    }
 
 
 def run(out_dir: str) -> list[dict]:
@@ -48,8 +55,15 @@ def run(out_dir: str) -> list[dict]:
         j_l, j_s, j_p = parity.jax_training(params, x, y, precision, INJECT, optimizer=optimizer)
         name = f"MLP {precision}, {'optax.adam' if optimizer == 'optax' else 'torch-style Adam'}"
         rows.append(_row(f"{name}: per-step loss (200 steps)", j_l, t_l, loss_rtol))
-        rows.append({"quantity": f"{name}: skipped steps {j_s}", "max_abs_diff": float(len(set(j_s) ^ set(t_s))),
-                     "max_rel_diff": 0.0, "tolerance": "identical sets", "pass": j_s == t_s})
+        rows.append(
+            {
+                "quantity": f"{name}: skipped steps {j_s}",
+                "max_abs_diff": float(len(set(j_s) ^ set(t_s))),
+                "max_rel_diff": 0.0,
+                "tolerance": "identical sets",
+                "pass": j_s == t_s,
+            }
+        )
         rows.append(_row(f"{name}: final weights", j_p, t_p, param_atol, relative=False))
     batch = parity.ppo_batch()
     ac_params = ActorCritic(action_dim=2).init(jax.random.PRNGKey(3), jnp.zeros((1, 4)))
@@ -66,7 +80,11 @@ def run(out_dir: str) -> list[dict]:
 
     os.makedirs(out_dir, exist_ok=True)
     lines = ["| quantity | max abs diff | max rel diff | tolerance | pass |", "|---|---|---|---|---|"]
-    lines += [f"| {r['quantity']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | {r['tolerance']} | {'yes' if r['pass'] else 'NO'} |" for r in rows]
+    lines += [
+        f"| {r['quantity']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | {r['tolerance']} | "
+        f"{'yes' if r['pass'] else 'NO'} |"
+        for r in rows
+    ]
     with open(os.path.join(out_dir, "parity.md"), "w") as f:
         f.write("PyTorch AMP parity (torch " + __import__("torch").__version__ + ", CPU)\n\n" + "\n".join(lines) + "\n")
     _plot(flags, t_traj, j_traj, os.path.join(out_dir, "parity_loss_scale.png"))

@@ -12,9 +12,9 @@ import argparse
 import statistics
 import sys
 
-from genesis_jax.ppo import PPOConfig, train
-
 from _report import emit
+
+from genesis_jax.ppo import PPOConfig, train
 
 
 def main(argv=None) -> int:
@@ -32,17 +32,33 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         for v in variants:  # interleaved, so drift in machine speed hits every variant alike
             precision, scaling = v.split(":")
-            s = train(PPOConfig(env=args.env, env_backend=args.env_backend, precision=precision, loss_scaling=scaling,
-                                total_steps=args.total_steps), progress=False).summary
+            s = train(
+                PPOConfig(
+                    env=args.env,
+                    env_backend=args.env_backend,
+                    precision=precision,
+                    loss_scaling=scaling,
+                    total_steps=args.total_steps,
+                ),
+                progress=False,
+            ).summary
             results[v].append(s["steps_per_second"])
             finals[v].append(s["final_return"])
             print(v, round(s["steps_per_second"]), round(s["final_return"], 1), file=sys.stderr, flush=True)
     base = statistics.median(results[variants[0]])
-    lines = [f"{args.env}, {args.total_steps} steps, {args.repeats} interleaved repeats; command: python {' '.join(sys.argv)}", "",
-             "| precision:loss scaling | median steps/s | min | max | vs first | final returns |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.env}, {args.total_steps} steps, {args.repeats} interleaved repeats; "
+        f"command: python {' '.join(sys.argv)}",
+        "",
+        "| precision:loss scaling | median steps/s | min | max | vs first | final returns |",
+        "|---|---|---|---|---|---|",
+    ]
     for v in variants:
         med = statistics.median(results[v])
-        lines.append(f"| {v} | {med:.0f} | {min(results[v]):.0f} | {max(results[v]):.0f} | {med / base:.3f}x | {', '.join(f'{r:.1f}' for r in finals[v])} |")
+        lines.append(
+            f"| {v} | {med:.0f} | {min(results[v]):.0f} | {max(results[v]):.0f} | {med / base:.3f}x | "
+            f"{', '.join(f'{r:.1f}' for r in finals[v])} |"
+        )
     emit(lines, args.out)
     return 0
 

@@ -15,12 +15,11 @@ import sys
 import time
 
 import jax
+from _report import emit
+from plain_ppo_baseline import compiled_plain
 
 from genesis_jax import runs
 from genesis_jax.ppo import PPOConfig, train
-
-from _report import emit
-from plain_ppo_baseline import compiled_plain
 
 
 def main(argv=None) -> int:
@@ -37,14 +36,21 @@ def main(argv=None) -> int:
         summary = train(PPOConfig(precision="fp32", total_steps=500_000, seed=i), progress=False).summary
         speeds["ours"].append(summary["steps_per_second"])
         print(f"repeat {i}: plain {speeds['plain'][-1]:.0f}, ours {speeds['ours'][-1]:.0f} steps/s", file=sys.stderr)
-    lines = [f"PPO CartPole-v1 fp32, 500k steps, {args.repeats} alternating repeats, device {runs.device_name()}; "
-             f"command: python experiments/ppo_vs_plain.py {' '.join(sys.argv[1:])}", "",
-             "| | median steps/s | min | max |", "|---|---|---|---|"]
+    lines = [
+        f"PPO CartPole-v1 fp32, 500k steps, {args.repeats} alternating repeats, device {runs.device_name()}; "
+        f"command: python experiments/ppo_vs_plain.py {' '.join(sys.argv[1:])}",
+        "",
+        "| | median steps/s | min | max |",
+        "|---|---|---|---|",
+    ]
     for name, label in (("plain", "plain whole-loop jit"), ("ours", "genesis-jax train()")):
         v = speeds[name]
         lines.append(f"| {label} | {statistics.median(v):.0f} | {min(v):.0f} | {max(v):.0f} |")
     ratios = [o / q for o, q in zip(speeds["ours"], speeds["plain"])]
-    lines += ["", f"ours/plain per repeat: {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}x"]
+    lines += [
+        "",
+        f"ours/plain per repeat: {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}x",
+    ]
     emit(lines, args.out)
     return 0
 

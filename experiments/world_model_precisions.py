@@ -12,13 +12,21 @@ import platform
 import sys
 
 import jax
+from _report import emit
 
 from genesis_jax.checkpoint import package_versions
 from genesis_jax.world_model import WorldModelConfig, train
 
-COLUMNS = ("precision", "steps_per_second", "activation_bytes", "compiled_temp_bytes", "peak_device_bytes", "eval_loss", "skipped_updates", "loss_scale")
-
-from _report import emit
+COLUMNS = (
+    "precision",
+    "steps_per_second",
+    "activation_bytes",
+    "compiled_temp_bytes",
+    "peak_device_bytes",
+    "eval_loss",
+    "skipped_updates",
+    "loss_scale",
+)
 
 
 def main(argv=None) -> int:
@@ -34,23 +42,36 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = []
     for precision in args.precisions.split(","):
-        config = WorldModelConfig(precision=precision, width=args.width, depth=args.depth, batch_size=args.batch_size,
-                                  epochs=args.epochs, num_sequences=args.num_sequences, seed=args.seed)
+        config = WorldModelConfig(
+            precision=precision,
+            width=args.width,
+            depth=args.depth,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            num_sequences=args.num_sequences,
+            seed=args.seed,
+        )
         rows.append(train(config, progress=False).summary)
         print(rows[-1], file=sys.stderr, flush=True)
     base = rows[0]
     lines = [
-        f"world model width {args.width}, depth {args.depth}, batch {args.batch_size}, {args.epochs} epochs, device {base['device']}",
+        f"world model width {args.width}, depth {args.depth}, batch {args.batch_size}, {args.epochs} epochs, "
+        f"device {base['device']}",
         f"command: python {' '.join(sys.argv)}",
-        f"machine: {platform.machine()} {platform.processor() or ''}, {jax.local_device_count()} device(s); versions: {package_versions()}",
+        f"machine: {platform.machine()} {platform.processor() or ''}, {jax.local_device_count()} device(s); "
+        f"versions: {package_versions()}",
         "",
         "| " + " | ".join(COLUMNS) + f" | speed vs {base['precision']} | activations vs {base['precision']} |",
         "|" + "---|" * (len(COLUMNS) + 2),
     ]
     for r in rows:
         cells = [r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in COLUMNS]
-        lines.append("| " + " | ".join(str(c) for c in cells) +
-                     f" | {r['steps_per_second'] / base['steps_per_second']:.2f}x | {r['activation_bytes'] / base['activation_bytes']:.2f}x |")
+        lines.append(
+            "| "
+            + " | ".join(str(c) for c in cells)
+            + f" | {r['steps_per_second'] / base['steps_per_second']:.2f}x"
+            + f" | {r['activation_bytes'] / base['activation_bytes']:.2f}x |"
+        )
     emit(lines, args.out)
     return 0
 

@@ -48,10 +48,20 @@ from genesis_jax.loss_scale import LossScale
 from genesis_jax.nets.rules import FLOAT32_RULES, PrecisionRule, precision_rules, with_precision_rules
 
 __all__ = [
-    "value_and_grad", "scaled_loss_grad", "unscale", "ScaledGradients", "skip_nonfinite", "SkipNonFiniteState",
-    "step_if_finite", "advance_schedules", "resolve_policy",
+    "value_and_grad",
+    "scaled_loss_grad",
+    "unscale",
+    "ScaledGradients",
+    "skip_nonfinite",
+    "SkipNonFiniteState",
+    "step_if_finite",
+    "advance_schedules",
+    "resolve_policy",
     # per-module precision rules, from genesis_jax.nets.rules
-    "PrecisionRule", "FLOAT32_RULES", "precision_rules", "with_precision_rules",
+    "PrecisionRule",
+    "FLOAT32_RULES",
+    "precision_rules",
+    "with_precision_rules",
 ]
 
 AxisName = str | tuple[str, ...] | None

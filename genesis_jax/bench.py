@@ -50,19 +50,41 @@ def workloads(quick: bool) -> list[Workload]:
     if quick:
         return [
             Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 65_536, "lr": 1e-3}, True),
-            Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 4096}),
-            Workload("wm-small", "world-model", {"width": 64, "depth": 2, "batch_size": 512, "epochs": 3, "num_sequences": 256}),
-            Workload("wm-wide", "world-model", {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256}),
+            Workload(
+                "ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 4096}
+            ),
+            Workload(
+                "wm-small",
+                "world-model",
+                {"width": 64, "depth": 2, "batch_size": 512, "epochs": 3, "num_sequences": 256},
+            ),
+            Workload(
+                "wm-wide",
+                "world-model",
+                {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256},
+            ),
         ]
     big_ppo = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
     return [
         Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),
-        Workload("ppo-resmlp-1024", "ppo", {"env": "CartPole-v1", "network": "resmlp", "width": 1024, "depth": 2,
-                                            **big_ppo}, True),
+        Workload(
+            "ppo-resmlp-1024",
+            "ppo",
+            {"env": "CartPole-v1", "network": "resmlp", "width": 1024, "depth": 2, **big_ppo},
+            True,
+        ),
         Workload("ppo-cnn-minatar", "ppo", {"env": "Breakout-MinAtar", "network": "cnn", **big_ppo}, True),
         Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
-        Workload("wm-1024", "world-model", {"width": 1024, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096}),
-        Workload("wm-2048", "world-model", {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096}),
+        Workload(
+            "wm-1024",
+            "world-model",
+            {"width": 1024, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096},
+        ),
+        Workload(
+            "wm-2048",
+            "world-model",
+            {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096},
+        ),
     ]
 
 
@@ -127,23 +149,25 @@ def _run_world_model(w: Workload, precision: str, seeds: list[int]) -> list[dict
     out = []
     for seed in seeds:
         s, metrics = _train_or_stop(train, WorldModelConfig(precision=precision, seed=seed, **w.settings))
-        out.append({
-            "accuracy": s["eval_loss"],
-            "steps_per_second": s["steps_per_second"],
-            "compile_seconds": s["compile_seconds"],
-            "overflow_rate": s["overflow_rate"],
-            "loss_scale": s["loss_scale"],
-            "mismatch_kl_v2": None,
-            "activation_bytes": s["activation_bytes"],
-            "compiled_temp_bytes": s["compiled_temp_bytes"],
-            "train_step_bytes": s["train_step_bytes"],
-            "flops_per_step": s["flops_per_step"],
-            "peak_device_bytes": s["peak_device_bytes"],
-            "skipped_updates": s["skipped_updates"],
-            "total_steps": s["total_updates"],
-            "scale_trace": [(r["epoch"], r["loss_scale"]) for r in metrics],
-            "stopped": s["stopped"],
-        })
+        out.append(
+            {
+                "accuracy": s["eval_loss"],
+                "steps_per_second": s["steps_per_second"],
+                "compile_seconds": s["compile_seconds"],
+                "overflow_rate": s["overflow_rate"],
+                "loss_scale": s["loss_scale"],
+                "mismatch_kl_v2": None,
+                "activation_bytes": s["activation_bytes"],
+                "compiled_temp_bytes": s["compiled_temp_bytes"],
+                "train_step_bytes": s["train_step_bytes"],
+                "flops_per_step": s["flops_per_step"],
+                "peak_device_bytes": s["peak_device_bytes"],
+                "skipped_updates": s["skipped_updates"],
+                "total_steps": s["total_updates"],
+                "scale_trace": [(r["epoch"], r["loss_scale"]) for r in metrics],
+                "stopped": s["stopped"],
+            }
+        )
     return out
 
 
@@ -158,7 +182,9 @@ def _first(values):
     return next((v for v in values if v is not None), None)
 
 
-def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict], matmul_flops: float | None = None) -> dict:
+def summarise_cell(
+    workload: Workload, precision: str, seed_runs: list[dict], matmul_flops: float | None = None
+) -> dict:
     """One results row from the runs of one workload x precision; `matmul_flops`, the
     device's measured rate on a large matmul in this precision's compute dtype, puts the
     world model's achieved rate in proportion."""
@@ -212,17 +238,43 @@ def add_ratios(rows: list[dict]) -> list[dict]:
         r["step_memory_ratio"] = _ratio(r, b, "train_step_bytes")
         if b and r["accuracy_mean"] and b["accuracy_mean"]:
             ppo = r["accuracy_metric"] == "final_return"
-            r["accuracy_ratio"] = r["accuracy_mean"] / b["accuracy_mean"] if ppo else b["accuracy_mean"] / r["accuracy_mean"]
+            r["accuracy_ratio"] = (
+                r["accuracy_mean"] / b["accuracy_mean"] if ppo else b["accuracy_mean"] / r["accuracy_mean"]
+            )
         else:
             r["accuracy_ratio"] = None
     return rows
 
 
-COLUMNS = ("workload", "precision", "seeds", "total_steps", "steps_per_second", "speedup", "compile_seconds",
-           "accuracy_metric", "accuracy_mean", "accuracy_std", "accuracy_ratio", "activation_bytes", "compiled_temp_bytes",
-           "train_step_bytes", "peak_device_bytes", "memory_ratio", "step_memory_ratio", "achieved_tflops",
-           "matmul_tflops", "matmul_fraction", "skipped_updates", "overflow_rate", "final_loss_scale", "mismatch_kl_v2",
-           "diverged_seeds", "device", "versions")
+COLUMNS = (
+    "workload",
+    "precision",
+    "seeds",
+    "total_steps",
+    "steps_per_second",
+    "speedup",
+    "compile_seconds",
+    "accuracy_metric",
+    "accuracy_mean",
+    "accuracy_std",
+    "accuracy_ratio",
+    "activation_bytes",
+    "compiled_temp_bytes",
+    "train_step_bytes",
+    "peak_device_bytes",
+    "memory_ratio",
+    "step_memory_ratio",
+    "achieved_tflops",
+    "matmul_tflops",
+    "matmul_fraction",
+    "skipped_updates",
+    "overflow_rate",
+    "final_loss_scale",
+    "mismatch_kl_v2",
+    "diverged_seeds",
+    "device",
+    "versions",
+)
 
 
 def _fmt(value) -> str:
@@ -239,9 +291,27 @@ def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
-    shown = ("workload", "precision", "seeds", "steps_per_second", "speedup", "compile_seconds", "accuracy_metric",
-             "accuracy_mean", "accuracy_std", "accuracy_ratio", "train_step_bytes", "step_memory_ratio", "memory_ratio",
-             "matmul_fraction", "skipped_updates", "overflow_rate", "final_loss_scale", "mismatch_kl_v2", "diverged_seeds")
+    shown = (
+        "workload",
+        "precision",
+        "seeds",
+        "steps_per_second",
+        "speedup",
+        "compile_seconds",
+        "accuracy_metric",
+        "accuracy_mean",
+        "accuracy_std",
+        "accuracy_ratio",
+        "train_step_bytes",
+        "step_memory_ratio",
+        "memory_ratio",
+        "matmul_fraction",
+        "skipped_updates",
+        "overflow_rate",
+        "final_loss_scale",
+        "mismatch_kl_v2",
+        "diverged_seeds",
+    )
     lines = [header, "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in shown) + " |" for r in rows]
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -254,8 +324,11 @@ def plot_results(rows: list[dict], traces: dict, path) -> None:
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     width = 0.8 / max(1, len(precisions))
-    for ax, key, title in ((axes[0, 0], "speedup", "steps/s over fp32"), (axes[0, 1], "step_memory_ratio", "training-step memory over fp32"),
-                           (axes[1, 0], "accuracy_ratio", "accuracy over fp32 (higher is better)")):
+    for ax, key, title in (
+        (axes[0, 0], "speedup", "steps/s over fp32"),
+        (axes[0, 1], "step_memory_ratio", "training-step memory over fp32"),
+        (axes[1, 0], "accuracy_ratio", "accuracy over fp32 (higher is better)"),
+    ):
         for j, p in enumerate(precisions):
             values = [next((r[key] for r in rows if r["workload"] == n and r["precision"] == p), None) for n in names]
             ax.bar(np.arange(len(names)) + j * width, [v if v is not None else 0 for v in values], width, label=p)
@@ -294,8 +367,15 @@ def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
     return 2 * size**3 / best
 
 
-def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr,
-                  command: str | None = None) -> list[dict]:
+def run_benchmark(
+    out_dir,
+    quick: bool = False,
+    seeds=(0, 1),
+    precisions=PRECISIONS,
+    only=None,
+    log=sys.stderr,
+    command: str | None = None,
+) -> list[dict]:
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
     (`command`, the invocation to name in results.md)."""
     for p in precisions:
@@ -325,11 +405,17 @@ def run_benchmark(out_dir, quick: bool = False, seeds=(0, 1), precisions=PRECISI
                 rate = matmul_rates[dtype]
             rows.append(summarise_cell(w, p, seed_runs, rate))
             traces[(w.name, p)] = seed_runs[0]["scale_trace"]
-            print(f"{w.name} {p}: {rows[-1]['steps_per_second']:.0f} steps/s, {rows[-1]['accuracy_metric']} "
-                  f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)", file=log, flush=True)
+            print(
+                f"{w.name} {p}: {rows[-1]['steps_per_second']:.0f} steps/s, {rows[-1]['accuracy_metric']} "
+                f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)",
+                file=log,
+                flush=True,
+            )
     rows = add_ratios(rows)
-    header = (f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {runs.device_name()}, "
-              f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}"
-              + (f"; command: {command}" if command else ""))
+    header = (
+        f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {runs.device_name()}, "
+        f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}"
+        + (f"; command: {command}" if command else "")
+    )
     write_results(rows, traces, pathlib.Path(out_dir), header)
     return rows

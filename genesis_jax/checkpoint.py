@@ -49,9 +49,7 @@ def _scaler_from_state_dict(target, state):
 
 
 for _cls in SCALER_TYPES.values():
-    serialization.register_serialization_state(
-        _cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True
-    )
+    serialization.register_serialization_state(_cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True)
 
 
 def package_versions() -> dict[str, str]:
@@ -87,23 +85,103 @@ def state_digest(state_dict) -> str:
     return digest.hexdigest()
 
 
-def _find_train_state(obj, path=(), depth=3):
-    """(path of field names, TrainState) of the first TrainState in a dataclass tree."""
-    if type(obj).__name__ == "TrainState":
-        return path, obj
-    if depth == 0:
-        return None, None
-    for name in getattr(obj, "__dataclass_fields__", {}):
-        found_path, found = _find_train_state(getattr(obj, name), path + (name,), depth - 1)
-        if found is not None:
-            return found_path, found
-    return None, None
+def at_path(tree, path: tuple[str, ...]):
+    """The object at `path` (attribute names) in a state, such as ("train_state",) in a PPO runner."""
+    for name in path:
+        tree = getattr(tree, name)
+    return tree
 
 
-def _set_in(tree: dict, path: tuple, value) -> dict:
+def set_in(tree: dict, path: tuple[str, ...], value) -> dict:
+    """A copy of the nested state dict `tree` with `value` at `path`."""
     if not path:
         return value
-    return {**tree, path[0]: _set_in(tree[path[0]], path[1:], value)}
+    return {**tree, path[0]: set_in(tree[path[0]], path[1:], value)}
+
+
+def train_state_meta(train_state) -> dict:
+    """What a checkpoint records of its `TrainState` (None: a state without one): its
+    precision and loss-scaler type, so a restore can refuse a mismatch by name."""
+    if train_state is None or not hasattr(train_state, "loss_scale"):
+        return {"precision": None, "scaler_type": None}
+    return {"precision": train_state.precision, "scaler_type": type(train_state.loss_scale).__name__}
+
+
+def check_restorable(meta: dict, target: dict, *, step: int, kind: str | None = None) -> bool:
+    """Refuses, in one sentence, a checkpoint (`meta`) that does not fit the run: another
+    workload `kind`, another precision or scaler type (`target`, as `train_state_meta` gives
+    it); `check_spec` compares the leaves. Returns whether the checkpoint has no scaler state where the run has one (an
+    fp32 or bf16 run continued with loss scaling): the scaler then starts fresh."""
+    if kind is not None and meta.get("kind") != kind:
+        saved_kind = meta.get("kind") or "unknown"
+        raise CheckpointMismatchError(f"checkpoint at step {step} comes from a {saved_kind} run, not {kind}")
+    saved_scaler, scaler = meta.get("scaler_type"), target["scaler_type"]
+    fresh_scaler = scaler is not None and saved_scaler == NoOpLossScale.__name__ and scaler != saved_scaler
+    if not fresh_scaler and meta.get("precision") != target["precision"]:
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} was written in precision {meta.get('precision')!r}, "
+            f"the run uses {target['precision']!r}"
+        )
+    if not fresh_scaler and scaler is not None and saved_scaler != scaler:
+        raise CheckpointMismatchError(f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {scaler}")
+    return fresh_scaler
+
+
+def check_spec(meta: dict, target_dict: dict, *, step: int) -> None:
+    """Refuses a checkpoint whose leaves differ from `target_dict`'s, naming the differences."""
+    saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
+    if saved_spec != target_spec:
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
+        )
+
+
+def abstract_like(target_dict: dict):
+    """Shapes, dtypes and shardings to read a checkpoint into: the target's shardings, not
+    the saved ones, so a checkpoint written on N devices restores onto however many this run has."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
+        target_dict,
+    )
+
+
+def restore(
+    store: "CheckpointStore",
+    target,
+    step: int | None = None,
+    kind: str | None = None,
+    train_state_path: tuple[str, ...] = (),
+) -> tuple[Any, dict]:
+    """Restores the newest (or given) step of `store` into the structure and dtypes of `target`.
+
+    Args:
+        store: where the checkpoints are.
+        target: a state of the run's structure (its values are not used).
+        step: the step to restore (default: the newest).
+        kind: the workload the checkpoint must come from ("ppo", "world-model"; None: any).
+        train_state_path: where the `TrainState` sits in `target` (() for a `TrainState` itself).
+
+    Returns:
+        (the restored state, the checkpoint's meta).
+    """
+    step = store.resolve_step(step)
+    meta = store.read_meta(step)
+    target_dict = serialization.to_state_dict(target)
+    train_state = at_path(target, train_state_path)
+    scaler_path = tuple(train_state_path) + ("loss_scale",)
+    fresh_scaler = check_restorable(meta, train_state_meta(train_state), step=step, kind=kind)
+    if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
+        target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
+    check_spec(meta, target_dict, step=step)
+    restored = store.read_state(step, meta, abstract_like(target_dict))
+    if fresh_scaler:
+        logger.warning(
+            "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
+            step,
+            meta.get("precision"),
+        )
+        restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.loss_scale))
+    return serialization.from_state_dict(target, restored), meta
 
 
 def describe_differences(saved: dict[str, str], target: dict[str, str], limit: int = 5) -> str:
@@ -111,7 +189,9 @@ def describe_differences(saved: dict[str, str], target: dict[str, str], limit: i
     missing = sorted(set(saved) - set(target))
     extra = sorted(set(target) - set(saved))
     # Parameters first: they are what a reader recognises; optimizer moments repeat them.
-    changed = sorted((k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k))
+    changed = sorted(
+        (k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k)
+    )
     parts = []
     if changed:
         parts.append("; ".join(f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit]))
@@ -125,7 +205,9 @@ def describe_differences(saved: dict[str, str], target: dict[str, str], limit: i
 class CheckpointStore:
     """A `CheckpointManager` for one run directory (asynchronous saves, waited for on close)."""
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, save_interval_steps: int = 1, async_save: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, max_to_keep: int = 3, save_interval_steps: int = 1, async_save: bool = True
+    ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         if save_interval_steps < 1:
@@ -149,7 +231,9 @@ class CheckpointStore:
         if leftovers:
             logger.warning(
                 "ignoring %d incomplete checkpoint(s) in %s (a save was interrupted): %s",
-                len(leftovers), self.directory, ", ".join(leftovers),
+                len(leftovers),
+                self.directory,
+                ", ".join(leftovers),
             )
 
     def latest_step(self) -> int | None:
@@ -158,15 +242,17 @@ class CheckpointStore:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def save(self, step: int, state, meta: dict | None = None, force: bool = False) -> bool:
-        """Saves `state` at `step` (if the interval says so, or `force`). Returns whether it saved."""
+    def save(
+        self, step: int, state, meta: dict | None = None, force: bool = False, train_state_path: tuple[str, ...] = ()
+    ) -> bool:
+        """Saves `state` at `step` (if the interval says so, or `force`), with `meta` and what
+        restores check: the precision and scaler type of the `TrainState` at `train_state_path`,
+        every leaf's shape and dtype, and a checksum. Returns whether it saved."""
         state_dict = jax.tree.map(jnp.asarray, serialization.to_state_dict(state))
-        _, train_state = _find_train_state(state)
         full_meta = {
             **(meta or {}),
             "step": int(step),
-            "precision": getattr(train_state, "precision", None),
-            "scaler_type": type(train_state.loss_scale).__name__ if train_state is not None else None,
+            **train_state_meta(at_path(state, train_state_path)),
             "versions": package_versions(),
             "spec": _flat_spec(state_dict),
             "digest": state_digest(state_dict),
@@ -178,11 +264,13 @@ class CheckpointStore:
         )
 
     def read_meta(self, step: int | None = None) -> dict:
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         with self._readable(step):
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         if not isinstance(meta, dict) or "spec" not in meta:
-            raise CheckpointMismatchError(f"checkpoint at step {step} in {self.directory} was not written by genesis-jax")
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} was not written by genesis-jax"
+            )
         return meta
 
     @contextlib.contextmanager
@@ -209,74 +297,32 @@ class CheckpointStore:
             )
         return state
 
-    def _resolve_step(self, step):
+    def resolve_step(self, step: int | None) -> int:
+        """`step`, or the newest complete one; FileNotFoundError where there is none."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         return step
 
+    def read_state(self, step: int, meta: dict, abstract=None) -> dict:
+        """The state dict saved at `step` (into `abstract`'s shapes, dtypes and shardings where
+        given), once its checksum matches `meta`'s."""
+        restore_args = ocp.args.StandardRestore(abstract) if abstract is not None else ocp.args.StandardRestore()
+        with self._readable(step):
+            state = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))["state"]
+        return self._verified(step, meta, state)
+
     def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
         """The newest (or given) step as a plain nested dict of arrays, and its meta."""
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         meta = self.read_meta(step)
-        with self._readable(step):
-            state = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-        return self._verified(step, meta, state), meta
+        return self.read_state(step, meta), meta
 
-    def restore(self, target, step: int | None = None, kind: str | None = None) -> tuple[Any, dict]:
-        """Restores the newest (or given) step into the structure and dtypes of `target`;
-        `kind` (optional) is the workload the checkpoint must come from ('ppo', ...)."""
-        step = self._resolve_step(step)
-        meta = self.read_meta(step)
-        if kind is not None and meta.get("kind") != kind:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} in {self.directory} comes from a {meta.get('kind') or 'unknown'} run, not {kind}"
-            )
-        target_dict = serialization.to_state_dict(target)
-        ts_path, target_ts = _find_train_state(target)
-        target_scaler = None if target_ts is None else target_ts.loss_scale
-        target_precision = None if target_ts is None else target_ts.precision
-        saved_scaler = meta.get("scaler_type")
-        fresh_scaler = (
-            target_scaler is not None
-            and saved_scaler == NoOpLossScale.__name__
-            and type(target_scaler).__name__ != saved_scaler
-        )
-        scaler_path = (ts_path or ()) + ("loss_scale",)
-        if fresh_scaler:
-            # A run without scaler state (fp32, bf16) continued with loss scaling.
-            target_dict = _set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
-        if not fresh_scaler and meta.get("precision") != target_precision:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} was written in precision {meta.get('precision')!r}, "
-                f"the run uses {target_precision!r}"
-            )
-        if not fresh_scaler and target_scaler is not None and saved_scaler != type(target_scaler).__name__:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {type(target_scaler).__name__}"
-            )
-        saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
-        if saved_spec != target_spec:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
-            )
-        # The target's shardings, not the saved ones: a checkpoint written on N devices
-        # restores onto however many devices this run has.
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
-            target_dict,
-        )
-        with self._readable(step):
-            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
-        restored = self._verified(step, meta, restored)
-        if fresh_scaler:
-            logger.warning(
-                "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
-                step,
-                meta.get("precision"),
-            )
-            restored = _set_in(restored, scaler_path, serialization.to_state_dict(target_scaler))
-        return serialization.from_state_dict(target, restored), meta
+    def restore(
+        self, target, step: int | None = None, kind: str | None = None, train_state_path: tuple[str, ...] = ()
+    ) -> tuple[Any, dict]:
+        """`restore(self, ...)`: the checks and migrations are the module's pure functions."""
+        return restore(self, target, step, kind, train_state_path)
 
     def wait(self):
         self._manager.wait_until_finished()

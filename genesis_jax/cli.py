@@ -31,10 +31,18 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _add_precision_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", default=None, help="fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string "
-                   "(default: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32)")
-    p.add_argument("--loss-scaling", choices=("dynamic", "static", "none"), default=None,
-                   help="default: dynamic for fp16, none for fp32/bf16")
+    p.add_argument(
+        "--precision",
+        default=None,
+        help="fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string "
+        "(default: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32)",
+    )
+    p.add_argument(
+        "--loss-scaling",
+        choices=("dynamic", "static", "none"),
+        default=None,
+        help="default: dynamic for fp16, none for fp32/bf16",
+    )
     p.add_argument("--init-loss-scale", type=float, default=2.0**16)
     p.add_argument("--growth-interval", type=int, default=2000)
     p.add_argument("--min-loss-scale", type=float, default=None, help="floor for the dynamic scale (default: none)")
@@ -42,32 +50,62 @@ def _add_precision_args(p: argparse.ArgumentParser) -> None:
 
 def _add_reliability_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("divergence guard and fault injection")
-    g.add_argument("--guard-min-scale", type=float, default=2.0**-14,
-                   help="stop when a skip would bring the loss scale below this (default 2^-14; 0: off)")
-    g.add_argument("--max-consecutive-skips", type=int, default=100,
-                   help="stop after more than this many skipped updates in a row (default 100; 0: off)")
-    g.add_argument("--inject-nonfinite", type=float, default=0.0, metavar="RATE",
-                   help="make the gradients non-finite on this fraction of updates (seeded by --seed)")
-    g.add_argument("--inject-loss-spike", type=_int_list, default=(), metavar="STEPS",
-                   help="comma-separated optimizer steps whose loss is multiplied by --loss-spike-factor")
+    g.add_argument(
+        "--guard-min-scale",
+        type=float,
+        default=2.0**-14,
+        help="stop when a skip would bring the loss scale below this (default 2^-14; 0: off)",
+    )
+    g.add_argument(
+        "--max-consecutive-skips",
+        type=int,
+        default=100,
+        help="stop after more than this many skipped updates in a row (default 100; 0: off)",
+    )
+    g.add_argument(
+        "--inject-nonfinite",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="make the gradients non-finite on this fraction of updates (seeded by --seed)",
+    )
+    g.add_argument(
+        "--inject-loss-spike",
+        type=_int_list,
+        default=(),
+        metavar="STEPS",
+        help="comma-separated optimizer steps whose loss is multiplied by --loss-spike-factor",
+    )
     g.add_argument("--loss-spike-factor", type=float, default=1e6)
 
 
 def _add_parallel_args(p: argparse.ArgumentParser, split: str) -> None:
     g = p.add_argument_group("data parallelism")
     g.add_argument("--devices", type=int, default=1, help=f"devices on the data axis ({split} are split over them)")
-    g.add_argument("--coordinator-address", default=None,
-                   help="multi-host: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)")
+    g.add_argument(
+        "--coordinator-address",
+        default=None,
+        help="multi-host: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)",
+    )
     g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (hosts)")
     g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
-    g.add_argument("--heartbeat-timeout", type=int, default=30, metavar="SECONDS",
-                   help="multi-host: a process silent this long is declared dead and the others exit (default 30)")
+    g.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=30,
+        metavar="SECONDS",
+        help="multi-host: a process silent this long is declared dead and the others exit (default 30)",
+    )
 
 
 def _parallel_kwargs(args) -> dict:
-    return {"devices": args.devices, "coordinator_address": args.coordinator_address,
-            "num_processes": args.num_processes, "process_id": args.process_id,
-            "heartbeat_timeout": args.heartbeat_timeout}
+    return {
+        "devices": args.devices,
+        "coordinator_address": args.coordinator_address,
+        "num_processes": args.num_processes,
+        "process_id": args.process_id,
+        "heartbeat_timeout": args.heartbeat_timeout,
+    }
 
 
 def _reliability_kwargs(args) -> dict:
@@ -82,19 +120,39 @@ def _reliability_kwargs(args) -> dict:
 
 def _add_run_args(p: argparse.ArgumentParser, checkpoint_unit: str) -> None:
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="run directory for metrics.jsonl, summary.json, the plot and checkpoints")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar=checkpoint_unit.upper(),
-                   help=f"checkpoint every {checkpoint_unit.upper()} {checkpoint_unit} (0: only at the end)")
+    p.add_argument(
+        "--out", default=None, help="run directory for metrics.jsonl, summary.json, the plot and checkpoints"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar=checkpoint_unit.upper(),
+        help=f"checkpoint every {checkpoint_unit.upper()} {checkpoint_unit} (0: only at the end)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --out (set aside until the new run ends, then deleted)")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: continue although settings that change the run differ (the summary lists them)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a run already in --out (set aside until the new run ends, then deleted)",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue although settings that change the run differ (the summary lists them)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard "
-                   "(pip install 'genesis-jax[tensorboard]')")
-    p.add_argument("--wandb", action="store_true", help="also log to a Weights & Biases run in OUT "
-                   "(pip install 'genesis-jax[wandb]'; WANDB_MODE=offline works without a network)")
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files to OUT/tensorboard (pip install 'genesis-jax[tensorboard]')",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log to a Weights & Biases run in OUT "
+        "(pip install 'genesis-jax[wandb]'; WANDB_MODE=offline works without a network)",
+    )
 
 
 def _writers(args) -> tuple[str, ...]:
@@ -110,8 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppo = train_sub.add_parser("ppo", help="PPO on a gymnax or gymnasium environment")
     ppo.add_argument("--env", default="CartPole-v1")
-    ppo.add_argument("--env-backend", choices=("gymnax", "gymnasium", "envpool"), default=None,
-                     help="default: gymnax where it has the id, else gymnasium; envpool: Atari (pip install -e '.[envpool]')")
+    ppo.add_argument(
+        "--env-backend",
+        choices=("gymnax", "gymnasium", "envpool"),
+        default=None,
+        help="default: gymnax where it has the id, else gymnasium; envpool: Atari (pip install -e '.[envpool]')",
+    )
     _add_precision_args(ppo)
     ppo.add_argument("--rollout-precision", default=None, help="precision of the acting policy (default: --precision)")
     ppo.add_argument("--total-steps", type=int, default=500_000)
@@ -128,8 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--ent-coef", type=float, default=0.01)
     ppo.add_argument("--vf-coef", type=float, default=0.5)
     ppo.add_argument("--max-grad-norm", type=float, default=0.5, help="<= 0 turns clipping off")
-    ppo.add_argument("--network", default=None,
-                     help="policy torso: mlp | resmlp | cnn | impala (default: cnn for image observations, mlp otherwise)")
+    ppo.add_argument(
+        "--network",
+        default=None,
+        help="policy torso: mlp | resmlp | cnn | impala (default: cnn for image observations, mlp otherwise)",
+    )
     ppo.add_argument("--hidden", type=_int_list, default=(64, 64), help="mlp: hidden widths")
     ppo.add_argument("--activation", choices=("tanh", "relu", "gelu", "silu"), default="tanh", help="mlp")
     ppo.add_argument("--width", type=int, default=256, help="resmlp: residual stream width")
@@ -158,10 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_args(wm, "batch rows")
     _add_run_args(wm, "epochs")
 
-    collect = sub.add_parser("collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz")
+    collect = sub.add_parser(
+        "collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz"
+    )
     collect.add_argument("--env", required=True)
     collect.add_argument("--env-backend", choices=("gymnax", "gymnasium"), default=None)
-    collect.add_argument("--policy", default="random", help="random, or a PPO run directory (its newest checkpoint acts)")
+    collect.add_argument(
+        "--policy", default="random", help="random, or a PPO run directory (its newest checkpoint acts)"
+    )
     collect.add_argument("--num-sequences", type=int, default=256)
     collect.add_argument("--sequence-length", type=int, default=64)
     collect.add_argument("--seed", type=int, default=0)
@@ -174,18 +243,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workloads", default=None, help="comma-separated workload names (default: all)")
     bench.add_argument("--out", required=True, help="directory for results.csv, results.md and precision.png")
 
-    launch = sub.add_parser("launch", help="run a train command as several JAX processes on this machine",
-                            description="Runs 'genesis-jax COMMAND' as --processes processes joined by jax.distributed "
-                                        "(process 0 prints and writes the run). Example: genesis-jax launch --processes 2 "
-                                        "--local-devices 2 -- train ppo --devices 4 --out runs/dp")
+    launch = sub.add_parser(
+        "launch",
+        help="run a train command as several JAX processes on this machine",
+        description="Runs 'genesis-jax COMMAND' as --processes processes joined by jax.distributed "
+        "(process 0 prints and writes the run). Example: genesis-jax launch --processes 2 "
+        "--local-devices 2 -- train ppo --devices 4 --out runs/dp",
+    )
     launch.add_argument("--processes", type=int, required=True, help="number of processes")
-    launch.add_argument("--local-devices", type=int, default=None,
-                        help="CPU: forced host devices per process (sets XLA_FLAGS); default: leave XLA_FLAGS alone")
+    launch.add_argument(
+        "--local-devices",
+        type=int,
+        default=None,
+        help="CPU: forced host devices per process (sets XLA_FLAGS); default: leave XLA_FLAGS alone",
+    )
     launch.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
-    launch.add_argument("--grace", type=float, default=60.0,
-                        help="seconds the other processes get to stop after one failed (default 60)")
-    launch.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- train ...",
-                        help="the genesis-jax train command every process runs")
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        help="seconds the other processes get to stop after one failed (default 60)",
+    )
+    launch.add_argument(
+        "train_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- train ...",
+        help="the genesis-jax train command every process runs",
+    )
 
     demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
     _add_precision_args(demo)
@@ -196,11 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ppo_config(args):
     from genesis_jax.ppo import PPOConfig
+    from genesis_jax.precision import resolve_precision_name
 
     return PPOConfig(
         env=args.env,
         env_backend=args.env_backend,
-        precision=args.precision,
+        precision=resolve_precision_name(args.precision),
         rollout_precision=args.rollout_precision,
         loss_scaling=args.loss_scaling,
         init_loss_scale=args.init_loss_scale,
@@ -219,7 +304,9 @@ def _ppo_config(args):
         clip_value=not args.no_clip_value,
         ent_coef=args.ent_coef,
         vf_coef=args.vf_coef,
-        max_grad_norm=None if args.max_grad_norm <= 0 else args.max_grad_norm,  # nan reaches the config, which refuses it
+        max_grad_norm=None
+        if args.max_grad_norm <= 0
+        else args.max_grad_norm,  # nan reaches the config, which refuses it
         network=args.network,
         hidden=args.hidden,
         activation=args.activation,
@@ -263,25 +350,46 @@ def _run_ppo(args) -> int:
 
 
 def _run_world_model(args) -> int:
+    from genesis_jax.precision import resolve_precision_name
     from genesis_jax.world_model import WorldModelConfig, train
 
     config = WorldModelConfig(
-        data=args.data, precision=args.precision, loss_scaling=args.loss_scaling, init_loss_scale=args.init_loss_scale,
-        growth_interval=args.growth_interval, min_loss_scale=args.min_loss_scale, epochs=args.epochs,
-        batch_size=args.batch_size, width=args.width, depth=args.depth, core=args.core, horizon=args.horizon,
-        num_sequences=args.num_sequences, sequence_length=args.sequence_length, lr=args.lr, seed=args.seed,
+        data=args.data,
+        precision=resolve_precision_name(args.precision),
+        loss_scaling=args.loss_scaling,
+        init_loss_scale=args.init_loss_scale,
+        growth_interval=args.growth_interval,
+        min_loss_scale=args.min_loss_scale,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        width=args.width,
+        depth=args.depth,
+        core=args.core,
+        horizon=args.horizon,
+        num_sequences=args.num_sequences,
+        sequence_length=args.sequence_length,
+        lr=args.lr,
+        seed=args.seed,
         **_reliability_kwargs(args),
         **_parallel_kwargs(args),
     )
-    s = train(config, out_dir=args.out, overwrite=args.overwrite, resume=args.resume, progress=not args.no_progress,
-              allow_config_change=args.allow_config_change, writers=_writers(args),
-              checkpoint_every=args.checkpoint_every).summary
+    s = train(
+        config,
+        out_dir=args.out,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        progress=not args.no_progress,
+        allow_config_change=args.allow_config_change,
+        writers=_writers(args),
+        checkpoint_every=args.checkpoint_every,
+    ).summary
     if not _primary():
         return 0
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
         f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor} "
-        f"steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']} "
+        f"steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} "
+        f"skipped={s['skipped_updates']}/{s['total_updates']} "
         f"activation_bytes={s['activation_bytes']}"
     )
     return 0
@@ -312,10 +420,19 @@ def _run_bench(args) -> int:
     seeds = args.seeds or (0, 1)
     only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
     command = "genesis-jax bench " + " ".join(
-        (["--quick"] if args.quick else []) + [f"--seeds {','.join(map(str, seeds))}", f"--precisions {args.precisions}"]
-        + ([f"--workloads {args.workloads}"] if args.workloads else []) + [f"--out {args.out}"])
-    run_benchmark(args.out, quick=args.quick, seeds=seeds, precisions=[p.strip() for p in args.precisions.split(",")],
-                  only=only, command=command)
+        (["--quick"] if args.quick else [])
+        + [f"--seeds {','.join(map(str, seeds))}", f"--precisions {args.precisions}"]
+        + ([f"--workloads {args.workloads}"] if args.workloads else [])
+        + [f"--out {args.out}"]
+    )
+    run_benchmark(
+        args.out,
+        quick=args.quick,
+        seeds=seeds,
+        precisions=[p.strip() for p in args.precisions.split(",")],
+        only=only,
+        command=command,
+    )
     print(f"wrote {args.out}/results.csv, results.md, precision.png")
     print((pathlib.Path(args.out) / "results.md").read_text())
     return 0
@@ -367,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
         from genesis_jax.parallel import initialize_distributed
 
         try:
-            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout)
+            initialize_distributed(
+                args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout
+            )
         except ValueError as err:
             print(f"genesis-jax: error: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -375,11 +494,14 @@ def main(argv: list[str] | None = None) -> int:
     worker = not _primary()
     if worker:
         args.no_progress = True
-    logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
+    )
+    from gymnasium.error import DependencyNotInstalled as DependencyMissing
+
     from genesis_jax.checkpoint import CheckpointMismatchError
     from genesis_jax.reliability import DivergenceError, TrainingInterrupted
     from genesis_jax.runs import RunDirectoryError
-    from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     try:
         if args.command == "demo":

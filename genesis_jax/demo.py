@@ -12,8 +12,15 @@ from genesis_jax.precision import get_precision
 from genesis_jax.trainer import MixedPrecisionTrainer
 
 
-def run_demo(precision: str = "fp16", steps: int = 500, seed: int = 0, loss_scaling=None, init_loss_scale=2.0**16,
-             growth_interval=2000, min_loss_scale=None) -> dict:
+def run_demo(
+    precision: str = "fp16",
+    steps: int = 500,
+    seed: int = 0,
+    loss_scaling=None,
+    init_loss_scale=2.0**16,
+    growth_interval=2000,
+    min_loss_scale=None,
+) -> dict:
     """Fits y = sum(sin(x)) with a 64x64 MLP; returns final loss, loss scale and skipped steps."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")

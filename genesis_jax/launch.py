@@ -40,8 +40,10 @@ def process_commands(command: list[str], processes: int, port: int) -> list[list
     if any(a.startswith(("--coordinator-address", "--num-processes", "--process-id")) for a in command):
         raise ValueError("launch sets --coordinator-address, --num-processes and --process-id itself; leave them out")
     base = [sys.executable, "-m", "genesis_jax.cli", *command]
-    return [base + ["--coordinator-address", f"127.0.0.1:{port}", "--num-processes", str(processes),
-                    "--process-id", str(i)] for i in range(processes)]
+    return [
+        base + ["--coordinator-address", f"127.0.0.1:{port}", "--num-processes", str(processes), "--process-id", str(i)]
+        for i in range(processes)
+    ]
 
 
 def process_env(local_devices: int | None) -> dict:
@@ -65,8 +67,13 @@ def _tail(path: str, lines: int = 8) -> str:
     return "\n".join(kept[-lines:])
 
 
-def launch(command: list[str], processes: int, local_devices: int | None = None, port: int | None = None,
-           grace_seconds: float = 60.0) -> int:
+def launch(
+    command: list[str],
+    processes: int,
+    local_devices: int | None = None,
+    port: int | None = None,
+    grace_seconds: float = 60.0,
+) -> int:
     """Runs `command` (a `genesis-jax train ...` argv) as `processes` processes; returns the exit status.
 
     Args:
@@ -82,13 +89,18 @@ def launch(command: list[str], processes: int, local_devices: int | None = None,
         raise ValueError(f"local-devices must be >= 1, got {local_devices}")
     argvs = process_commands(command, processes, port or free_port())
     env = process_env(local_devices)
-    logs = [None] + [tempfile.NamedTemporaryFile("w+", prefix=f"genesis-launch-{i}-", suffix=".log", delete=False)
-                     for i in range(1, processes)]
+    logs = [None] + [
+        tempfile.NamedTemporaryFile("w+", prefix=f"genesis-launch-{i}-", suffix=".log", delete=False)
+        for i in range(1, processes)
+    ]
     procs = []
     for i, argv in enumerate(argvs):
         procs.append(subprocess.Popen(argv, env=env, stderr=logs[i]))
-    print(f"genesis-jax launch: {processes} processes, pids {' '.join(str(p.pid) for p in procs)}", file=sys.stderr,
-          flush=True)
+    print(
+        f"genesis-jax launch: {processes} processes, pids {' '.join(str(p.pid) for p in procs)}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     def forward(signum, frame):
         del frame
@@ -147,6 +159,7 @@ def _supervise(procs, logs, grace_seconds: float) -> int:
     if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         print(message + " (stopped by a signal; continue with the same command and --resume)", file=sys.stderr)
         return status
-    print(message + ". Continue from the last checkpoint with the same command and --resume", file=sys.stderr,
-          flush=True)
+    print(
+        message + ". Continue from the last checkpoint with the same command and --resume", file=sys.stderr, flush=True
+    )
     return EXIT_SYSTEM

@@ -27,7 +27,7 @@ def _is_concrete(x) -> bool:
 
 def _scale_tree(tree, factor):
     # Multiply in float32 (or wider) so a scaled float32 loss never rounds through half.
-    return jax.tree.map(lambda x: (x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor), tree)
+    return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor, tree)
 
 
 class _LossScaleBase:
@@ -172,7 +172,9 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
-def make_loss_scale(kind: str, init_scale: float = 2.0**16, growth_interval: int = 2000, min_scale: float | None = None) -> LossScale:
+def make_loss_scale(
+    kind: str, init_scale: float = 2.0**16, growth_interval: int = 2000, min_scale: float | None = None
+) -> LossScale:
     """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'.
     `growth_interval` and `min_scale` concern the dynamic kind only."""
     if kind == "dynamic":

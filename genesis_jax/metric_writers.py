@@ -101,8 +101,15 @@ class WandbWriter:
         project, mode, name: as `wandb.init`'s.
     """
 
-    def __init__(self, dir: str | os.PathLike, step_key: str, config: dict | None = None, project: str = "genesis-jax",
-                 mode: str | None = None, name: str | None = None):
+    def __init__(
+        self,
+        dir: str | os.PathLike,
+        step_key: str,
+        config: dict | None = None,
+        project: str = "genesis-jax",
+        mode: str | None = None,
+        name: str | None = None,
+    ):
         try:
             import wandb
         except ImportError as err:

@@ -21,27 +21,41 @@ GRID_PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = ("mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "final_return")
 
 
-def mismatch_grid(env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, log=sys.stderr, **ppo_settings) -> list[dict]:
+def mismatch_grid(
+    env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, log=sys.stderr, **ppo_settings
+) -> list[dict]:
     """One PPO run per (rollout, learner) pair; returns a row per cell."""
     from genesis_jax.ppo import PPOConfig, train
 
     cells = []
     for learner in precisions:
         for rollout in precisions:
-            config = PPOConfig(env=env, precision=learner, rollout_precision=rollout, total_steps=total_steps, seed=seed,
-                               **ppo_settings)
+            config = PPOConfig(
+                env=env,
+                precision=learner,
+                rollout_precision=rollout,
+                total_steps=total_steps,
+                seed=seed,
+                **ppo_settings,
+            )
             s = train(config, progress=False).summary
             cells.append({"env": env, "rollout": rollout, "learner": learner, **{k: s[k] for k in METRICS}})
-            print(f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
-                  f"max_dp={s['mismatch_max_dp']:.3g} return={s['final_return']:.1f}", file=log, flush=True)
+            print(
+                f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
+                f"max_dp={s['mismatch_max_dp']:.3g} return={s['final_return']:.1f}",
+                file=log,
+                flush=True,
+            )
     return cells
 
 
 def table(cells: list[dict]) -> list[str]:
     lines = ["| env | rollout | learner | KL v1 | KL v2 | max abs dp | final return |", "|---|---|---|---|---|---|---|"]
     for c in cells:
-        lines.append(f"| {c['env']} | {c['rollout']} | {c['learner']} | {c['mismatch_kl_v1']:.3g} | "
-                     f"{c['mismatch_kl_v2']:.3g} | {c['mismatch_max_dp']:.3g} | {c['final_return']:.1f} |")
+        lines.append(
+            f"| {c['env']} | {c['rollout']} | {c['learner']} | {c['mismatch_kl_v1']:.3g} | "
+            f"{c['mismatch_kl_v2']:.3g} | {c['mismatch_max_dp']:.3g} | {c['final_return']:.1f} |"
+        )
     return lines
 
 

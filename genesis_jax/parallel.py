@@ -28,8 +28,12 @@ HEARTBEAT_TIMEOUT_SECONDS = 30
 AUTO = "auto"  # coordinator address: JAX's cluster auto-detection
 
 
-def initialize_distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
-                           heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS) -> None:
+def initialize_distributed(
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS,
+) -> None:
     """`jax.distributed.initialize` with the given arguments; a no-op when none is given.
     `coordinator_address="auto"` (alone) lets JAX read them from the cluster's environment
     (SLURM, Open MPI, Kubernetes...). On CPU the processes' collectives go through gloo (XLA's
@@ -39,15 +43,21 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator_address == AUTO:
         if num_processes is not None or process_id is not None:
-            raise ValueError("coordinator-address auto reads num-processes and process-id from the cluster; leave them out")
+            raise ValueError(
+                "coordinator-address auto reads num-processes and process-id from the cluster; leave them out"
+            )
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout)
         return
     if coordinator_address is None or num_processes is None or process_id is None:
         raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+    )
 
 
 def is_primary() -> bool:
@@ -126,8 +136,9 @@ def start_distributed(config) -> None:
     """Joins this process to a multi-process run as a config's distributed fields say, once
     (a no-op for a single process, and when the CLI already did it)."""
     if config.coordinator_address is not None and not jax.distributed.is_initialized():
-        initialize_distributed(config.coordinator_address, config.num_processes, config.process_id,
-                               config.heartbeat_timeout)
+        initialize_distributed(
+            config.coordinator_address, config.num_processes, config.process_id, config.heartbeat_timeout
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +162,9 @@ class ParallelConfig:
         given = [v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)]
         if self.coordinator_address == AUTO:
             if any(given[1:]):
-                raise ValueError("coordinator-address auto reads num-processes and process-id from the cluster; "
-                                 "leave them out")
+                raise ValueError(
+                    "coordinator-address auto reads num-processes and process-id from the cluster; leave them out"
+                )
         elif any(given) and not all(given):
             raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
 

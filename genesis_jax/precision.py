@@ -64,7 +64,9 @@ class Precision:
 
 
 def _accepted() -> str:
-    return ", ".join(PRECISION_NAMES) + " or a jmp policy string such as 'params=float32,compute=float16,output=float32'"
+    return (
+        ", ".join(PRECISION_NAMES) + " or a jmp policy string such as 'params=float32,compute=float16,output=float32'"
+    )
 
 
 def _auto_name() -> str:
@@ -136,14 +138,22 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
 
 # Config fields a resumed run may change (how it runs, not what it computes): the device
 # layout, and the divergence guard's limits.
-RESUMABLE_BASE_FIELDS = ("devices", "coordinator_address", "num_processes", "process_id", "heartbeat_timeout", "guard_min_scale",
-                         "max_consecutive_skips")
+RESUMABLE_BASE_FIELDS = (
+    "devices",
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "heartbeat_timeout",
+    "guard_min_scale",
+    "max_consecutive_skips",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class MixedPrecisionConfig:
-    """The precision fields every trainer config shares; `precision=None` resolves from
-    GENESIS_PRECISION / ENABLE_FP16_TRAINING once, at construction."""
+    """The precision fields every trainer config shares. `precision=None` means fp32: a
+    config never reads the environment itself; `from_env` (and the CLI) resolve
+    GENESIS_PRECISION / ENABLE_FP16_TRAINING, once, where the run is set up."""
 
     precision: str | None = None
     loss_scaling: str | None = None  # None: the precision's default
@@ -163,12 +173,23 @@ class MixedPrecisionConfig:
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{field.name.replace('_', '-')} must be a finite number, got {value!r}")
-        object.__setattr__(self, "precision", resolve_precision_name(self.precision))
+        object.__setattr__(self, "precision", "fp32" if self.precision is None else self.precision)
         object.__setattr__(self, "inject_loss_spike", tuple(self.inject_loss_spike))
         self.train_precision()  # fail now on an unknown name
         self.make_loss_scale()  # ... or bad scaler settings
         self.divergence_guard()  # ... or bad guard or fault settings
         self.fault_injection(0)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **fields):
+        """The config with `fields`, its precision (unless given) from GENESIS_PRECISION /
+        ENABLE_FP16_TRAINING in `environ` (default: `os.environ`).
+
+        >>> from genesis_jax.ppo import PPOConfig
+        >>> PPOConfig.from_env({"ENABLE_FP16_TRAINING": "true"}, total_steps=1024).precision
+        'fp16'
+        """
+        return cls(**{**fields, "precision": resolve_precision_name(fields.get("precision"), environ)})
 
     def train_precision(self) -> Precision:
         return get_precision(self.precision, self.loss_scaling)
@@ -176,7 +197,9 @@ class MixedPrecisionConfig:
     def make_loss_scale(self):
         from genesis_jax.loss_scale import make_loss_scale
 
-        return make_loss_scale(self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
+        return make_loss_scale(
+            self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale
+        )
 
     def divergence_guard(self):
         from genesis_jax.reliability import DivergenceGuard

@@ -178,7 +178,10 @@ def halted_report(train_state, guard: DivergenceGuard) -> str | None:
     pick = lambda x: float(jnp.atleast_1d(x)[i])  # noqa: E731
     dynamic = isinstance(train_state.loss_scale, DynamicLossScale)
     return guard.explain(
-        pick(train_state.loss_scale.loss_scale), int(pick(train_state.skip_streak)), int(pick(train_state.step)), dynamic
+        pick(train_state.loss_scale.loss_scale),
+        int(pick(train_state.skip_streak)),
+        int(pick(train_state.step)),
+        dynamic,
     )
 
 

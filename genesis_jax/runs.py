@@ -99,7 +99,11 @@ def config_changes(saved: dict, current: dict, may_change=()) -> list[str]:
     """'name: saved -> current' for every config field that differs, but those in `may_change`."""
     names = sorted((set(saved) | set(current)) - set(may_change))
     # JSON turned the saved tuples into lists: compare both as JSON values.
-    return [f"{n}: {saved.get(n)!r} -> {current.get(n)!r}" for n in names if jsonable(saved.get(n)) != jsonable(current.get(n))]
+    return [
+        f"{n}: {saved.get(n)!r} -> {current.get(n)!r}"
+        for n in names
+        if jsonable(saved.get(n)) != jsonable(current.get(n))
+    ]
 
 
 def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
@@ -110,27 +114,11 @@ def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
     changes = config_changes(meta.get("config", {}), config.to_dict(), config.RESUMABLE_FIELDS)
     if changes and not allow:
         raise CheckpointMismatchError(
-            f"the checkpoint at step {meta.get('step')} was written by a run with other settings ({'; '.join(changes)}); "
+            f"the checkpoint at step {meta.get('step')} was written by a run with other settings "
+            f"({'; '.join(changes)}); "
             "pass --allow-config-change to continue it anyway"
         )
     return changes
-
-
-def resume_run(run_dir: "RunDirectory", store, state, config, *, kind: str, meta_key: str, metrics_key: str,
-               allow_config_change: bool, rewrite: bool = True):
-    """What `--resume` continues from: (state, position reached, metric rows, config changes).
-
-    The position is the checkpoint meta's `meta_key`; metric rows past it (by `metrics_key`)
-    are dropped. Without a complete checkpoint the run starts cleanly: the given state,
-    position 0 and no rows, so no update is logged twice. `rewrite`: trim metrics.jsonl to
-    those rows (one process of several does; the others only read)."""
-    done, changes = 0, []
-    if store.latest_step() is not None:
-        state, meta = store.restore(state, kind=kind)
-        done = int(meta[meta_key])
-        if config is not None:
-            changes = check_config_changes(meta, config, allow_config_change)
-    return state, done, run_dir.read_metrics(done, key=metrics_key, rewrite=rewrite), changes
 
 
 class RunDirectory:
@@ -162,7 +150,8 @@ class RunDirectory:
         holds_run = any((self.path / name).exists() for name in _RUN_FILES)
         if holds_run and not (resume or overwrite):
             raise RunDirectoryError(
-                f"output directory {self.path} holds another run; pass --resume to continue it or --overwrite to replace it"
+                f"output directory {self.path} holds another run; "
+                "pass --resume to continue it or --overwrite to replace it"
             )
         if resume and not (self.path / "checkpoints").exists():
             raise RunDirectoryError(f"nothing to resume in {self.path}: it has no checkpoints/")
@@ -210,7 +199,9 @@ class RunDirectory:
                 f.seek(0)
                 holder = f.read().strip() or "unknown"
                 f.close()
-                raise RunDirectoryError(f"output directory {self.path} is in use by another run (pid {holder})") from None
+                raise RunDirectoryError(
+                    f"output directory {self.path} is in use by another run (pid {holder})"
+                ) from None
             # The holder before us may have removed the file while we waited for it: lock anew.
             if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(f.fileno()).st_ino:
                 break
@@ -316,8 +307,17 @@ def _pyplot():
     return plt
 
 
-def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: float | None = None,
-                log_y: bool = True, x_label: str | None = None, y_label: str | None = None) -> None:
+def plot_curves(
+    rows: list[dict],
+    x_key: str,
+    y_keys,
+    path,
+    title: str,
+    floor: float | None = None,
+    log_y: bool = True,
+    x_label: str | None = None,
+    y_label: str | None = None,
+) -> None:
     """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known floor."""
     plt = _pyplot()
     xs = [r[x_key] for r in rows]
@@ -344,5 +344,13 @@ def plot_curves(rows: list[dict], x_key: str, y_keys, path, title: str, floor: f
 
 def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
     """Episode return and loss scale against environment steps."""
-    plot_curves(rows, "step", ("episode_return",), path, title, log_y=False,
-                x_label="environment steps", y_label="mean episode return")
+    plot_curves(
+        rows,
+        "step",
+        ("episode_return",),
+        path,
+        title,
+        log_y=False,
+        x_label="environment steps",
+        y_label="mean episode return",
+    )

@@ -76,13 +76,32 @@ class Session:
         writers: metric writers besides `metrics.jsonl`, process 0 only: names ("tensorboard"
             writes `tensorboard/` in the run directory, "wandb" a W&B run there) or `MetricWriter`s.
         postfix: a row -> dict for the progress bar's postfix.
+        train_state_path: where the `TrainState` sits in the state (() for a `TrainState` or a
+            state without one; ("train_state",) for PPO's runner): checkpoints record its
+            precision and scaler, and restores check them.
     """
 
-    def __init__(self, out_dir: str | None, config: Any = None, *, kind: str, total: int,
-                 position_key: str = "update", meta_key: str | None = None, unit_size: int = 1, unit: str = "update",
-                 checkpoint_every: int = 0, resume: bool = False, overwrite: bool = False, progress: bool = True,
-                 max_to_keep: int = 3, allow_config_change: bool = False, writers: Sequence[str | MetricWriter] = (),
-                 postfix: Callable[[dict], dict] | None = None):
+    def __init__(
+        self,
+        out_dir: str | None,
+        config: Any = None,
+        *,
+        kind: str,
+        total: int,
+        position_key: str = "update",
+        meta_key: str | None = None,
+        unit_size: int = 1,
+        unit: str = "update",
+        checkpoint_every: int = 0,
+        resume: bool = False,
+        overwrite: bool = False,
+        progress: bool = True,
+        max_to_keep: int = 3,
+        allow_config_change: bool = False,
+        writers: Sequence[str | MetricWriter] = (),
+        postfix: Callable[[dict], dict] | None = None,
+        train_state_path: tuple[str, ...] = (),
+    ):
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
         if resume and out_dir is None:
@@ -103,6 +122,7 @@ class Session:
         self.progress = progress and self.primary
         self.extra_writers = list(writers)
         self.postfix = postfix
+        self.train_state_path = tuple(train_state_path)
         self.store: CheckpointStore | None = None
         self.writers: list[MetricWriter] = []
         self.position = 0
@@ -145,15 +165,18 @@ class Session:
         return None if self.run_dir is None else self.run_dir.path
 
     def restore(self, state):
-        """With `resume`: the newest checkpoint's state (its position and the metric rows up
-        to it are kept); otherwise, or where no checkpoint was completed, `state` itself."""
+        """With `resume`: the newest complete checkpoint's state, its position, and the metric
+        rows up to it (later ones, logged after it, are dropped: no row twice). Without a
+        complete checkpoint the run starts cleanly from `state`; without `resume`, `state`."""
         if self.store is None or not self.resume:
             return state
-        state, self.position, rows, self.config_changes = runs.resume_run(
-            self.run_dir, self.store, state, self.config, kind=self.kind, meta_key=self.meta_key,
-            metrics_key=self.position_key, allow_config_change=self.allow_config_change, rewrite=self.primary,
-        )
-        self.rows = rows
+        if self.store.latest_step() is not None:
+            state, meta = self.store.restore(state, kind=self.kind, train_state_path=self.train_state_path)
+            self.position = int(meta[self.meta_key])
+            if self.config is not None:
+                self.config_changes = runs.check_config_changes(meta, self.config, self.allow_config_change)
+        # Of several processes, one trims metrics.jsonl; the others only read it.
+        self.rows = self.run_dir.read_metrics(self.position, key=self.position_key, rewrite=self.primary)
         self._last_save = self.position
         return state
 
@@ -164,20 +187,27 @@ class Session:
         full_meta = {"kind": self.kind, self.meta_key: self.position, **(meta or {})}
         if self.config is not None:
             full_meta["config"] = self.config.to_dict()
-        self.store.save(self.position, state, full_meta, force=True)
+        self.store.save(self.position, state, full_meta, force=True, train_state_path=self.train_state_path)
         self._last_save = self.position
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def run(self, state, step: Callable, to_rows: Callable[[Any, int], list[dict]], per_call: int = 1,
-            checkpoint_meta: dict | None = None):
+    def run(
+        self,
+        state,
+        step: Callable,
+        to_rows: Callable[[Any, int], list[dict]],
+        per_call: int = 1,
+        checkpoint_meta: dict | None = None,
+    ):
         """Calls `step(state) -> (state, metrics)` until `total` positions ran, the guard halted
         (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, position)` and saves on
         the cadence and at the end. The next call is dispatched before this one's rows are
         written, so the device and the host overlap, except where this call's state is still
         needed (a save or a stop). Returns the last state; `stopped` says why it ended early."""
-        bar = runs.progress_bar(self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress,
-                                unit=self.unit)
+        bar = runs.progress_bar(
+            self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
+        )
         try:
             with StopSignals() as signals:
                 dispatched = time.perf_counter()
@@ -190,7 +220,11 @@ class Session:
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
                     after = self.position + per_call
-                    due = self.store is not None and self.checkpoint_every and after - self._last_save >= self.checkpoint_every
+                    due = (
+                        self.store is not None
+                        and self.checkpoint_every
+                        and after - self._last_save >= self.checkpoint_every
+                    )
                     more = after < self.total
                     signalled = parallel.any_process(signals.received is not None)
                     if more and not halted and not signalled and not due:
@@ -245,8 +279,10 @@ class Session:
         if self.stopped is not None:
             hint = f"; continue with --resume --out {self.path}" if self.run_dir else ""
             raise TrainingInterrupted(
-                f"{self.stopped} received: stopped after {self.position_key} {self.position} of {self.total}{where}{hint}",
-                getattr(signal, self.stopped), summary,
+                f"{self.stopped} received: stopped after {self.position_key} {self.position} of {self.total}"
+                f"{where}{hint}",
+                getattr(signal, self.stopped),
+                summary,
             )
         return summary
 

@@ -98,7 +98,9 @@ def mixed_precision_update(
             loss = loss_transform(loss, state)
         return loss, aux
 
-    scaled_grads, (loss, aux) = amp.scaled_loss_grad(loss_with_hooks, has_aux=True)(state.loss_scale, state.params, batch)
+    scaled_grads, (loss, aux) = amp.scaled_loss_grad(loss_with_hooks, has_aux=True)(
+        state.loss_scale, state.params, batch
+    )
     if axis_name is not None:
         # Averaging is linear, so the scaled gradients can be averaged before unscaling:
         # every replica then sees the same gradients and takes the same finite decision.

@@ -27,8 +27,9 @@ def main() -> dict:
     x, y = (np.asarray(a) for a in regression_problem(n=256))
     mine = slice(128 * jax.process_index(), 128 * (jax.process_index() + 1))  # this process's half of the batch
     model, loss_fn = mlp_loss(np.float16)
-    state = TrainState.create(model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(1e-3), DynamicLossScale(),
-                              precision="fp16")
+    state = TrainState.create(
+        model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(1e-3), DynamicLossScale(), precision="fp16"
+    )
     state = jax.device_put(state, replicated(mesh))
     step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
     seen = []
@@ -38,11 +39,21 @@ def main() -> dict:
             local_x[5] = np.inf
         batch = tuple(jax.make_array_from_process_local_data(rows, a) for a in (local_x, y[mine]))
         state, metrics = step(state, batch)
-        seen.append({"grads_finite": bool(host_array(metrics["grads_finite"])), "skipped": int(host_array(state.skipped)),
-                     "scale": float(host_array(state.loss_scale.loss_scale))})
+        seen.append(
+            {
+                "grads_finite": bool(host_array(metrics["grads_finite"])),
+                "skipped": int(host_array(state.skipped)),
+                "scale": float(host_array(state.loss_scale.loss_scale)),
+            }
+        )
     params = [host_array(p) for p in jax.tree.leaves(state.params)]
-    return {"process": jax.process_index(), "devices": jax.device_count(), "local_devices": jax.local_device_count(),
-            "steps": seen, "params": [float(np.sum(p.astype(np.float64) * (k + 1))) for k, p in enumerate(params)]}
+    return {
+        "process": jax.process_index(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "steps": seen,
+        "params": [float(np.sum(p.astype(np.float64) * (k + 1))) for k, p in enumerate(params)],
+    }
 
 
 if __name__ == "__main__":

@@ -46,11 +46,15 @@ def ppo(out_dir=None):
 def world_model():
     runs = {}
     for devices in (1, 4):
-        config = WorldModelConfig(precision="fp16", epochs=3, batch_size=256, num_sequences=128, width=32, devices=devices)
+        config = WorldModelConfig(
+            precision="fp16", epochs=3, batch_size=256, num_sequences=128, width=32, devices=devices
+        )
         result = train_wm(config, progress=False)
-        runs[devices] = {"losses": [r["train_loss"] for r in result.metrics],
-                         "eval": [r["eval_loss"] for r in result.metrics],
-                         "replicas_agree": all_agree(result.train_state)}
+        runs[devices] = {
+            "losses": [r["train_loss"] for r in result.metrics],
+            "eval": [r["eval_loss"] for r in result.metrics],
+            "replicas_agree": all_agree(result.train_state),
+        }
     return runs
 
 
@@ -68,7 +72,9 @@ def inject_one_shard():
     step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
     new, metrics = step(state, batch)
     clean, clean_metrics = step(new, jax.device_put((jnp.nan_to_num(x, posinf=0.0), y), sharded(mesh)))
-    same = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), state.params, new.params))
+    same = jax.tree.leaves(
+        jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), state.params, new.params)
+    )
     return {
         "shards_holding_inf": holder,
         "grads_finite": bool(metrics["grads_finite"]),
@@ -85,6 +91,9 @@ def inject_one_shard():
 
 if __name__ == "__main__":
     scenario = sys.argv[1]
-    result = {"ppo": lambda: ppo(sys.argv[2] if len(sys.argv) > 2 else None), "world_model": world_model,
-              "inject": inject_one_shard}[scenario]()
+    result = {
+        "ppo": lambda: ppo(sys.argv[2] if len(sys.argv) > 2 else None),
+        "world_model": world_model,
+        "inject": inject_one_shard,
+    }[scenario]()
     print("RESULT " + json.dumps({"device_count": jax.device_count(), **result}))

@@ -60,12 +60,15 @@ def run_pieces(optimizer, dtype=jnp.float16, steps=150, scaler=None, seed=0, **s
 SCHEDULE = optax.linear_schedule(3e-3, 1e-4, 150)
 
 
-@pytest.mark.parametrize("name, optimizer", [
-    ("adam", optax.adam(3e-3)),
-    ("adamw", optax.adamw(3e-3, weight_decay=1e-4)),
-    ("sgd-momentum", optax.sgd(0.05, momentum=0.9)),
-    ("chain-with-schedule", optax.chain(optax.add_decayed_weights(1e-5), optax.adam(SCHEDULE))),
-])
+@pytest.mark.parametrize(
+    "name, optimizer",
+    [
+        ("adam", optax.adam(3e-3)),
+        ("adamw", optax.adamw(3e-3, weight_decay=1e-4)),
+        ("sgd-momentum", optax.sgd(0.05, momentum=0.9)),
+        ("chain-with-schedule", optax.chain(optax.add_decayed_weights(1e-5), optax.adam(SCHEDULE))),
+    ],
+)
 def test_pieces_compose_with_optimizers_and_train_in_fp16(name, optimizer):
     losses, params, opt_state, scaler = run_pieces(optimizer)
     assert np.all(np.isfinite(losses))
@@ -105,7 +108,9 @@ def test_a_skip_leaves_params_and_optimizer_state_bit_identical(optimizer):
         return optax.apply_updates(params, updates), new_state
 
     new_params, new_state = skip(params, opt_state)
-    for a, b in zip(jax.tree.leaves((params, opt_state.inner_state)), jax.tree.leaves((new_params, new_state.inner_state))):
+    for a, b in zip(
+        jax.tree.leaves((params, opt_state.inner_state)), jax.tree.leaves((new_params, new_state.inner_state))
+    ):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert int(new_state.skipped) == int(opt_state.skipped) + 1
     assert int(new_state.consecutive_skips) == int(opt_state.consecutive_skips) + 1
@@ -152,8 +157,9 @@ def test_the_policy_casts_plain_functions_to_the_compute_dtype():
         seen.append((params["w"].dtype, x.dtype))
         return jnp.sum((x @ params["w"]).astype(jnp.float32))
 
-    value, grads, _, _ = amp.value_and_grad(loss_fn, policy="fp16")(DynamicLossScale(), {"w": jnp.ones((2, 2))},
-                                                                     jnp.ones((3, 2)))
+    value, grads, _, _ = amp.value_and_grad(loss_fn, policy="fp16")(
+        DynamicLossScale(), {"w": jnp.ones((2, 2))}, jnp.ones((3, 2))
+    )
     assert seen == [(jnp.float16, jnp.float16)]
     assert grads["w"].dtype == jnp.float32 and value.dtype == jnp.float32
 
@@ -263,10 +269,17 @@ def dot_dtypes(fn, *args) -> list:
 def test_precision_rules_run_the_marked_modules_in_float32():
     tower, x = Tower(), jnp.ones((2, 5))
     params = tower.init(jax.random.PRNGKey(0), x)
-    assert intermediate_dtypes(tower, params, x) == {"hidden": jnp.float16, "norm": jnp.float16, "value_head": jnp.float16}
+    assert intermediate_dtypes(tower, params, x) == {
+        "hidden": jnp.float16,
+        "norm": jnp.float16,
+        "value_head": jnp.float16,
+    }
     with amp.precision_rules():
-        assert intermediate_dtypes(tower, params, x) == {"hidden": jnp.float16, "norm": jnp.float32,
-                                                         "value_head": jnp.float32}
+        assert intermediate_dtypes(tower, params, x) == {
+            "hidden": jnp.float16,
+            "norm": jnp.float32,
+            "value_head": jnp.float32,
+        }
         # The arithmetic itself, not only a cast at the end: the head's matmul is a float32 dot.
         assert dot_dtypes(lambda p: tower.apply(p, x), params) == [jnp.float16, jnp.float32]
     assert dot_dtypes(lambda p: tower.apply(p, x), params) == [jnp.float16, jnp.float16]
@@ -286,7 +299,8 @@ def test_genesis_networks_get_their_float32_heads_from_the_rules():
     assert inter["critic"]["final_norm"]["__call__"][0].dtype == jnp.float32
     # embed, expand, project in float16 per tower; each tower's head in float32
     assert dot_dtypes(lambda p: net.apply(p, x), params) == [jnp.float16] * 3 + [jnp.float32] + [jnp.float16] * 3 + [
-        jnp.float32]
+        jnp.float32
+    ]
 
 
 def test_mixed_precision_trainer_leaves_the_callers_arrays_usable():
@@ -337,15 +351,22 @@ def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
         assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
         print("ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def examples():
-    return {name: runpy.run_path(str(REPO / "examples" / f"{name}.py")) for name in
-            ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16")}
+    return {
+        name: runpy.run_path(str(REPO / "examples" / f"{name}.py"))
+        for name in ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16")
+    }
 
 
 @pytest.mark.parametrize("name", ["purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"])
@@ -367,10 +388,15 @@ def test_the_purejaxrl_style_examples_improve_the_return(examples, name):
 def test_the_mixed_precision_example_differs_from_the_fp32_one_in_at_most_15_lines():
     import difflib
 
-    fp32, fp16 = ((REPO / "examples" / f"{n}.py").read_text().splitlines() for n in
-                  ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"))
-    changed = [line for line in difflib.unified_diff(fp32, fp16, lineterm="", n=0)
-               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    fp32, fp16 = (
+        (REPO / "examples" / f"{n}.py").read_text().splitlines()
+        for n in ("purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16")
+    )
+    changed = [
+        line
+        for line in difflib.unified_diff(fp32, fp16, lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
     assert len([line for line in changed if line.startswith("+")]) <= 15
 
 

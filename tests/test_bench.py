@@ -57,6 +57,9 @@ def test_no_loss_scaling_means_no_overflow_and_scale_one(quick_bench):
 
 
 def test_grid_matrix_places_cells():
-    cells = [{"env": "E", "rollout": r, "learner": l, "k": 10 * i + j}
-             for i, l in enumerate(("fp32", "bf16", "fp16")) for j, r in enumerate(("fp32", "bf16", "fp16"))]
+    cells = [
+        {"env": "E", "rollout": r, "learner": learner, "k": 10 * i + j}
+        for i, learner in enumerate(("fp32", "bf16", "fp16"))
+        for j, r in enumerate(("fp32", "bf16", "fp16"))
+    ]
     np.testing.assert_array_equal(grid_matrix(cells, "E", "k"), [[0, 1, 2], [10, 11, 12], [20, 21, 22]])

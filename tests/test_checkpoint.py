@@ -14,7 +14,13 @@ def make_state(hidden=(32, 32), scaler=None, precision="fp16", seed=1):
     x, _ = regression_problem()
     model, _ = mlp_loss(jnp.float16, hidden)
     params = model.init(jax.random.PRNGKey(seed), x)
-    scaler = scaler if scaler is not None else DynamicLossScale(init_scale=512.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=17, min_scale=2.0)
+    scaler = (
+        scaler
+        if scaler is not None
+        else DynamicLossScale(
+            init_scale=512.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=17, min_scale=2.0
+        )
+    )
     state = TrainState.create(params, optax.adam(1e-3), scaler, jax.random.PRNGKey(seed + 7), precision=precision)
     # move every counter away from its default
     return state.replace(
@@ -60,7 +66,10 @@ def test_max_to_keep_and_latest(tmp_path):
 def test_other_shape_is_named(tmp_path):
     with CheckpointStore(tmp_path) as store:
         store.save(1, make_state())
-        with pytest.raises(CheckpointMismatchError, match=r"params/params/dense_0/kernel: checkpoint float32\[4,32\] vs run float32\[4,16\]"):
+        with pytest.raises(
+            CheckpointMismatchError,
+            match=r"params/params/dense_0/kernel: checkpoint float32\[4,32\] vs run float32\[4,16\]",
+        ):
             store.restore(make_state(hidden=(16, 32)))
 
 

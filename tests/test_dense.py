@@ -76,8 +76,13 @@ def test_gradients_between_layers_are_float16_so_loss_scaling_still_matters():
         net = ActorCritic(action_dim=2, hidden=(16, 16), dtype=dtype)
         params = net.init(jax.random.PRNGKey(0), obs)
         grads = jax.grad(lambda p: scale * 1e-9 * jnp.sum(net.apply(p, obs)[0][0]))(params)
-        return [g for path, g in jax.tree_util.tree_leaves_with_path(grads) if "kernel" in jax.tree_util.keystr(path)
-                and "actor_" in jax.tree_util.keystr(path) and "head" not in jax.tree_util.keystr(path)]
+        return [
+            g
+            for path, g in jax.tree_util.tree_leaves_with_path(grads)
+            if "kernel" in jax.tree_util.keystr(path)
+            and "actor_" in jax.tree_util.keystr(path)
+            and "head" not in jax.tree_util.keystr(path)
+        ]
 
     assert all(not np.any(g) for g in kernel_grads(jnp.float16, 1.0))
     assert all(np.any(g) for g in kernel_grads(jnp.float16, 2.0**16))

@@ -38,8 +38,14 @@ def one_line_error(capsys) -> str:
 
 def start(argv, preamble=""):
     script = f"import sys\n{preamble}\nfrom genesis_jax.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", script, *argv], cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *argv],
+        cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_until(condition, proc, timeout=120):
@@ -84,7 +90,17 @@ def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(
 
 
 # Long enough (about 15 s on 2 cores) for a second process to start while the first runs.
-LONGER = ["train", "ppo", "--precision", "fp16", "--total-steps", "1048576", "--updates-per-chunk", "64", "--no-progress"]
+LONGER = [
+    "train",
+    "ppo",
+    "--precision",
+    "fp16",
+    "--total-steps",
+    "1048576",
+    "--updates-per-chunk",
+    "64",
+    "--no-progress",
+]
 
 
 def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
@@ -103,8 +119,17 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leave
     assert not (run / ".lock").exists() and metric_updates(run) == list(range(1, 5))
 
 
-@pytest.mark.parametrize("bad", [["--updates-per-chunk", "3"], ["--devices", "2"], ["--num-seeds", "2", "--env-backend",
-                                 "gymnasium"], ["--clip-eps", "nan"], ["--lr", "inf"], ["--max-grad-norm", "nan"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--updates-per-chunk", "3"],
+        ["--devices", "2"],
+        ["--num-seeds", "2", "--env-backend", "gymnasium"],
+        ["--clip-eps", "nan"],
+        ["--lr", "inf"],
+        ["--max-grad-norm", "nan"],
+    ],
+)
 def test_overwrite_with_a_bad_argument_leaves_the_old_run_untouched(small_run, tmp_path, capsys, bad):
     run = copy_of(small_run, tmp_path)
     before = snapshot(run)
@@ -123,7 +148,13 @@ def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, t
         raise RuntimeError("the new run failed")
 
     with pytest.raises(RuntimeError, match="the new run failed"):
-        train(PPOConfig(precision="fp16", total_steps=2048), str(run), overwrite=True, progress=False, grad_transform=broken)
+        train(
+            PPOConfig(precision="fp16", total_steps=2048),
+            str(run),
+            overwrite=True,
+            progress=False,
+            grad_transform=broken,
+        )
     assert snapshot(run) == before  # the old run is back, whole
     train(PPOConfig(precision="fp32", total_steps=2048), str(run), overwrite=True, progress=False)
     assert json.loads((run / "summary.json").read_text())["precision"] == "fp32"
@@ -133,7 +164,10 @@ def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, t
 def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp_path, capsys):
     run = copy_of(small_run, tmp_path)
     step = CheckpointStore(run / "checkpoints").latest_step()
-    data = max((p for p in (run / "checkpoints" / str(step) / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = max(
+        (p for p in (run / "checkpoints" / str(step) / "state").rglob("*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x04
     data.write_bytes(bytes(raw))
@@ -144,9 +178,14 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("change, words", [(["--lr", "0.001"], "lr: 0.00025 -> 0.001"),
-                                           (["--num-steps", "64"], "num_steps: 128 -> 64"),
-                                           (["--seed", "3"], "seed: 0 -> 3")])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (["--lr", "0.001"], "lr: 0.00025 -> 0.001"),
+        (["--num-steps", "64"], "num_steps: 128 -> 64"),
+        (["--seed", "3"], "seed: 0 -> 3"),
+    ],
+)
 def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, capsys, change, words):
     run = copy_of(small_run, tmp_path)
     before = snapshot(run)
@@ -164,10 +203,28 @@ def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, cap
 def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys):
     for saved, asked in (("fp32", "fp16"), ("fp16", "bf16")):
         run = tmp_path / saved
-        assert main(["train", "ppo", "--precision", saved, "--total-steps", "1024", "--no-progress", "--out", str(run)]) == 0
+        assert (
+            main(["train", "ppo", "--precision", saved, "--total-steps", "1024", "--no-progress", "--out", str(run)])
+            == 0
+        )
         before = snapshot(run)
-        assert main(["train", "ppo", "--precision", asked, "--total-steps", "2048", "--no-progress", "--out", str(run),
-                     "--resume"]) == 2
+        assert (
+            main(
+                [
+                    "train",
+                    "ppo",
+                    "--precision",
+                    asked,
+                    "--total-steps",
+                    "2048",
+                    "--no-progress",
+                    "--out",
+                    str(run),
+                    "--resume",
+                ]
+            )
+            == 2
+        )
         assert "precision" in one_line_error(capsys)
         assert snapshot(run) == before
 
@@ -196,11 +253,14 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path):
     assert strict((tmp_path / "run" / "metrics.jsonl").read_text())["episode_return"] is None
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--out", ""], "empty path"),
-    (["--init-loss-scale", "nan"], "init-loss-scale must be a finite number"),
-    (["--total-steps", "1000000000000000", "--num-envs", "4096", "--num-steps", "1"], None),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--out", ""], "empty path"),
+        (["--init-loss-scale", "nan"], "init-loss-scale must be a finite number"),
+        (["--total-steps", "1000000000000000", "--num-envs", "4096", "--num-steps", "1"], None),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(tmp_path, capsys, argv, words):
     if words is None:  # a huge step count: the chunk search is O(sqrt n), so the config is answered at once
         from genesis_jax.ppo.train import chunk_size
@@ -230,7 +290,10 @@ def test_a_damaged_dataset_is_refused_in_one_line(tmp_path, capsys, content):
 
 def test_a_horizon_longer_than_the_datas_sequences_is_refused(tmp_path, capsys):
     path = tmp_path / "short.npz"
-    assert main(["collect", "--env", "CartPole-v1", "--num-sequences", "16", "--sequence-length", "4", "--out", str(path)]) == 0
+    assert (
+        main(["collect", "--env", "CartPole-v1", "--num-sequences", "16", "--sequence-length", "4", "--out", str(path)])
+        == 0
+    )
     capsys.readouterr()
     assert main(["train", "world-model", "--data", str(path), "--horizon", "8", "--no-progress"]) == 2
     assert "horizon 8 is longer than the data's sequences (4 steps)" in one_line_error(capsys)
@@ -240,6 +303,7 @@ def test_a_missing_optional_dependency_is_a_system_failure_in_one_line(capsys):
     pytest.importorskip("gymnasium")
     try:
         import Box2D  # noqa: F401
+
         pytest.skip("box2d is installed here")
     except ImportError:
         pass
@@ -252,8 +316,10 @@ def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkp
     new checkpoint's files are larger than that."""
     run = copy_of(small_run, tmp_path)
     step = CheckpointStore(run / "checkpoints").latest_step()
-    preamble = ("import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-                "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))")
+    preamble = (
+        "import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))"
+    )
     proc = start(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"], preamble)
     assert proc.wait(timeout=300) == 4
     err = [line for line in proc.stderr.read().strip().splitlines() if line.startswith("genesis-jax")]
@@ -266,8 +332,23 @@ def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkp
 @pytest.mark.parametrize("precision, scale_advice", [("fp32", False), ("fp16", True)])
 def test_divergence_advice_fits_the_precision(tmp_path, capsys, precision, scale_advice):
     # Every gradient non-finite: fp32 has no scale to tune, so loss-scale advice would mislead.
-    argv = ["train", "ppo", "--precision", precision, "--total-steps", "8192", "--updates-per-chunk", "4",
-            "--inject-nonfinite", "1.0", "--max-consecutive-skips", "2", "--no-progress", "--out", str(tmp_path / "r")]
+    argv = [
+        "train",
+        "ppo",
+        "--precision",
+        precision,
+        "--total-steps",
+        "8192",
+        "--updates-per-chunk",
+        "4",
+        "--inject-nonfinite",
+        "1.0",
+        "--max-consecutive-skips",
+        "2",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert "training diverged" in err

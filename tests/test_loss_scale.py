@@ -93,7 +93,12 @@ def test_pytree_keeps_configuration_through_jit_and_tree_map():
     doubled = jax.tree.map(lambda x: x, s)
     for t in (back, doubled):
         assert isinstance(t, DynamicLossScale)
-        assert (float(t.growth_factor), float(t.backoff_factor), int(t.growth_interval), float(t.min_scale)) == (3.0, 0.25, 5, 0.5)
+        assert (float(t.growth_factor), float(t.backoff_factor), int(t.growth_interval), float(t.min_scale)) == (
+            3.0,
+            0.25,
+            5,
+            0.5,
+        )
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from genesis_jax.ppo import PPOConfig
-from genesis_jax.ppo import train as train_ppo
 from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.launch import free_port
+from genesis_jax.ppo import PPOConfig
+from genesis_jax.ppo import train as train_ppo
 from tests.parallel_worker import checksum
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -27,11 +27,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def run_worker(*args) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    proc = subprocess.run([sys.executable, "-m", "tests.parallel_worker", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.parallel_worker", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT "):])
+    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT ") :])
     assert result["device_count"] == 4
     return result
 
@@ -78,14 +84,28 @@ def test_four_device_checkpoint_resumes_on_one_device(ppo_runs):
     resumed = train_ppo(config, out_dir=str(out), resume=True, progress=False)  # already complete: restores only
     assert resumed.summary["total_updates"] == 16 * 16 and len(resumed.metrics) == 16
     assert checksum(resumed.train_state.params) == runs["4"]["param_checksum"]
-    longer = train_ppo(PPOConfig(**{**config.to_dict(), "total_steps": 12288}), out_dir=str(out), resume=True, progress=False)
+    longer = train_ppo(
+        PPOConfig(**{**config.to_dict(), "total_steps": 12288}), out_dir=str(out), resume=True, progress=False
+    )
     assert len(longer.metrics) == 24 and np.isfinite(longer.metrics[-1]["loss"])
 
 
 # -- several processes -------------------------------------------------------------------
 
-PPO_ARGS = ["train", "ppo", "--precision", "fp16", "--num-envs", "8", "--num-steps", "64", "--seed", "1",
-            "--devices", "4"]
+PPO_ARGS = [
+    "train",
+    "ppo",
+    "--precision",
+    "fp16",
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "64",
+    "--seed",
+    "1",
+    "--devices",
+    "4",
+]
 LAUNCH = [sys.executable, "-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "2"]
 
 
@@ -129,8 +149,26 @@ def test_a_two_process_checkpoint_restores_on_one_process(two_process_ppo):
 
 def test_world_model_on_two_processes_matches_one_process(world_model_runs, tmp_path):
     out = tmp_path / "wm"
-    proc = launch("--", "train", "world-model", "--precision", "fp16", "--epochs", "3", "--batch-size", "256",
-                  "--num-sequences", "128", "--width", "32", "--devices", "4", "--no-progress", "--out", str(out))
+    proc = launch(
+        "--",
+        "train",
+        "world-model",
+        "--precision",
+        "fp16",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "256",
+        "--num-sequences",
+        "128",
+        "--width",
+        "32",
+        "--devices",
+        "4",
+        "--no-progress",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metric_rows(out)
     np.testing.assert_allclose([r["train_loss"] for r in rows], world_model_runs["4"]["losses"], rtol=1e-4)
@@ -140,14 +178,26 @@ def test_world_model_on_two_processes_matches_one_process(world_model_runs, tmp_
 def test_an_inf_in_one_process_makes_both_skip_the_same_step():
     port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.multiprocess_worker", f"127.0.0.1:{port}", str(i)], cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.multiprocess_worker", f"127.0.0.1:{port}", str(i)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[1][1][-2000:]
-    seen = [json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][0][7:]) for out, _ in outs]
+    seen = [json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][0][7:]) for out, _ in outs]
     assert [s["process"] for s in seen] == [0, 1] and all(s["devices"] == 4 and s["local_devices"] == 2 for s in seen)
-    expected = [{"grads_finite": True, "skipped": 0, "scale": 2.0**16}, {"grads_finite": False, "skipped": 1, "scale": 2.0**15},
-                {"grads_finite": True, "skipped": 1, "scale": 2.0**15}]
+    expected = [
+        {"grads_finite": True, "skipped": 0, "scale": 2.0**16},
+        {"grads_finite": False, "skipped": 1, "scale": 2.0**15},
+        {"grads_finite": True, "skipped": 1, "scale": 2.0**15},
+    ]
     assert seen[0]["steps"] == seen[1]["steps"] == expected
     assert seen[0]["params"] == seen[1]["params"]
 
@@ -157,8 +207,14 @@ def test_a_killed_process_stops_the_other_in_bounded_time_and_both_resume(tmp_pa
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     args = [*PPO_ARGS, "--checkpoint-every", "1024", "--heartbeat-timeout", "10", "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen([*LAUNCH, "--grace", "60", "--", *args, "--total-steps", "400000"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*LAUNCH, "--grace", "60", "--", *args, "--total-steps", "400000"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pids = [int(p) for p in re.search(r"pids (\d+) (\d+)", proc.stderr.readline()).groups()]
     checkpoints = out / "checkpoints"
     deadline = time.monotonic() + 300
@@ -170,7 +226,7 @@ def test_a_killed_process_stops_the_other_in_bounded_time_and_both_resume(tmp_pa
     _, err = proc.communicate(timeout=120)
     waited = time.monotonic() - killed_at
     assert proc.returncode == 4, err[-3000:]
-    line = [l for l in err.splitlines() if l.startswith("genesis-jax launch: process")][-1]
+    line = [x for x in err.splitlines() if x.startswith("genesis-jax launch: process")][-1]
     # Process 0 noticed on its own (JAX's heartbeat), well before the launcher's 60 s grace.
     assert "process 1 was killed by SIGKILL" in line and "0 stopped on their own" in line and "--resume" in line, line
     assert waited < 45, waited

@@ -27,14 +27,23 @@ def random_policy_return(env_id: str, num_envs: int = 64, steps: int = 2000) -> 
         return (state, jnp.where(done, 0.0, ret)), (jnp.where(done, ret, 0.0), done)
 
     _, state = reset(jax.random.split(jax.random.PRNGKey(0), num_envs), params)
-    _, (returns, done) = jax.jit(lambda s: jax.lax.scan(one, (s, jnp.zeros(num_envs)), jax.random.split(jax.random.PRNGKey(1), steps)))(state)
+    _, (returns, done) = jax.jit(
+        lambda s: jax.lax.scan(one, (s, jnp.zeros(num_envs)), jax.random.split(jax.random.PRNGKey(1), steps))
+    )(state)
     return float(returns.sum() / done.sum())
 
 
 def test_cnn_ppo_on_minatar_breakout_beats_a_random_policy_in_fp16():
     random_return = random_policy_return("Breakout-MinAtar")
-    config = PPOConfig(env="Breakout-MinAtar", precision="fp16", num_envs=64, num_minibatches=8, lr=5e-4,
-                       total_steps=64 * 128 * 12, seed=0)
+    config = PPOConfig(
+        env="Breakout-MinAtar",
+        precision="fp16",
+        num_envs=64,
+        num_minibatches=8,
+        lr=5e-4,
+        total_steps=64 * 128 * 12,
+        seed=0,
+    )
     result = train(config, progress=False)
     assert result.summary["train_step_bytes"] > 0
     # One 3x3 convolution over the 10x10x4 frames: the CNN was chosen from the observation shape.
@@ -76,8 +85,15 @@ def test_atari_preprocessing_matches_sb3():
 
 
 def test_atari_ppo_runs_a_few_updates_with_the_nature_cnn():
-    config = PPOConfig(env="ALE/Breakout-v5", precision="fp16", num_envs=2, num_steps=32, num_minibatches=2,
-                       total_steps=2 * 32 * 3, seed=0)
+    config = PPOConfig(
+        env="ALE/Breakout-v5",
+        precision="fp16",
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        total_steps=2 * 32 * 3,
+        seed=0,
+    )
     result = train(config, progress=False)
     assert result.summary["env_backend"] == "gymnasium" and result.summary["iterations"] == 3
     assert result.summary["total_updates"] == 3 * config.update_epochs * config.num_minibatches
@@ -111,7 +127,15 @@ def test_envpool_backend_gives_the_gymnasium_paths_spaces_with_same_step_autores
     assert np.array_equal(obs[~done], final_obs[~done])
     env.close()
 
-    config = PPOConfig(env="ALE/Breakout-v5", env_backend="envpool", precision="fp16", num_envs=2, num_steps=32,
-                       num_minibatches=2, total_steps=2 * 32 * 2, seed=0)
+    config = PPOConfig(
+        env="ALE/Breakout-v5",
+        env_backend="envpool",
+        precision="fp16",
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        total_steps=2 * 32 * 2,
+        seed=0,
+    )
     result = train(config, progress=False)
     assert result.summary["env_backend"] == "envpool" and result.summary["iterations"] == 2

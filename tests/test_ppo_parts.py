@@ -58,9 +58,26 @@ def test_ppo_loss_against_numpy():
         "advantage": rng.normal(size=n),
         "target": rng.normal(size=n),
     }
-    expected = numpy_ppo_loss(logits, values, batch["action"], batch["log_prob"], batch["value"], batch["advantage"], batch["target"], 0.2, 0.5, 0.01)
-    got, aux = ppo_loss((jnp.asarray(logits, jnp.float32),), jnp.asarray(values, jnp.float32),
-                        jax.tree.map(lambda x: jnp.asarray(x, jnp.float32 if x.dtype.kind == "f" else jnp.int32), batch), 0.2, 0.5, 0.01)
+    expected = numpy_ppo_loss(
+        logits,
+        values,
+        batch["action"],
+        batch["log_prob"],
+        batch["value"],
+        batch["advantage"],
+        batch["target"],
+        0.2,
+        0.5,
+        0.01,
+    )
+    got, aux = ppo_loss(
+        (jnp.asarray(logits, jnp.float32),),
+        jnp.asarray(values, jnp.float32),
+        jax.tree.map(lambda x: jnp.asarray(x, jnp.float32 if x.dtype.kind == "f" else jnp.int32), batch),
+        0.2,
+        0.5,
+        0.01,
+    )
     np.testing.assert_allclose(float(got), expected, rtol=1e-5)
     assert 0.0 <= float(aux["clip_fraction"]) <= 1.0
 
@@ -70,9 +87,13 @@ def test_gaussian_log_prob_and_entropy():
     log_std = jnp.array([[0.1, -0.3]])
     a = jnp.array([[0.0, 0.2]])
     std = np.exp(np.array([0.1, -0.3]))
-    ref = np.sum(-0.5 * ((np.array([0.0, 0.2]) - np.array([0.5, -1.0])) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi))
+    ref = np.sum(
+        -0.5 * ((np.array([0.0, 0.2]) - np.array([0.5, -1.0])) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi)
+    )
     np.testing.assert_allclose(float(distributions.log_prob((mean, log_std), a)[0]), ref, rtol=1e-6)
-    np.testing.assert_allclose(float(distributions.entropy((mean, log_std))[0]), np.sum(np.log(std) + 0.5 * (1 + np.log(2 * np.pi))), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(distributions.entropy((mean, log_std))[0]), np.sum(np.log(std) + 0.5 * (1 + np.log(2 * np.pi))), rtol=1e-6
+    )
 
 
 def test_mismatch_metrics_definitions():

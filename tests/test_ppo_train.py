@@ -12,9 +12,22 @@ from genesis_jax.cli import main
 from genesis_jax.ppo import PPOConfig, train
 
 SUMMARY_KEYS = {
-    "env", "precision", "rollout_precision", "seed", "total_steps", "final_return", "steps_per_second",
-    "compile_seconds", "wall_seconds", "loss_scale", "skipped_updates", "total_updates", "overflow_rate",
-    "mismatch_kl_v1", "mismatch_kl_v2", "device",
+    "env",
+    "precision",
+    "rollout_precision",
+    "seed",
+    "total_steps",
+    "final_return",
+    "steps_per_second",
+    "compile_seconds",
+    "wall_seconds",
+    "loss_scale",
+    "skipped_updates",
+    "total_updates",
+    "overflow_rate",
+    "mismatch_kl_v1",
+    "mismatch_kl_v2",
+    "device",
 }
 
 
@@ -48,7 +61,7 @@ def test_outputs_written(gymnax_run):
     assert summary["skipped_updates"] == int(result.train_state.skipped)
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 120
-    assert sum(json.loads(l)["skipped"] for l in lines) == summary["skipped_updates"]
+    assert sum(json.loads(line)["skipped"] for line in lines) == summary["skipped_updates"]
     assert (out / "ppo.png").stat().st_size > 1000
     assert (out / "checkpoints").is_dir()
 
@@ -64,7 +77,9 @@ def test_same_seed_same_result():
 
 
 def test_gymnasium_path_improves_cartpole():
-    config = PPOConfig(env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0)
+    config = PPOConfig(
+        env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0
+    )
     result = train(config, progress=False)
     early, late = early_and_late_return(result.metrics)
     assert result.summary["env_backend"] == "gymnasium"
@@ -91,7 +106,9 @@ def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
 
 
 def test_continuous_actions_run():
-    result = train(PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256), progress=False)
+    result = train(
+        PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256), progress=False
+    )
     assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
 
 
@@ -122,7 +139,9 @@ def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     before = (out / "summary.json").read_text()
     proc = subprocess.run(
         [sys.executable, "-m", "genesis_jax.cli", "train", "ppo", "--out", str(out), "--total-steps", "512"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "holds another run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -140,4 +159,4 @@ def test_resume_continues_exactly(tmp_path):
     assert float(resumed.train_state.loss_scale.loss_scale) == float(straight.train_state.loss_scale.loss_scale)
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in straight.metrics]
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(l)["update"] for l in lines] == list(range(1, 9))
+    assert [json.loads(line)["update"] for line in lines] == list(range(1, 9))

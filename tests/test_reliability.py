@@ -102,8 +102,9 @@ def test_guard_halts_after_too_many_consecutive_skips_even_with_a_floor():
     always = FaultInjection(nonfinite_rate=1.0)
     scaler = DynamicLossScale(init_scale=4.0, min_scale=1.0)
     state, loss_fn, batch = mlp_state(jnp.float16, scaler, "fp16")
-    state, history = run_steps(state, loss_fn, batch, 12, grad_transform=always.grad_transform,
-                               guard=DivergenceGuard(max_consecutive_skips=5))
+    state, history = run_steps(
+        state, loss_fn, batch, 12, grad_transform=always.grad_transform, guard=DivergenceGuard(max_consecutive_skips=5)
+    )
     assert [bool(m["halted"]) for m in history].index(True) == 5  # the 6th skip in a row
     assert int(state.skip_streak) == 6 and int(state.step) == 6 and float(state.loss_scale.loss_scale) == 1.0
 
@@ -111,8 +112,9 @@ def test_guard_halts_after_too_many_consecutive_skips_even_with_a_floor():
 def test_clean_steps_reset_the_streak():
     faults = FaultInjection(nonfinite_rate=0.5, seed=1)
     state, loss_fn, batch = mlp_state()
-    state, history = run_steps(state, loss_fn, batch, 60, grad_transform=faults.grad_transform,
-                               guard=DivergenceGuard(max_consecutive_skips=8))
+    state, history = run_steps(
+        state, loss_fn, batch, 60, grad_transform=faults.grad_transform, guard=DivergenceGuard(max_consecutive_skips=8)
+    )
     streak, longest = 0, 0
     for m in history:
         streak = 0 if m["grads_finite"] else streak + 1
@@ -123,8 +125,19 @@ def test_clean_steps_reset_the_streak():
 
 def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["train", "ppo", "--precision", "fp16", "--total-steps", "51200", "--inject-nonfinite", "0.3",
-            "--out", str(out), "--no-progress"]
+    argv = [
+        "train",
+        "ppo",
+        "--precision",
+        "fp16",
+        "--total-steps",
+        "51200",
+        "--inject-nonfinite",
+        "0.3",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "diverged" in err[0] and "--min-loss-scale" in err[0] and "growth-interval" in err[0]
@@ -151,8 +164,9 @@ def test_python_api_raises_divergence_error_with_summary():
 def test_fp16_with_floor_skips_exactly_the_injected_steps():
     # An initial scale of 2^13 keeps CartPole clear of overflows of its own (2^16 has two
     # in the first update), so every skip here is an injected one.
-    config = PPOConfig(precision="fp16", total_steps=40960, inject_nonfinite=0.05, min_loss_scale=1.0,
-                       init_loss_scale=2.0**13, lr=1e-3)
+    config = PPOConfig(
+        precision="fp16", total_steps=40960, inject_nonfinite=0.05, min_loss_scale=1.0, init_loss_scale=2.0**13, lr=1e-3
+    )
     summary = train_ppo(config, progress=False).summary
     assert summary["stopped"] is None
     assert summary["skipped_updates"] == summary["injected_nonfinite"] == FaultInjection(0.05).count_nonfinite(1280)
@@ -176,8 +190,21 @@ def test_world_model_resume_is_bit_identical(tmp_path):
 
 # --- crash safety: real processes, real signals ---------------------------------------------
 
-KILL_ARGS = ["train", "ppo", "--precision", "fp16", "--total-steps", "131072", "--updates-per-chunk", "8",
-             "--checkpoint-every", "4096", "--seed", "7", "--no-progress"]
+KILL_ARGS = [
+    "train",
+    "ppo",
+    "--precision",
+    "fp16",
+    "--total-steps",
+    "131072",
+    "--updates-per-chunk",
+    "8",
+    "--checkpoint-every",
+    "4096",
+    "--seed",
+    "7",
+    "--no-progress",
+]
 
 # Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
 # can kill the process while that save is in progress.
@@ -211,8 +238,14 @@ def committed_steps(checkpoints: pathlib.Path) -> list[int]:
 def start(out, extra_env=None, script=None):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **(extra_env or {})}
     code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
-    return subprocess.Popen([sys.executable, *code, *KILL_ARGS, "--out", str(out)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *code, *KILL_ARGS, "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, proc, timeout=180):
@@ -280,15 +313,52 @@ def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, s
 
 
 def snapshot(path: pathlib.Path) -> dict:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    assert main(["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--out", str(root / "ppo"), "--no-progress"]) == 0
-    assert main(["train", "world-model", "--epochs", "1", "--num-sequences", "64", "--batch-size", "256", "--width", "16",
-                 "--out", str(root / "wm"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "--precision",
+                "fp16",
+                "--total-steps",
+                "2048",
+                "--out",
+                str(root / "ppo"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train",
+                "world-model",
+                "--epochs",
+                "1",
+                "--num-sequences",
+                "64",
+                "--batch-size",
+                "256",
+                "--width",
+                "16",
+                "--out",
+                str(root / "wm"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return root
 
 
@@ -319,7 +389,18 @@ def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
 def test_bad_resume_or_settings_leave_the_run_untouched(small_runs, tmp_path, capsys, case, extra, words):
     run = corrupt_copy(small_runs / "ppo", tmp_path / "bad") if case == "corrupt" else small_runs / case
     before = snapshot(run)
-    argv = ["train", "ppo", "--precision", "fp16", "--total-steps", "4096", "--out", str(run), "--resume", "--no-progress"]
+    argv = [
+        "train",
+        "ppo",
+        "--precision",
+        "fp16",
+        "--total-steps",
+        "4096",
+        "--out",
+        str(run),
+        "--resume",
+        "--no-progress",
+    ]
     assert main(argv + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
@@ -329,12 +410,28 @@ def test_bad_resume_or_settings_leave_the_run_untouched(small_runs, tmp_path, ca
 def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
     run = small_runs / "wm"
     before = snapshot(run)
-    for extra, words in ((["--batch-size", "0"], "batch-size must be a positive integer"),
-                         (["--width", "64"], "does not fit this run"),
-                         ([], "holds another run")):
+    for extra, words in (
+        (["--batch-size", "0"], "batch-size must be a positive integer"),
+        (["--width", "64"], "does not fit this run"),
+        ([], "holds another run"),
+    ):
         resume = [] if words == "holds another run" else ["--resume"]
-        argv = ["train", "world-model", "--epochs", "2", "--num-sequences", "64", "--batch-size", "256", "--width", "16",
-                "--out", str(run), "--no-progress", *resume]
+        argv = [
+            "train",
+            "world-model",
+            "--epochs",
+            "2",
+            "--num-sequences",
+            "64",
+            "--batch-size",
+            "256",
+            "--width",
+            "16",
+            "--out",
+            str(run),
+            "--no-progress",
+            *resume,
+        ]
         assert main(argv + extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err

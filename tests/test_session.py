@@ -44,21 +44,37 @@ def make_regression(config: RegressionConfig):
     """(initial state, one compiled chunk of STEPS_PER_CHUNK updates, chunk metrics -> rows)."""
     x, y = regression_problem(n=128)
     model, loss_fn = mlp_loss(jnp.float16)
-    state = TrainState.create(model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(config.lr), DynamicLossScale(),
-                              precision="fp16")
+    state = TrainState.create(
+        model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(config.lr), DynamicLossScale(), precision="fp16"
+    )
     faults = FaultInjection(nonfinite_rate=config.nonfinite_rate)
-    update = functools.partial(mixed_precision_update, loss_fn=loss_fn, guard=config.divergence_guard(),
-                               grad_transform=faults.grad_transform if config.nonfinite_rate else None)
+    update = functools.partial(
+        mixed_precision_update,
+        loss_fn=loss_fn,
+        guard=config.divergence_guard(),
+        grad_transform=faults.grad_transform if config.nonfinite_rate else None,
+    )
 
     @jax.jit
     def chunk(state):
         state, m = jax.lax.scan(lambda s, _: update(s, (x, y)), state, None, STEPS_PER_CHUNK)
-        return state, {"loss": m["loss"], "loss_scale": state.loss_scale.loss_scale, "skipped": state.skipped,
-                       "halted": state.halted}
+        return state, {
+            "loss": m["loss"],
+            "loss_scale": state.loss_scale.loss_scale,
+            "skipped": state.skipped,
+            "halted": state.halted,
+        }
 
     def to_rows(m, done):
-        return [{"chunk": done + 1, "loss": float(m["loss"][-1]), "loss_scale": float(m["loss_scale"]),
-                 "skipped": int(m["skipped"]), "halted": bool(m["halted"])}]
+        return [
+            {
+                "chunk": done + 1,
+                "loss": float(m["loss"][-1]),
+                "loss_scale": float(m["loss_scale"]),
+                "skipped": int(m["skipped"]),
+                "halted": bool(m["halted"]),
+            }
+        ]
 
     return state, chunk, to_rows
 
@@ -73,8 +89,17 @@ def train_regression(config, out_dir, *, resume=False, signal_at=None, writers=(
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the chunk runs, as a real one would
         return chunk(state)
 
-    with Session(out_dir, config, kind="regression", total=config.chunks, position_key="chunk", resume=resume,
-                 checkpoint_every=2, progress=False, writers=writers) as session:
+    with Session(
+        out_dir,
+        config,
+        kind="regression",
+        total=config.chunks,
+        position_key="chunk",
+        resume=resume,
+        checkpoint_every=2,
+        progress=False,
+        writers=writers,
+    ) as session:
         state = session.restore(state)
         state = session.run(state, step, to_rows)
         summary = session.finish({"final_loss": session.rows[-1]["loss"], "steps": int(state.step)}, state)
@@ -119,8 +144,8 @@ def read_tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
         data = (log_dir / name).read_bytes()
         at = 0
         while at < len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
-            event = Event.FromString(data[at + 12:at + 12 + length])
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
             at += 12 + length + 4
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))

@@ -20,7 +20,9 @@ def _dots(jaxpr):
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
-            found.append(([str(v.aval.dtype) for v in eqn.invars], str(eqn.outvars[0].aval.dtype), eqn.outvars[0].aval.shape))
+            found.append(
+                ([str(v.aval.dtype) for v in eqn.invars], str(eqn.outvars[0].aval.dtype), eqn.outvars[0].aval.shape)
+            )
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             found += _dots(sub)
     return found
@@ -30,8 +32,16 @@ def _dots(jaxpr):
 @pytest.mark.parametrize("network", list(TORSOS))
 def test_outputs_are_float32_with_any_batch_shape(network, dtype):
     obs_shape = TORSOS[network]
-    net = ActorCritic(action_dim=3, network=network, obs_shape=obs_shape, dtype=dtype, width=16, depth=2,
-                      hidden=(16, 16), continuous=True)
+    net = ActorCritic(
+        action_dim=3,
+        network=network,
+        obs_shape=obs_shape,
+        dtype=dtype,
+        width=16,
+        depth=2,
+        hidden=(16, 16),
+        continuous=True,
+    )
     obs = jax.random.uniform(jax.random.PRNGKey(0), (2, 5, *obs_shape))
     params = net.init(jax.random.PRNGKey(1), obs)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # master params
@@ -66,6 +76,7 @@ def test_layer_norms_and_residual_stream_are_float32(dtype):
     torso = make_torso("resmlp", (7,), width=16, depth=2, dtype=dtype)
     x = jnp.ones((4, 7))
     params = torso.init(jax.random.PRNGKey(0), x)
+
     def outputs_of(kind):
         _, state = torso.apply(params, x, capture_intermediates=lambda module, _: isinstance(module, kind))
         return jax.tree.leaves(state["intermediates"])
@@ -83,7 +94,10 @@ def test_cpu_patch_convolution_equals_the_native_one(stride, padding):
     kernel = jax.random.normal(jax.random.PRNGKey(1), (5, 5, 4, 8))
     native = conv2d(x, kernel, stride, padding, as_patches=False)
     np.testing.assert_allclose(conv2d(x, kernel, stride, padding, as_patches=True), native, rtol=1e-5, atol=1e-5)
-    grads = [jax.grad(lambda k: jnp.sum(jnp.tanh(conv2d(x, k, stride, padding, as_patches=p))))(kernel) for p in (True, False)]
+    grads = [
+        jax.grad(lambda k: jnp.sum(jnp.tanh(conv2d(x, k, stride, padding, as_patches=p))))(kernel)
+        for p in (True, False)
+    ]
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-4)
 
 

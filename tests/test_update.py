@@ -6,7 +6,14 @@ import numpy as np
 import optax
 import pytest
 
-from genesis_jax import DynamicLossScale, MixedPrecisionTrainer, NoOpLossScale, TrainState, mixed_precision_update, stats
+from genesis_jax import (
+    DynamicLossScale,
+    MixedPrecisionTrainer,
+    NoOpLossScale,
+    TrainState,
+    mixed_precision_update,
+    stats,
+)
 from genesis_jax.precision import get_precision
 from tests.helpers import mlp_loss, regression_problem
 
@@ -116,4 +123,4 @@ def test_fp16_full_keeps_dtypes_through_steps():
     trainer = MixedPrecisionTrainer(loss_fn, params, optax.adam(1e-3), prec, has_aux=True)
     for _ in range(3):
         trainer.step((x, y))
-    assert {l.dtype for l in jax.tree.leaves(trainer.params)} == {jnp.dtype(jnp.float16)}
+    assert {leaf.dtype for leaf in jax.tree.leaves(trainer.params)} == {jnp.dtype(jnp.float16)}

@@ -58,8 +58,21 @@ def test_per_epoch_skips_equal_injected_steps(tmp_path):
     assert per_epoch == expected
     assert result.summary["skipped_updates"] == len(injected)
     summary = json.loads((tmp_path / "wm" / "summary.json").read_text())
-    for key in ("precision", "final_train_loss", "eval_loss", "noise_floor", "steps_per_second", "compile_seconds",
-                "loss_scale", "skipped_updates", "overflow_rate", "activation_bytes", "compiled_temp_bytes", "param_bytes", "device"):
+    for key in (
+        "precision",
+        "final_train_loss",
+        "eval_loss",
+        "noise_floor",
+        "steps_per_second",
+        "compile_seconds",
+        "loss_scale",
+        "skipped_updates",
+        "overflow_rate",
+        "activation_bytes",
+        "compiled_temp_bytes",
+        "param_bytes",
+        "device",
+    ):
         assert key in summary
     assert (tmp_path / "wm" / "world_model.png").exists()
 
@@ -82,10 +95,18 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path):
 
 def test_multistep_gru_and_collected_data(tmp_path):
     path = str(tmp_path / "cartpole.npz")
-    assert main(["collect", "--env", "CartPole-v1", "--num-sequences", "32", "--sequence-length", "16", "--out", path]) == 0
+    assert (
+        main(["collect", "--env", "CartPole-v1", "--num-sequences", "32", "--sequence-length", "16", "--out", path])
+        == 0
+    )
     data = wm_data.load_dataset(path)
     assert data["obs"].shape == (32, 17, 4) and data["meta"]["discrete_actions"]
-    s = train(WorldModelConfig(data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3, sequence_length=16), progress=False).summary
+    s = train(
+        WorldModelConfig(
+            data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3, sequence_length=16
+        ),
+        progress=False,
+    ).summary
     assert np.isfinite(s["eval_loss"]) and s["noise_floor"] is None
 
 

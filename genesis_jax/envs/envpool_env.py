@@ -10,9 +10,18 @@ from genesis_jax.envs.registry import EnvSpec
 # EnvPool's Atari preprocessing, set to the gymnasium path's (SB3 / CleanRL): no sticky
 # actions, 30 no-op starts, frame-skip 4, 84x84 grayscale, 4 stacked frames, episodic life,
 # FIRE on reset, clipped rewards.
-ATARI_OPTIONS = {"episodic_life": True, "reward_clip": True, "repeat_action_probability": 0.0, "noop_max": 30,
-                 "frame_skip": 4, "img_height": 84, "img_width": 84, "stack_num": 4, "gray_scale": True,
-                 "use_fire_reset": True}
+ATARI_OPTIONS = {
+    "episodic_life": True,
+    "reward_clip": True,
+    "repeat_action_probability": 0.0,
+    "noop_max": 30,
+    "frame_skip": 4,
+    "img_height": 84,
+    "img_width": 84,
+    "stack_num": 4,
+    "gray_scale": True,
+    "use_fire_reset": True,
+}
 
 
 def task_id(env_id: str) -> str:
@@ -42,8 +51,9 @@ def envpool_spec(env_id: str) -> EnvSpec:
         raise ValueError(f"envpool has no Atari game {env_id!r} (the backend takes ALE/<Game>-v5 ids)")
     spec = envpool.make_spec(name, **ATARI_OPTIONS)
     stack, height, width = spec.observation_space.shape
-    return EnvSpec(env_id, "envpool", stack * height * width, int(spec.action_space.n), False,
-                   obs_shape=(height, width, stack))
+    return EnvSpec(
+        env_id, "envpool", stack * height * width, int(spec.action_space.n), False, obs_shape=(height, width, stack)
+    )
 
 
 class EnvPoolVecEnv:
@@ -55,8 +65,9 @@ class EnvPoolVecEnv:
 
     def __init__(self, env_id: str, num_envs: int, seed: int = 0):
         self.spec = envpool_spec(env_id)
-        self.envs = _import_envpool().make(task_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed,
-                                           **ATARI_OPTIONS)
+        self.envs = _import_envpool().make(
+            task_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **ATARI_OPTIONS
+        )
         self.num_envs = num_envs
 
     @staticmethod

@@ -121,8 +121,16 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
         return EnvSpec(env_id, "gymnasium", int(math.prod(shape)), int(act_space.n), False, **common)
     if isinstance(act_space, gym.spaces.Box):
         low, high = act_space.low.reshape(-1), act_space.high.reshape(-1)
-        return EnvSpec(env_id, "gymnasium", int(math.prod(shape)), int(low.size), True, tuple(map(float, low)),
-                       tuple(map(float, high)), **common)
+        return EnvSpec(
+            env_id,
+            "gymnasium",
+            int(math.prod(shape)),
+            int(low.size),
+            True,
+            tuple(map(float, low)),
+            tuple(map(float, high)),
+            **common,
+        )
     raise ValueError(f"{env_id} has a {type(act_space).__name__} action space; only Discrete and Box are supported")
 
 

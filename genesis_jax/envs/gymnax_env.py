@@ -26,8 +26,17 @@ def gymnax_spec(env_id: str) -> EnvSpec:
     obs_shape = tuple(env.observation_space(params).shape) or (1,)
     action_dim, continuous, low, high = _space_info(env.action_space(params))
     limit = getattr(params, "max_steps_in_episode", None)
-    return EnvSpec(env_id, "gymnax", int(math.prod(obs_shape)), action_dim, continuous, low, high,
-                   int(limit) if limit else None, obs_shape)
+    return EnvSpec(
+        env_id,
+        "gymnax",
+        int(math.prod(obs_shape)),
+        action_dim,
+        continuous,
+        low,
+        high,
+        int(limit) if limit else None,
+        obs_shape,
+    )
 
 
 class GymnaxVecEnv:

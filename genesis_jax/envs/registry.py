@@ -68,7 +68,11 @@ def resolve_backend(env_id: str, backend: str | None = None) -> str:
 def _close_matches(env_id: str, backend: str | None = None) -> str:
     pool = (gymnax_ids() if backend != "gymnasium" else []) + (gymnasium_ids() if backend != "gymnax" else [])
     matches = difflib.get_close_matches(env_id, list(dict.fromkeys(pool)), n=5, cutoff=0.5)
-    return f"; did you mean {', '.join(matches)}?" if matches else "; see gymnax.registered_envs or gymnasium.envs.registry"
+    return (
+        f"; did you mean {', '.join(matches)}?"
+        if matches
+        else "; see gymnax.registered_envs or gymnasium.envs.registry"
+    )
 
 
 def resolve_env(env_id: str, backend: str | None = None) -> EnvSpec:

@@ -1,7 +1,7 @@
 """Flax modules: compute in the policy's dtype, params in float32, outputs in float32."""
 
+from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import MLP
-from genesis_jax.nets.actor_critic import ActorCritic
 
 __all__ = ["Dense", "MLP", "ActorCritic"]

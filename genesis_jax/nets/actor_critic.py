@@ -49,8 +49,15 @@ class ActorCritic(nn.Module):
     def _torso(self, name: str):
         if self.network == "mlp":
             return self._mlp_layers(name)
-        return make_torso(self.network, self.obs_shape or (1,), width=self.width, depth=self.depth, dtype=self.dtype,
-                          param_dtype=self.param_dtype, name=name)
+        return make_torso(
+            self.network,
+            self.obs_shape or (1,),
+            width=self.width,
+            depth=self.depth,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name=name,
+        )
 
     def _head(self, features: int, scale: float, name: str):
         # float32 by the precision rules (the name ends in "head"), not by its own dtype.
@@ -70,7 +77,7 @@ class ActorCritic(nn.Module):
         """torso(obs) for obs [*batch, *obs_shape]: the torso sees one flat batch dimension."""
         obs_rank = len(self.obs_shape) if self.obs_shape is not None else 1
         batch_shape = obs.shape[: obs.ndim - obs_rank]
-        x = obs.reshape((-1, *obs.shape[obs.ndim - obs_rank:]))
+        x = obs.reshape((-1, *obs.shape[obs.ndim - obs_rank :]))
         if self.network == "mlp":  # its own towers: a sequence of Dense layers
             act = ACTIVATIONS[self.activation]
             x = x.reshape(x.shape[0], -1).astype(jnp.float32)

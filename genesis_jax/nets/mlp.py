@@ -30,7 +30,9 @@ class MLP(nn.Module):
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.features):
-            x = nn.Dense(width, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init, name=f"dense_{i}")(x)
+            x = nn.Dense(
+                width, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init, name=f"dense_{i}"
+            )(x)
             if i < len(self.features) - 1:
                 x = act(x)
         return x.astype(jnp.float32)

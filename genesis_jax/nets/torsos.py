@@ -1,8 +1,8 @@
 """Network torsos: observation -> float32 feature vector, in the compute dtype where it pays.
 
-`resmlp` (SimBa-style pre-LayerNorm residual MLP), `cnn` (Nature-CNN,
-or MinAtar's one-layer CNN for small images) and `impala` (IMPALA-ResNet); the tanh MLP, `mlp`, is `nets.ActorCritic`'s own. Every torso
-takes observations of shape [B, *obs_shape] and returns [B, features] float32.
+`resmlp` (SimBa-style pre-LayerNorm residual MLP), `cnn` (Nature-CNN, or MinAtar's one-layer
+CNN for small images) and `impala` (IMPALA-ResNet); the tanh MLP, `mlp`, is `nets.ActorCritic`'s
+own. Every torso takes observations of shape [B, *obs_shape] and returns [B, features] float32.
 
 What stays float32, and why: LayerNorm statistics and the residual stream (a sum of many
 half-precision terms loses the small ones; SimBa, BRO and DreamerV3 keep norms in float32;
@@ -144,8 +144,9 @@ class ImpalaCNN(nn.Module):
         return nn.relu(Dense(self.features, self.dtype, self.param_dtype, init, name="dense")(x))
 
 
-def make_torso(network: str, obs_shape: Sequence[int], *, width=256, depth=2, dtype=jnp.float32,
-               param_dtype=jnp.float32, name=None) -> nn.Module:
+def make_torso(
+    network: str, obs_shape: Sequence[int], *, width=256, depth=2, dtype=jnp.float32, param_dtype=jnp.float32, name=None
+) -> nn.Module:
     """The torso called `network` (`resmlp`, `cnn` or `impala`) for observations of `obs_shape`.
     (`mlp` is the actor-critic's own towers: see `nets.ActorCritic`.)
 
@@ -157,7 +158,9 @@ def make_torso(network: str, obs_shape: Sequence[int], *, width=256, depth=2, dt
     """
     common = {"dtype": dtype, "param_dtype": param_dtype, "name": name}
     if network in IMAGE_NETWORKS and len(obs_shape) != 3:
-        raise ValueError(f"network {network!r} needs image observations (height, width, channels), got shape {tuple(obs_shape)}")
+        raise ValueError(
+            f"network {network!r} needs image observations (height, width, channels), got shape {tuple(obs_shape)}"
+        )
     if network == "resmlp":
         return ResidualMLP(width, depth, **common)
     if network == "cnn":

@@ -33,7 +33,9 @@ class WorldModel(nn.Module):
         if self.core == "gru":
             self.cell = nn.GRUCell(self.width, dtype=self.dtype, param_dtype=self.param_dtype, name="gru")
         else:
-            self.blocks = [(dense(self.width, f"block_{i}_a"), dense(self.width, f"block_{i}_b")) for i in range(self.depth)]
+            self.blocks = [
+                (dense(self.width, f"block_{i}_a"), dense(self.width, f"block_{i}_b")) for i in range(self.depth)
+            ]
         self.obs_head = dense(self.obs_dim, "obs_head")
         self.reward_head = dense(1, "reward_head")
         self.term_head = dense(1, "term_head")

@@ -50,8 +50,17 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
         if isinstance(self.hidden, (str, bytes)) or not all(isinstance(h, (int, np.integer)) for h in self.hidden):
             raise ValueError(f"hidden must be a sequence of integers such as (64, 64), got {self.hidden!r}")
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
-        positive = ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat",
-                    "width", "depth")
+        positive = (
+            "total_steps",
+            "num_envs",
+            "num_steps",
+            "update_epochs",
+            "num_minibatches",
+            "num_seeds",
+            "action_repeat",
+            "width",
+            "depth",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

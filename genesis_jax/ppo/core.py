@@ -104,7 +104,9 @@ def finish_rollout(columns: dict, value_fn, gamma: float, max_truncations: int |
     final_value = truncation_values(columns["truncated"], columns["final_obs"], value_fn, max_truncations)
     traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value")}
     traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
-    traj["reward"] = bootstrap_truncated(columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma)
+    traj["reward"] = bootstrap_truncated(
+        columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma
+    )
     return traj
 
 
@@ -126,13 +128,24 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
 
     def loss_fn(params, batch):
         pi_params, values = network.apply(params, batch["obs"])
-        loss, aux = ppo_loss(pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value)
+        loss, aux = ppo_loss(
+            pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value
+        )
         # The learner's view, kept for the mismatch metric (read on the first minibatch only).
         aux["log_pi"] = distributions.log_prob(pi_params, batch["action"])
         return loss, aux
 
     options = update_options(config, config.seed, grad_transform)
-    scalar_names = ("loss", "grad_norm", "grads_finite", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+    scalar_names = (
+        "loss",
+        "grad_norm",
+        "grads_finite",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+    )
 
     def step(state, batch):
         """One minibatch step; its scalar metrics leave the loop as one float32 vector (one
@@ -148,8 +161,14 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
             traj["reward"], traj["value"], traj["done"], last_value, config.gamma, config.gae_lambda
         )
         data = _flatten_time_env(
-            {"obs": traj["obs"], "action": traj["action"], "log_prob": traj["log_prob"], "value": traj["value"],
-             "advantage": advantages, "target": targets}
+            {
+                "obs": traj["obs"],
+                "action": traj["action"],
+                "log_prob": traj["log_prob"],
+                "value": traj["value"],
+                "advantage": advantages,
+                "target": targets,
+            }
         )
 
         def epoch(state, epoch_key):

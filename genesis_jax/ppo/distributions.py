@@ -48,4 +48,3 @@ def entropy(pi_params):
         return -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
     _, log_std = pi_params
     return jnp.sum(log_std + 0.5 * (1.0 + _LOG_2PI), axis=-1)
-

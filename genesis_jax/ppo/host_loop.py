@@ -55,7 +55,9 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
 
     def draw_noise(key):
         """[num_steps, num_envs, action_dim] host array: the whole rollout's action noise."""
-        return np.asarray(distributions.noise(key, (config.num_steps, config.num_envs), spec.action_dim, spec.continuous))
+        return np.asarray(
+            distributions.noise(key, (config.num_steps, config.num_envs), spec.action_dim, spec.continuous)
+        )
 
     def unpack(packed):
         action = packed[:, :action_width]

@@ -90,8 +90,10 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
         # three per step: on small networks random-number generation is a large share of a step.
         rng, noise_key, env_key, update_key = jax.random.split(runner.rng, 4)
         steps_by_envs = (config.num_steps, config.num_envs)
-        randomness = (distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
-                      jax.random.split(env_key, steps_by_envs))
+        randomness = (
+            distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
+            jax.random.split(env_key, steps_by_envs),
+        )
         runner, columns = jax.lax.scan(env_step, runner, randomness)
         value_of = lambda obs: rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
         traj = finish_rollout(columns, value_of, config.gamma, truncation_bound)

@@ -23,8 +23,19 @@ from genesis_jax.session import Session
 
 # Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
 _LOGGED = (
-    "loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss_scale",
-    "skipped", "mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "mismatch_ratio_dev",
+    "loss",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "grad_norm",
+    "loss_scale",
+    "skipped",
+    "mismatch_kl_v1",
+    "mismatch_kl_v2",
+    "mismatch_max_dp",
+    "mismatch_ratio_dev",
 )
 
 
@@ -61,9 +72,7 @@ def chunk_size(num_updates: int, requested: int | None, target_chunks: int = 25)
 def _build(config: PPOConfig, backend: str, grad_transform=None):
     """(init(keys) -> runner, compile_chunks(runner, n) -> run(runner), host env or None)."""
     if backend == "gymnax":
-        from genesis_jax.ppo.jax_loop import make_jax_ppo
-
-        from genesis_jax.ppo.jax_loop import runner_shardings
+        from genesis_jax.ppo.jax_loop import make_jax_ppo, runner_shardings
 
         mesh = config.mesh()
         init, run_chunk, spec = make_jax_ppo(config, grad_transform, mesh)
@@ -76,7 +85,9 @@ def _build(config: PPOConfig, backend: str, grad_transform=None):
         else:
             shardings = runner_shardings(jax.eval_shape(init, _seed_keys(config)), mesh)
             init = jax.jit(init, out_shardings=shardings)
-            jitted = jax.jit(run_chunk_fn, static_argnums=1, donate_argnums=0, out_shardings=(shardings, replicated(mesh)))
+            jitted = jax.jit(
+                run_chunk_fn, static_argnums=1, donate_argnums=0, out_shardings=(shardings, replicated(mesh))
+            )
 
         def compile_chunks(runner, per_chunk):
             return jitted.lower(runner, per_chunk).compile()
@@ -120,15 +131,19 @@ def _per_update_rows(chunk_metrics: dict, first_update: int, config: PPOConfig) 
         "halted": m["halted"].any(0).tolist(),
     }
     if config.num_seeds > 1:
-        columns["episode_return_per_seed"] = [[None if np.isnan(r) else float(r) for r in col] for col in seed_returns.T]
+        columns["episode_return_per_seed"] = [
+            [None if np.isnan(r) else float(r) for r in col] for col in seed_returns.T
+        ]
         columns["return_sum_per_seed"] = m["return_sum"].T.astype(float).tolist()
         columns["episodes_per_seed"] = episodes.T.tolist()
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def summarise(rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str, stopped: str | None = None) -> dict:
+def summarise(
+    rows: list[dict], config: PPOConfig, runner, timing: dict, backend: str, stopped: str | None = None
+) -> dict:
     """summary.json: the run's outcome in one flat dict."""
-    last = rows[-max(1, len(rows) // 10):]
+    last = rows[-max(1, len(rows) // 10) :]
     episodes = sum(r["episodes"] for r in last)
     final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
     if config.num_seeds > 1 and rows:
@@ -226,10 +241,26 @@ def train(
             per_chunk -= 1
     skipped = [0]
     session = Session(
-        out_dir, config, kind="ppo", total=config.num_updates, position_key="update", meta_key="step",
-        unit_size=config.batch_size, unit="step", checkpoint_every=every_updates, resume=resume, overwrite=overwrite,
-        progress=progress, max_to_keep=max_to_keep, allow_config_change=allow_config_change, writers=writers,
-        postfix=lambda row: {**_postfix(row, skipped), "sps": session.steps_per_second(config.batch_size * config.num_seeds)},
+        out_dir,
+        config,
+        kind="ppo",
+        train_state_path=("train_state",),
+        total=config.num_updates,
+        position_key="update",
+        meta_key="step",
+        unit_size=config.batch_size,
+        unit="step",
+        checkpoint_every=every_updates,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
+        max_to_keep=max_to_keep,
+        allow_config_change=allow_config_change,
+        writers=writers,
+        postfix=lambda row: {
+            **_postfix(row, skipped),
+            "sps": session.steps_per_second(config.batch_size * config.num_seeds),
+        },
     )
     init, compile_chunks, host_env = _build(config, backend, grad_transform)
     # Every input is validated: only now is the output directory touched.
@@ -252,8 +283,9 @@ def train(
             }
             summary = summarise(session.rows, config, runner, timing, backend, session.stopped)
             title = f"PPO {config.env} ({summary['precision']})"
-            summary = session.finish(summary, runner.train_state,
-                                     plot=lambda rows, path: runs.plot_ppo(rows, path / "ppo.png", title=title))
+            summary = session.finish(
+                summary, runner.train_state, plot=lambda rows, path: runs.plot_ppo(rows, path / "ppo.png", title=title)
+            )
     finally:
         if host_env is not None:
             host_env.close()

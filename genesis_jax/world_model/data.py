@@ -23,8 +23,9 @@ def _binary_entropy(p):
     return -(p * np.log(p) + (1 - p) * np.log(1 - p))
 
 
-def synthetic_dataset(num_sequences: int = 512, length: int = 32, seed: int = 0, obs_noise: float = 0.05,
-                      reward_noise: float = 0.05) -> dict:
+def synthetic_dataset(
+    num_sequences: int = 512, length: int = 32, seed: int = 0, obs_noise: float = 0.05, reward_noise: float = 0.05
+) -> dict:
     """A seeded linear-Gaussian system: s' = A s + B a + N(0, obs_noise^2), r = c.s + d.a + N(0, reward_noise^2),
     terminated ~ Bernoulli(sigmoid(w.s')). The attainable loss of each sample is known."""
     if num_sequences < 2 or length < 1:
@@ -96,14 +97,25 @@ def _random_policy(spec, num_envs: int):
     def act(key, obs):
         del obs
         if spec.continuous:
-            return jax.random.uniform(key, (num_envs, spec.action_dim), minval=jnp.asarray(spec.action_low), maxval=jnp.asarray(spec.action_high))
+            return jax.random.uniform(
+                key,
+                (num_envs, spec.action_dim),
+                minval=jnp.asarray(spec.action_low),
+                maxval=jnp.asarray(spec.action_high),
+            )
         return jax.random.randint(key, (num_envs,), 0, spec.action_dim)
 
     return jax.jit(act)
 
 
-def collect_dataset(env_id: str, num_sequences: int = 64, length: int = 64, seed: int = 0, backend: str | None = None,
-                    policy: str = "random") -> dict:
+def collect_dataset(
+    env_id: str,
+    num_sequences: int = 64,
+    length: int = 64,
+    seed: int = 0,
+    backend: str | None = None,
+    policy: str = "random",
+) -> dict:
     """Trajectories from a gymnax (vmapped, under jit) or gymnasium (host) environment id,
     acting with a random policy or, with `policy=<PPO run directory>`, a trained one.
 
@@ -134,8 +146,11 @@ def collect_dataset(env_id: str, num_sequences: int = 64, length: int = 64, seed
         "action": a.swapaxes(0, 1),
         "reward": r.swapaxes(0, 1).astype(np.float32),
         "terminated": term.swapaxes(0, 1).astype(np.float32),
-        "meta": {"source": f"{backend}:{env_id}({description}, seed={seed})", "discrete_actions": not spec.continuous,
-                 "action_dim": spec.action_dim},
+        "meta": {
+            "source": f"{backend}:{env_id}({description}, seed={seed})",
+            "discrete_actions": not spec.continuous,
+            "action_dim": spec.action_dim,
+        },
     }
 
 
@@ -214,5 +229,5 @@ def split(data: dict, eval_fraction: float = 0.2) -> tuple[dict, dict]:
         raise ValueError(f"{n} sequences are too few to hold out {eval_fraction:.0%} for evaluation")
     arrays = {k: v for k, v in data.items() if k != "meta"}
     train = {k: v[: n - n_eval] for k, v in arrays.items()}
-    held = {k: v[n - n_eval:] for k, v in arrays.items()}
+    held = {k: v[n - n_eval :] for k, v in arrays.items()}
     return {**train, "meta": data["meta"]}, {**held, "meta": data["meta"]}

@@ -89,7 +89,7 @@ def windows(data: dict, horizon: int) -> dict:
         raise ValueError(f"horizon {horizon} is longer than the data's sequences ({length} steps)")
     next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
     starts = np.arange(length - horizon + 1)
-    take = lambda x: np.stack([x[:, s:s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
+    take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
     samples = {
         "obs": data["obs"][:, starts].reshape(n * len(starts), -1),
         "action": take(data["action"]),
@@ -124,7 +124,11 @@ def make_loss_fn(model: WorldModel):
         reward_mse = jnp.square(pred_reward - batch["reward"])
         bce = optax.sigmoid_binary_cross_entropy(term_logit, batch["terminated"])
         per_sample = obs_mse + reward_mse + bce
-        return jnp.mean(per_sample), {"obs_mse": jnp.mean(obs_mse), "reward_mse": jnp.mean(reward_mse), "bce": jnp.mean(bce)}
+        return jnp.mean(per_sample), {
+            "obs_mse": jnp.mean(obs_mse),
+            "reward_mse": jnp.mean(reward_mse),
+            "bce": jnp.mean(bce),
+        }
 
     return loss_fn
 
@@ -135,9 +139,19 @@ def activation_bytes(loss_fn, params, batch) -> int:
     return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(residuals)))
 
 
-def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bool = False, progress: bool = True,
-          grad_transform=None, checkpoint_every: int = 0, resume: bool = False, max_to_keep: int = 3,
-          allow_config_change: bool = False, writers=()) -> WorldModelResult:
+def train(
+    config: WorldModelConfig,
+    out_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    grad_transform=None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    max_to_keep: int = 3,
+    allow_config_change: bool = False,
+    writers=(),
+) -> WorldModelResult:
     """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
     checkpoints (every `checkpoint_every` epochs and at the end) under `out_dir` when one
     is given; `resume` continues the run there from its newest checkpoint, refusing a
@@ -146,11 +160,25 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     writers (`genesis_jax.metric_writers`)."""
     start_distributed(config)  # before anything touches a device
     session = Session(
-        out_dir, config, kind="world-model", total=config.epochs, position_key="epoch", unit="epoch",
-        checkpoint_every=checkpoint_every, resume=resume, overwrite=overwrite, progress=progress,
-        max_to_keep=max_to_keep, allow_config_change=allow_config_change, writers=writers,
-        postfix=lambda row: {"train": f"{row['train_loss']:.4f}", "eval": f"{row['eval_loss']:.4f}",
-                             "scale": f"{row['loss_scale']:g}", "skipped": row["skipped"]},
+        out_dir,
+        config,
+        kind="world-model",
+        total=config.epochs,
+        position_key="epoch",
+        unit="epoch",
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
+        max_to_keep=max_to_keep,
+        allow_config_change=allow_config_change,
+        writers=writers,
+        postfix=lambda row: {
+            "train": f"{row['train_loss']:.4f}",
+            "eval": f"{row['eval_loss']:.4f}",
+            "scale": f"{row['loss_scale']:g}",
+            "skipped": row["skipped"],
+        },
     )
     mesh = config.mesh()
     precision = config.train_precision()
@@ -177,7 +205,9 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
     state = TrainState.create(params, optax.adam(config.lr, eps=eps), config.make_loss_scale(), run_key, precision)
     # Data parallel: state and data replicated, each minibatch's rows split over the devices.
     state, train_set, eval_set = on_devices((state, train_set, eval_set), mesh, replicated(mesh) if mesh else None)
-    step = functools.partial(mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform))
+    step = functools.partial(
+        mixed_precision_update, loss_fn=loss_fn, **update_options(config, config.seed, grad_transform)
+    )
 
     def epoch(state: TrainState, data: dict):
         rng, perm_key = jax.random.split(state.rng)
@@ -188,8 +218,12 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         state, metrics = jax.lax.scan(step, state.replace(rng=rng), batches)
         finite = metrics["grads_finite"]
         train_loss = jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(jnp.sum(finite), 1)
-        return state, {"train_loss": train_loss, "skipped": state.skipped - skipped_before,
-                       "loss_scale": state.loss_scale.loss_scale, "halted": state.halted}
+        return state, {
+            "train_loss": train_loss,
+            "skipped": state.skipped - skipped_before,
+            "loss_scale": state.loss_scale.loss_scale,
+            "halted": state.halted,
+        }
 
     batch0 = jax.tree.map(lambda x: x[: config.batch_size], train_set)
     act_bytes = activation_bytes(loss_fn, state.params, batch0)
@@ -216,15 +250,17 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
         def to_rows(m, done: int) -> list[dict]:
             now = time.perf_counter()
             elapsed, last_row_time[0] = now - last_row_time[0], now
-            return [{
-                "epoch": done + 1,
-                "train_loss": float(m["train_loss"]),
-                "eval_loss": float(m["eval_loss"]),
-                "loss_scale": float(m["loss_scale"]),
-                "skipped": int(m["skipped"]),
-                "steps_per_second": batches_per_epoch / elapsed,
-                "halted": bool(m["halted"]),
-            }]
+            return [
+                {
+                    "epoch": done + 1,
+                    "train_loss": float(m["train_loss"]),
+                    "eval_loss": float(m["eval_loss"]),
+                    "loss_scale": float(m["loss_scale"]),
+                    "skipped": int(m["skipped"]),
+                    "steps_per_second": batches_per_epoch / elapsed,
+                    "halted": bool(m["halted"]),
+                }
+            ]
 
         state = session.run(state, run_epoch, to_rows)
         rows = session.rows
@@ -258,7 +294,12 @@ def train(config: WorldModelConfig, out_dir: str | None = None, *, overwrite: bo
             "device": runs.device_name(),
         }
         plot = lambda rows, path: runs.plot_curves(  # noqa: E731
-            rows, "epoch", ("train_loss", "eval_loss"), path / "world_model.png",
-            title=f"world model ({precision.name})", floor=noise_floor)
+            rows,
+            "epoch",
+            ("train_loss", "eval_loss"),
+            path / "world_model.png",
+            title=f"world model ({precision.name})",
+            floor=noise_floor,
+        )
         summary = session.finish(summary, state, plot=plot)
     return WorldModelResult(summary=summary, train_state=state, metrics=rows)

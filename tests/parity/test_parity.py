@@ -12,9 +12,9 @@ if os.environ.get("CI"):
 else:
     torch = pytest.importorskip("torch", reason="parity tests need torch (pip install -e '.[test]')")
 
-from genesis_jax import parity  # noqa: E402
 from genesis_jax.nets import MLP, ActorCritic  # noqa: E402
 from genesis_jax.nets.world_model import WorldModel  # noqa: E402
+from tests.parity import harness as parity  # noqa: E402
 
 torch.manual_seed(0)
 
@@ -26,11 +26,15 @@ def test_forward_passes_agree_in_fp32_both_ways():
     params = mlp.init(jax.random.PRNGKey(0), x)
     seq = parity.torch_mlp((64, 64, 1), 8)
     parity.mlp_params_to_torch(params, seq)
-    np.testing.assert_allclose(seq(torch.from_numpy(x)).detach().numpy(), np.asarray(mlp.apply(params, x)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        seq(torch.from_numpy(x)).detach().numpy(), np.asarray(mlp.apply(params, x)), rtol=1e-6, atol=1e-6
+    )
     # MLP, torch -> Flax
     fresh = parity.torch_mlp((64, 64, 1), 8)
     back = parity.mlp_params_from_torch(fresh)
-    np.testing.assert_allclose(np.asarray(mlp.apply(back, x)), fresh(torch.from_numpy(x)).detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(mlp.apply(back, x)), fresh(torch.from_numpy(x)).detach().numpy(), rtol=1e-6, atol=1e-6
+    )
     # actor-critic
     ac = ActorCritic(action_dim=3, hidden=(64, 64))
     ac_params = ac.init(jax.random.PRNGKey(1), x)

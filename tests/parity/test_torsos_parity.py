@@ -95,7 +95,8 @@ def test_torso_and_heads_agree_with_torch_in_fp32(case):
     params = net.init(jax.random.PRNGKey(0), jnp.asarray(obs))["params"]
     # Non-zero biases and norm parameters, so that a wrong mapping of them shows.
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x if path[-1].key == "kernel" else x + 0.1 * rng.normal(size=x.shape).astype(np.float32), params)
+        lambda path, x: x if path[-1].key == "kernel" else x + 0.1 * rng.normal(size=x.shape).astype(np.float32), params
+    )
     (logits,), value = net.apply({"params": params}, jnp.asarray(obs))
 
     if network == "resmlp":
@@ -103,7 +104,9 @@ def test_torso_and_heads_agree_with_torch_in_fp32(case):
     else:
         actor = critic = torch_torso(params["torso"], t(obs))
     np.testing.assert_allclose(linear(params["actor_head"], actor).numpy(), np.asarray(logits), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(linear(params["critic_head"], critic)[:, 0].numpy(), np.asarray(value), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        linear(params["critic_head"], critic)[:, 0].numpy(), np.asarray(value), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_uint8_frames_are_scaled_to_unit_range_as_torch_does():
@@ -111,5 +114,7 @@ def test_uint8_frames_are_scaled_to_unit_range_as_torch_does():
     net = ActorCritic(action_dim=4, network="cnn", obs_shape=(84, 84, 4))
     params = net.init(jax.random.PRNGKey(0), jnp.asarray(obs))["params"]
     (logits,), _ = net.apply({"params": params}, jnp.asarray(obs))
-    theirs = linear(params["actor_head"], torch_nature_cnn(params["torso"], t(obs) / 255.0, cnn_layout_for((84, 84))[0]))
+    theirs = linear(
+        params["actor_head"], torch_nature_cnn(params["torso"], t(obs) / 255.0, cnn_layout_for((84, 84))[0])
+    )
     np.testing.assert_allclose(theirs.numpy(), np.asarray(logits), rtol=1e-4, atol=1e-5)

@@ -1,6 +1,7 @@
 """PyTorch parity harness: the same work in PyTorch AMP and in genesis-jax, compared.
 
-torch is imported lazily and is never a runtime dependency (`pip install genesis-jax[test]`).
+It lives with the tests, not in the installed package: only the parity tests and
+`experiments/parity_report.py` use it, and importing `genesis_jax` never imports torch.
 The reference is PyTorch's FP16-trainer pattern: `torch.autocast` + `torch.amp.GradScaler`,
 then `unscale_`, `clip_grad_norm_`, `step`, `update`.
 """
@@ -73,7 +74,7 @@ def mlp_params_to_torch(params, seq) -> None:
 
 
 def mlp_params_from_torch(seq) -> dict:
-    return {"params": {f"dense_{i}": dense_from_torch(l) for i, l in enumerate(_linears(seq))}}
+    return {"params": {f"dense_{i}": dense_from_torch(layer) for i, layer in enumerate(_linears(seq))}}
 
 
 class _TorchActorCritic:
@@ -122,22 +123,33 @@ class _TorchWorldModel:
     def __init__(self, obs_dim, action_dim, width, depth):
         torch = _torch()
         L = torch.nn.Linear
-        self.layers = {"enc_0": L(obs_dim, width), "enc_1": L(width, width), "action_embed": L(action_dim, width),
-                       "obs_head": L(width, obs_dim), "reward_head": L(width, 1), "term_head": L(width, 1)}
+        self.layers = {
+            "enc_0": L(obs_dim, width),
+            "enc_1": L(width, width),
+            "action_embed": L(action_dim, width),
+            "obs_head": L(width, obs_dim),
+            "reward_head": L(width, 1),
+            "term_head": L(width, 1),
+        }
         for i in range(depth):
             self.layers[f"block_{i}_a"] = L(width, width)
             self.layers[f"block_{i}_b"] = L(width, width)
         self.depth = depth
 
     def parameters(self):
-        return [p for l in self.layers.values() for p in l.parameters()]
+        return [p for layer in self.layers.values() for p in layer.parameters()]
 
     def load_flax(self, params):
         for name, linear in self.layers.items():
             dense_to_torch(linear, params["params"][name])
 
     def grads_as_flax(self):
-        return {"params": {n: {"kernel": l.weight.grad.numpy().T, "bias": l.bias.grad.numpy()} for n, l in self.layers.items()}}
+        return {
+            "params": {
+                n: {"kernel": layer.weight.grad.numpy().T, "bias": layer.bias.grad.numpy()}
+                for n, layer in self.layers.items()
+            }
+        }
 
     def __call__(self, obs, action):
         torch = _torch()
@@ -146,7 +158,11 @@ class _TorchWorldModel:
         x = h + self.layers["action_embed"](action)
         for i in range(self.depth):
             x = x + self.layers[f"block_{i}_b"](silu(self.layers[f"block_{i}_a"](silu(x))))
-        return obs + self.layers["obs_head"](silu(x)), self.layers["reward_head"](silu(x))[..., 0], self.layers["term_head"](silu(x))[..., 0]
+        return (
+            obs + self.layers["obs_head"](silu(x)),
+            self.layers["reward_head"](silu(x))[..., 0],
+            self.layers["term_head"](silu(x))[..., 0],
+        )
 
 
 # ---------------------------------------------------------------- 1. the loss scaler
@@ -160,7 +176,7 @@ def overflow_sequence(num_steps: int = 10_000, seed: int = 0) -> np.ndarray:
     while t < num_steps:
         t += int(rng.integers(1, 3000))  # a finite run, sometimes past the 2000-step growth interval
         burst = int(rng.integers(1, 40))
-        flags[t:t + burst] = False
+        flags[t : t + burst] = False
         t += burst
     return flags
 
@@ -171,8 +187,13 @@ def torch_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backof
     torch = _torch()
     param = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([param], lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
-                                  backoff_factor=backoff_factor, growth_interval=growth_interval)
+    scaler = torch.amp.GradScaler(
+        "cpu",
+        init_scale=init_scale,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+        growth_interval=growth_interval,
+    )
     out = np.zeros((len(flags), 2), np.float64)
     for i, finite in enumerate(flags):
         opt.zero_grad()
@@ -238,8 +259,9 @@ def regression_data(steps: int, batch: int = 64, dim: int = 8, seed: int = 0):
     return x, y
 
 
-def torch_amp_training(init_params, x, y, precision, inject_steps=(), lr=1e-3, max_grad_norm=1.0, init_scale=2.0**16,
-                       hidden=(64, 64)):
+def torch_amp_training(
+    init_params, x, y, precision, inject_steps=(), lr=1e-3, max_grad_norm=1.0, init_scale=2.0**16, hidden=(64, 64)
+):
     """PyTorch's FP16-trainer pattern on an MLP: per-step losses, skipped steps, final params."""
     torch = _torch()
     model = torch_mlp((*hidden, 1), x.shape[-1])
@@ -271,8 +293,18 @@ def torch_amp_training(init_params, x, y, precision, inject_steps=(), lr=1e-3, m
     return np.asarray(losses), skipped, mlp_params_from_torch(model)
 
 
-def jax_training(init_params, x, y, precision, inject_steps=(), lr=1e-3, max_grad_norm=1.0, init_scale=2.0**16,
-                 hidden=(64, 64), optimizer: str = "optax"):
+def jax_training(
+    init_params,
+    x,
+    y,
+    precision,
+    inject_steps=(),
+    lr=1e-3,
+    max_grad_norm=1.0,
+    init_scale=2.0**16,
+    hidden=(64, 64),
+    optimizer: str = "optax",
+):
     """The same work through `mixed_precision_update`; `optimizer` 'optax' (optax.adam) or
     'torch-style' (`torch_style_adam`)."""
     from genesis_jax.loss_scale import NoOpLossScale
@@ -293,7 +325,11 @@ def jax_training(init_params, x, y, precision, inject_steps=(), lr=1e-3, max_gra
     scaler = DynamicLossScale(init_scale) if prec.loss_scaling == "dynamic" else NoOpLossScale()
     tx = optax.adam(lr, eps=1e-8) if optimizer == "optax" else torch_style_adam(lr, eps=1e-8)
     state = TrainState.create(init_params, tx, scaler, precision=prec)
-    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=max_grad_norm, grad_transform=grad_transform))
+    step = jax.jit(
+        functools.partial(
+            mixed_precision_update, loss_fn=loss_fn, max_grad_norm=max_grad_norm, grad_transform=grad_transform
+        )
+    )
     losses, skipped = [], []
     for i in range(len(x)):
         state, m = step(state, (jnp.asarray(x[i]), jnp.asarray(y[i])))
@@ -395,7 +431,9 @@ def jax_world_model_loss_and_grads(params, batch, width, depth):
 
 def init_world_model(obs_dim=8, action_dim=2, width=64, depth=2, seed=0):
     model = WorldModel(obs_dim=obs_dim, action_dim=action_dim, width=width, depth=depth)
-    return model.init(jax.random.PRNGKey(seed), jnp.zeros((1, obs_dim)), jnp.zeros((1, 1, action_dim)), method=WorldModel.unroll)
+    return model.init(
+        jax.random.PRNGKey(seed), jnp.zeros((1, obs_dim)), jnp.zeros((1, 1, action_dim)), method=WorldModel.unroll
+    )
 
 
 def max_diffs(a, b) -> tuple[float, float]:
