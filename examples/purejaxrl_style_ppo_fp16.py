@@ -18,22 +18,10 @@ import optax
 from flax.training import train_state
 
 from genesis_jax import DynamicLossScale, amp
-
 CONFIG = {
-    "LR": 2.5e-4,
-    "NUM_ENVS": 4,
-    "NUM_STEPS": 128,
-    "TOTAL_TIMESTEPS": 500_000,
-    "UPDATE_EPOCHS": 4,
-    "NUM_MINIBATCHES": 4,
-    "GAMMA": 0.99,
-    "GAE_LAMBDA": 0.95,
-    "CLIP_EPS": 0.2,
-    "ENT_COEF": 0.01,
-    "VF_COEF": 0.5,
-    "MAX_GRAD_NORM": 0.5,
-    "ENV_NAME": "CartPole-v1",
-    "DTYPE": jnp.float16,
+    "LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 500_000, "UPDATE_EPOCHS": 4,
+    "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
+    "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ENV_NAME": "CartPole-v1", "DTYPE": jnp.float16,
 }
 
 
@@ -43,22 +31,17 @@ class ActorCritic(nn.Module):
 
     def _tower(self, x, name):
         for i in range(2):
-            x = nn.tanh(
-                nn.Dense(64, kernel_init=nn.initializers.orthogonal(np.sqrt(2)), dtype=self.dtype, name=f"{name}_{i}")(
-                    x
-                )
-            )
+            x = nn.tanh(nn.Dense(64, kernel_init=nn.initializers.orthogonal(np.sqrt(2)), dtype=self.dtype,
+                                 name=f"{name}_{i}")(x))
         return x
 
     @amp.with_precision_rules  # the heads ("*head") and any norms compute in float32
     @nn.compact
     def __call__(self, x):
-        logits = nn.Dense(
-            self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), dtype=self.dtype, name="actor_head"
-        )(self._tower(x, "actor"))
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), dtype=self.dtype, name="critic_head")(
-            self._tower(x, "critic")
-        )
+        logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), dtype=self.dtype,
+                          name="actor_head")(self._tower(x, "actor"))
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), dtype=self.dtype,
+                         name="critic_head")(self._tower(x, "critic"))
         return logits.astype(jnp.float32), value[..., 0].astype(jnp.float32)
 
 
@@ -109,9 +92,8 @@ def make_train(config):
         rng, init_rng, reset_rng = jax.random.split(rng, 3)
         params = network.init(init_rng, jnp.zeros(env.observation_space(env_params).shape))
         train_state = TrainState.create(apply_fn=network.apply, params=params, tx=tx, loss_scale=DynamicLossScale())
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-            jax.random.split(reset_rng, config["NUM_ENVS"]), env_params
-        )
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_rng, config["NUM_ENVS"]),
+                                                                 env_params)
         episode_return = jnp.zeros(config["NUM_ENVS"])
 
         def _update_step(runner_state, _):
@@ -122,8 +104,7 @@ def make_train(config):
                 action = jax.random.categorical(action_rng, logits)
                 log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=1)[:, 0]
                 obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                    jax.random.split(step_rng, config["NUM_ENVS"]), env_state, action, env_params
-                )
+                    jax.random.split(step_rng, config["NUM_ENVS"]), env_state, action, env_params)
                 done = terminated | truncated
                 episode_return = episode_return + reward
                 finished = jnp.where(done, episode_return, jnp.nan)
@@ -148,12 +129,8 @@ def make_train(config):
                 def _update_minibatch(state, batch):
                     (total_loss, _), grads, finite, loss_scale = grad_fn(state.loss_scale, state.params, *batch)
                     updates, opt_state = tx.update(grads, state.opt_state, state.params, grads_finite=finite)
-                    state = state.replace(
-                        params=optax.apply_updates(state.params, updates),
-                        opt_state=opt_state,
-                        step=state.step + 1,
-                        loss_scale=loss_scale,
-                    )
+                    state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                                          step=state.step + 1, loss_scale=loss_scale)
                     return state, total_loss
 
                 train_state, rng = update_state
@@ -162,18 +139,13 @@ def make_train(config):
                 batch = (traj_batch, advantages, targets)
                 batch = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), batch)
                 minibatches = jax.tree.map(
-                    lambda x: x[permutation].reshape((config["NUM_MINIBATCHES"], -1) + x.shape[1:]), batch
-                )
+                    lambda x: x[permutation].reshape((config["NUM_MINIBATCHES"], -1) + x.shape[1:]), batch)
                 train_state, losses = jax.lax.scan(_update_minibatch, train_state, minibatches)
                 return (train_state, rng), losses
 
             (train_state, rng), losses = jax.lax.scan(_update_epoch, (train_state, rng), None, config["UPDATE_EPOCHS"])
-            metric = {
-                "episode_return": jnp.nanmean(traj_batch.episode_return),
-                "loss": losses.mean(),
-                "loss_scale": train_state.loss_scale.loss_scale,
-                "skipped": train_state.opt_state.skipped,
-            }
+            metric = {"episode_return": jnp.nanmean(traj_batch.episode_return), "loss": losses.mean(),
+                      "loss_scale": train_state.loss_scale.loss_scale, "skipped": train_state.opt_state.skipped}
             return (train_state, env_state, last_obs, episode_return, rng), metric
 
         runner_state = (train_state, env_state, obs, episode_return, rng)

@@ -173,18 +173,24 @@ def value_and_grad(
 ) -> Callable[..., ScaledGradients]:
     """Wraps `loss_fn(params, *args)` into `fn(loss_scale, params, *args) -> ScaledGradients`.
 
-    - `policy`: cast params and floating args to its compute dtype first (see
-      `scaled_loss_grad`); None leaves casting to the network.
-    - `axis_name`: inside `pmap` / `shard_map` over that axis (or axes), the scaled
-      gradients and the loss are averaged over replicas before unscaling, so every
-      replica sees the same gradients and takes the same finite decision. Under plain
-      `jit` with sharded arrays the gradients are already global and none is needed.
-    - `accumulate=k`: every argument's leading axis is split into k micro-batches whose
-      gradients are averaged (with the same scale) in a `lax.scan`; one finite decision
-      and one scaler adjustment cover the k of them, so a non-finite micro-batch skips the
-      whole step. The loss is the mean of the micro-batch losses; aux is stacked [k, ...].
+    Args:
+        loss_fn: `(params, *args) -> loss`, or `-> (loss, aux)` with `has_aux`.
+        has_aux: whether `loss_fn` returns `(loss, aux)`.
+        policy: cast params and floating args to its compute dtype first (see
+            `scaled_loss_grad`); None leaves casting to the network.
+        axis_name: inside `pmap` / `shard_map` over that axis (or axes), the scaled
+            gradients and the loss are averaged over replicas before unscaling, so every
+            replica sees the same gradients and takes the same finite decision. Under plain
+            `jit` with sharded arrays the gradients are already global and none is needed.
+        accumulate: k > 1 splits every argument's leading axis into k micro-batches whose
+            gradients are averaged (with the same scale) in a `lax.scan`; one finite decision
+            and one scaler adjustment cover the k of them, so a non-finite micro-batch skips
+            the whole step. The loss is the mean of the micro-batch losses; aux is stacked [k, ...].
 
-    The scaler in the result is already adjusted; feed it to the next step.
+    Returns:
+        `fn(loss_scale, params, *args) -> (value, grads, grads_finite, loss_scale)`: the
+        value (`(loss, aux)` with `has_aux`), float32 unscaled gradients, the finite decision
+        and the scaler already adjusted for the next step.
     """
     if not (isinstance(accumulate, int) and accumulate >= 1):
         raise ValueError(f"accumulate must be an integer >= 1, got {accumulate!r}")
@@ -274,14 +280,20 @@ def skip_nonfinite(
     Unlike `optax.apply_if_finite`, a non-finite update is never applied, however many
     come in a row: the divergence decision belongs to the caller (`consecutive_skips`).
 
-    - `max_grad_norm`: clip the (unscaled) global norm first, with torch `clip_grad_norm_`'s
-      coefficient max_norm / (norm + 1e-6).
-    - Learning-rate schedules on skipped steps. By default (False) a skipped step leaves the
-      schedule where it was: optax's schedules count inside the optimizer state, and that
-      state is kept, as `optax.apply_if_finite` and Flax's `DynamicScale` do. With True,
-      every schedule count in the inner state advances on a skip too, as PyTorch's
-      `scheduler.step()` does each iteration (Adam's bias-correction count stays, as
-      torch's Adam `step` does).
+    Args:
+        inner: the optax optimizer to run on finite steps.
+        max_grad_norm: clip the (unscaled) global norm first, with torch `clip_grad_norm_`'s
+            coefficient max_norm / (norm + 1e-6); None: no clipping.
+        advance_schedule_on_skip: False (default): a skipped step leaves learning-rate
+            schedules where they were (optax's schedules count inside the optimizer state,
+            which is kept, as `optax.apply_if_finite` and Flax's `DynamicScale` do). True:
+            every schedule count in the inner state advances on a skip too, as PyTorch's
+            `scheduler.step()` does each iteration (Adam's bias-correction count stays, as
+            torch's Adam `step` does).
+
+    Returns:
+        An optax `GradientTransformationExtraArgs` whose state is a `SkipNonFiniteState`
+        (the inner state, `skipped`, `consecutive_skips`).
     """
     inner = optax.with_extra_args_support(inner)
 

@@ -76,10 +76,18 @@ def _auto_name() -> str:
 
 
 def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
-    """Returns the `Precision` for a name or jmp policy string.
+    """The `Precision` for a name or jmp policy string.
 
-    `loss_scaling` overrides the default ('dynamic' for float16 compute, else 'none').
-    Raises ValueError naming the accepted values for anything else.
+    Args:
+        name: fp32, bf16, fp16, fp16-full, auto, or a jmp policy string
+            ("params=float32,compute=float16,output=float32").
+        loss_scaling: dynamic, static or none; None: dynamic for float16 compute, else none.
+
+    Returns:
+        A `Precision`: the name, the `jmp.Policy` and the loss scaling.
+
+    Raises:
+        ValueError: for anything else, naming the accepted values.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_accepted()}")

@@ -76,15 +76,23 @@ def mixed_precision_update(
     loss_transform: Callable[[Any, Any], Any] | None = None,
     guard=None,
 ) -> tuple[TrainState, dict]:
-    """One pure, jit-able update, built from the pieces of `genesis_jax.amp`. Returns the
-    new state and float32 metrics.
+    """One pure, jit-able update, built from the pieces of `genesis_jax.amp`.
 
-    `compute_dtype` (optional) casts floating params to it before `loss_fn` sees them.
-    `grad_transform(grads, state)` / `loss_transform(loss, state)` (optional) edit the
-    (scaled) gradients before the finite check / the float32 loss before scaling; fault
-    injection uses them. `guard` (a `reliability.DivergenceGuard`, optional) halts the
-    state instead of taking a skip that gives up on training: a halted state no longer
-    changes, so it stays the last good state.
+    Args:
+        state: the `TrainState` (params, optimizer state, loss scaler, counters).
+        batch: whatever `loss_fn` takes as its second argument.
+        loss_fn: `(params, batch) -> (loss, aux)`; the loss is taken in float32.
+        max_grad_norm: clip the unscaled global norm to this (None: no clipping).
+        axis_name: inside `pmap` / `shard_map`, the axis to average gradients over.
+        compute_dtype: cast floating params to it before `loss_fn` sees them (None: don't).
+        grad_transform: `(grads, state) -> grads` on the scaled gradients before the finite
+            check (fault injection uses it).
+        loss_transform: `(loss, state) -> loss` on the float32 loss before scaling.
+        guard: a `reliability.DivergenceGuard`; instead of a skip that gives up on training
+            it halts the state, which then no longer changes (the last good state).
+
+    Returns:
+        (the new state, float32 metrics: loss, grad_norm, grads_finite, loss_scale, ...).
     """
 
     def loss_with_hooks(params, batch):

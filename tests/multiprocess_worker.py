@@ -7,18 +7,14 @@ import functools
 import json
 import sys
 
-from genesis_jax.parallel import initialize_distributed
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
-initialize_distributed(sys.argv[1], 2, int(sys.argv[2]))
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
-
-from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update  # noqa: E402
-from genesis_jax.parallel import DATA_AXIS, host_array, make_mesh, replicated  # noqa: E402
-from tests.helpers import mlp_loss, regression_problem  # noqa: E402
+from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
+from genesis_jax.parallel import DATA_AXIS, host_array, initialize_distributed, make_mesh, replicated
+from tests.helpers import mlp_loss, regression_problem
 
 
 def main() -> dict:
@@ -57,4 +53,5 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    initialize_distributed(sys.argv[1], 2, int(sys.argv[2]))  # before anything touches a device
     print("RESULT " + json.dumps(main()), flush=True)

@@ -217,7 +217,7 @@ def train(
         progress: a progress bar on stderr.
         grad_transform: `(grads, train_state) -> grads`, applied before the finite check.
         max_to_keep: checkpoints kept.
-        writers: extra metric writers (`genesis_jax.metric_writers`).
+        writers: extra metric writers: "tensorboard", "wandb" or `MetricWriter`s.
 
     Returns:
         A `PPOResult`: the summary, the final runner state and the metric rows.

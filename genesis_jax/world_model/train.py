@@ -30,6 +30,9 @@ from genesis_jax.world_model import data as wm_data
 
 @dataclasses.dataclass(frozen=True)
 class WorldModelConfig(MixedPrecisionConfig, ParallelConfig):
+    """A world-model run: the data, the model's size, the optimisation, and (inherited) the
+    precision, scaler, guard, fault-injection and data-parallel fields."""
+
     data: str = "synthetic"  # synthetic | a gymnax or gymnasium env id | a path to a .npz dataset
     num_sequences: int = 2048
     sequence_length: int = 32
@@ -67,6 +70,8 @@ class WorldModelConfig(MixedPrecisionConfig, ParallelConfig):
 
 @dataclasses.dataclass
 class WorldModelResult:
+    """What `train` returns: the summary (as in summary.json), the final state, the metric rows."""
+
     summary: dict
     train_state: Any
     metrics: list[dict]
@@ -152,12 +157,29 @@ def train(
     allow_config_change: bool = False,
     writers=(),
 ) -> WorldModelResult:
-    """Trains as `config` says; writes metrics.jsonl, summary.json, world_model.png and
-    checkpoints (every `checkpoint_every` epochs and at the end) under `out_dir` when one
-    is given; `resume` continues the run there from its newest checkpoint, refusing a
-    config that differs in more than `WorldModelConfig.RESUMABLE_FIELDS` unless
-    `allow_config_change` (the summary then lists the changes). `writers`: extra metric
-    writers (`genesis_jax.metric_writers`)."""
+    """Trains a world model as `config` says.
+
+    Args:
+        config: the run's settings.
+        out_dir: run directory for metrics.jsonl, summary.json, world_model.png and
+            checkpoints (None: nothing written).
+        overwrite: replace a run already in `out_dir`.
+        progress: a progress bar on stderr.
+        grad_transform: `(grads, train_state) -> grads`, applied before the finite check.
+        checkpoint_every: epochs between checkpoints (0: only at the end).
+        resume: continue the run in `out_dir` from its newest checkpoint; a config that
+            differs in more than `WorldModelConfig.RESUMABLE_FIELDS` is refused unless
+            `allow_config_change` (the summary then lists the changes).
+        max_to_keep: checkpoints kept.
+        writers: extra metric writers: "tensorboard", "wandb" or `MetricWriter`s.
+
+    Returns:
+        A `WorldModelResult`: the summary, the final train state and the metric rows.
+
+    Raises:
+        DivergenceError: the divergence guard stopped training (files written first).
+        TrainingInterrupted: SIGINT or SIGTERM stopped it (a final checkpoint written first).
+    """
     start_distributed(config)  # before anything touches a device
     session = Session(
         out_dir,
