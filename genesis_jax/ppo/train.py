@@ -197,35 +197,15 @@ def train(
     out_dir: str | None = None,
     *,
     checkpoint_every: int = 0,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
     grad_transform=None,
-    max_to_keep: int = 3,
-    allow_config_change: bool = False,
-    writers=(),
+    **run_options,
 ) -> PPOResult:
-    """Trains PPO as `config` says.
-
-    Args:
-        config: the run's settings.
-        out_dir: run directory for metrics.jsonl, summary.json, ppo.png and checkpoints (None: nothing written).
-        checkpoint_every: environment steps between checkpoints (0: only at the end).
-        resume: continue the run in `out_dir`; a config that differs from the run's in more than
-            `PPOConfig.RESUMABLE_FIELDS` is refused unless `allow_config_change` (the summary lists the changes).
-        overwrite: replace a run already in `out_dir`.
-        progress: a progress bar on stderr.
-        grad_transform: `(grads, train_state) -> grads`, applied before the finite check.
-        max_to_keep: checkpoints kept.
-        writers: extra metric writers: "tensorboard", "wandb" or `MetricWriter`s.
-
-    Returns:
-        A `PPOResult`: the summary, the final runner state and the metric rows.
-
-    Raises:
-        DivergenceError: the divergence guard stopped training (files written first).
-        TrainingInterrupted: SIGINT or SIGTERM stopped it (a final checkpoint written first).
-    """
+    """Trains PPO as `config` says; `out_dir` (None: nothing written) gets metrics.jsonl,
+    summary.json, ppo.png and checkpoints every `checkpoint_every` environment steps (0: at
+    the end only). `grad_transform(grads, train_state) -> grads` runs before the finite check.
+    `run_options` are `Session`'s (resume, overwrite, progress, max_to_keep,
+    allow_config_change, writers). Returns a `PPOResult` (summary, final runner state, metric
+    rows); a guard stop or a signal raises as `Session.finish` says."""
     start_distributed(config)  # before anything touches a device
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
@@ -251,16 +231,11 @@ def train(
         unit_size=config.batch_size,
         unit="step",
         checkpoint_every=every_updates,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        max_to_keep=max_to_keep,
-        allow_config_change=allow_config_change,
-        writers=writers,
         postfix=lambda row: {
             **_postfix(row, skipped),
             "sps": session.steps_per_second(config.batch_size * config.num_seeds),
         },
+        **run_options,
     )
     init, compile_chunks, host_env = _build(config, backend, grad_transform)
     # Every input is validated: only now is the output directory touched.

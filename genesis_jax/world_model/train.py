@@ -148,38 +148,16 @@ def train(
     config: WorldModelConfig,
     out_dir: str | None = None,
     *,
-    overwrite: bool = False,
-    progress: bool = True,
-    grad_transform=None,
     checkpoint_every: int = 0,
-    resume: bool = False,
-    max_to_keep: int = 3,
-    allow_config_change: bool = False,
-    writers=(),
+    grad_transform=None,
+    **run_options,
 ) -> WorldModelResult:
-    """Trains a world model as `config` says.
-
-    Args:
-        config: the run's settings.
-        out_dir: run directory for metrics.jsonl, summary.json, world_model.png and
-            checkpoints (None: nothing written).
-        overwrite: replace a run already in `out_dir`.
-        progress: a progress bar on stderr.
-        grad_transform: `(grads, train_state) -> grads`, applied before the finite check.
-        checkpoint_every: epochs between checkpoints (0: only at the end).
-        resume: continue the run in `out_dir` from its newest checkpoint; a config that
-            differs in more than `WorldModelConfig.RESUMABLE_FIELDS` is refused unless
-            `allow_config_change` (the summary then lists the changes).
-        max_to_keep: checkpoints kept.
-        writers: extra metric writers: "tensorboard", "wandb" or `MetricWriter`s.
-
-    Returns:
-        A `WorldModelResult`: the summary, the final train state and the metric rows.
-
-    Raises:
-        DivergenceError: the divergence guard stopped training (files written first).
-        TrainingInterrupted: SIGINT or SIGTERM stopped it (a final checkpoint written first).
-    """
+    """Trains a world model as `config` says; `out_dir` (None: nothing written) gets
+    metrics.jsonl, summary.json, world_model.png and checkpoints every `checkpoint_every`
+    epochs (0: at the end only). `grad_transform(grads, train_state) -> grads` runs before the
+    finite check; `run_options` are `Session`'s (resume, overwrite, progress, max_to_keep,
+    allow_config_change, writers). Returns a `WorldModelResult`; a guard stop or a signal
+    raises as `Session.finish` says."""
     start_distributed(config)  # before anything touches a device
     session = Session(
         out_dir,
@@ -189,18 +167,13 @@ def train(
         position_key="epoch",
         unit="epoch",
         checkpoint_every=checkpoint_every,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        max_to_keep=max_to_keep,
-        allow_config_change=allow_config_change,
-        writers=writers,
         postfix=lambda row: {
             "train": f"{row['train_loss']:.4f}",
             "eval": f"{row['eval_loss']:.4f}",
             "scale": f"{row['loss_scale']:g}",
             "skipped": row["skipped"],
         },
+        **run_options,
     )
     mesh = config.mesh()
     precision = config.train_precision()
