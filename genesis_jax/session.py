@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -137,7 +138,9 @@ class Session:
 
     def __enter__(self) -> "Session":
         parallel.barrier("genesis-session-checked")
-        if self.run_dir is not None:
+        if self.run_dir is None:
+            return self
+        try:
             if self.primary:
                 self.run_dir.open()
                 config = self.config.to_dict() if self.config is not None else {}
@@ -146,6 +149,10 @@ class Session:
                     self.writers.append(make_writer(spec, self.run_dir.path, self.position_key, config))
             parallel.barrier("genesis-session-opened")
             self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
+        except BaseException:
+            # `with` calls __exit__ only after __enter__ returned: unlock and put a set-aside run back here.
+            self.__exit__(*sys.exc_info())
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -182,3 +182,24 @@ def test_the_cli_refuses_writers_without_out(capsys):
 
     assert main(["train", "world-model", "--tensorboard", "--epochs", "1", "--no-progress"]) == 2
     assert "need an output directory" in capsys.readouterr().err
+
+
+def test_a_writer_that_cannot_start_leaves_the_old_run_in_place_and_unlocked(tmp_path, monkeypatch):
+    from genesis_jax import metric_writers
+
+    run = tmp_path / "run"
+    train_regression(RegressionConfig(chunks=2), str(run))
+    before = (run / "metrics.jsonl").read_text()
+
+    def missing(path, key, config):
+        raise ImportError("--tensorboard needs tensorboardX")
+
+    monkeypatch.setitem(metric_writers.NAMED_WRITERS, "tensorboard", missing)
+    session = Session(
+        str(run), RegressionConfig(), kind="regression", total=2, overwrite=True, writers=("tensorboard",)
+    )
+    with pytest.raises(ImportError, match="tensorboardX"):
+        with session:
+            pass
+    assert (run / "metrics.jsonl").read_text() == before  # the old run is back
+    assert not (run / ".replaced").exists() and not (run / ".lock").exists()
