@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-EXIT_SYSTEM = 4
+from genesis_jax.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM
 
 
 def free_port() -> int:
@@ -153,7 +153,7 @@ def _supervise(procs, logs, grace_seconds: float) -> int:
         tail = _tail(logs[first].name)
         if tail:
             print(f"process {first}'s last output:\n{tail}", file=sys.stderr)
-    if status in (2, 3):
+    if status in (EXIT_BAD_INPUT, EXIT_DIVERGED):
         print(message, file=sys.stderr, flush=True)
         return status
     if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):

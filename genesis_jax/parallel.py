@@ -28,6 +28,18 @@ HEARTBEAT_TIMEOUT_SECONDS = 30
 AUTO = "auto"  # coordinator address: JAX's cluster auto-detection
 
 
+def check_distributed_args(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """Refuses an incomplete set of multi-process arguments: all three, `auto` alone, or none."""
+    given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+    if coordinator_address == AUTO:
+        if any(given[1:]):
+            raise ValueError(
+                "coordinator-address auto reads num-processes and process-id from the cluster; leave them out"
+            )
+    elif any(given) and not all(given):
+        raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
+
+
 def initialize_distributed(
     coordinator_address: str | None,
     num_processes: int | None,
@@ -40,16 +52,11 @@ def initialize_distributed(
     CPU backend has no other cross-process implementation)."""
     if coordinator_address is None and num_processes is None and process_id is None:
         return
+    check_distributed_args(coordinator_address, num_processes, process_id)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator_address == AUTO:
-        if num_processes is not None or process_id is not None:
-            raise ValueError(
-                "coordinator-address auto reads num-processes and process-id from the cluster; leave them out"
-            )
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout)
         return
-    if coordinator_address is None or num_processes is None or process_id is None:
-        raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
     jax.distributed.initialize(
@@ -159,14 +166,7 @@ class ParallelConfig:
             raise ValueError(f"{split_name} {split_size} cannot be split evenly over {self.devices} devices")
         if not isinstance(self.heartbeat_timeout, int) or self.heartbeat_timeout < 1:
             raise ValueError(f"heartbeat-timeout must be a positive integer (seconds), got {self.heartbeat_timeout!r}")
-        given = [v is not None for v in (self.coordinator_address, self.num_processes, self.process_id)]
-        if self.coordinator_address == AUTO:
-            if any(given[1:]):
-                raise ValueError(
-                    "coordinator-address auto reads num-processes and process-id from the cluster; leave them out"
-                )
-        elif any(given) and not all(given):
-            raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
+        check_distributed_args(self.coordinator_address, self.num_processes, self.process_id)
 
     def mesh(self) -> Mesh | None:
         """The data-parallel mesh, or None for a single device."""
