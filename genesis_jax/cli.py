@@ -8,9 +8,11 @@ divergence guard stops exits with 3; SIGINT / SIGTERM save a final checkpoint an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
+from typing import Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # the divergence guard stopped training (metrics and checkpoint written)
@@ -30,133 +32,216 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _add_precision_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--precision",
-        default=None,
-        help="fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string "
-        "(default: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32)",
-    )
-    p.add_argument(
-        "--loss-scaling",
-        choices=("dynamic", "static", "none"),
-        default=None,
-        help="default: dynamic for fp16, none for fp32/bf16",
-    )
-    p.add_argument("--init-loss-scale", type=float, default=2.0**16)
-    p.add_argument("--growth-interval", type=int, default=2000)
-    p.add_argument("--min-loss-scale", type=float, default=None, help="floor for the dynamic scale (default: none)")
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Where and how a training run goes: `train()`'s keyword arguments beside the config."""
+
+    out: str | None = None
+    """Run directory for metrics.jsonl, summary.json, the plot and checkpoints."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (PPO) or epochs (world model); 0: at the end only."""
+    resume: bool = False
+    """Continue the run in --out from its newest checkpoint."""
+    overwrite: bool = False
+    """Replace a run already in --out (set aside until the new run ends, then deleted)."""
+    allow_config_change: bool = False
+    """With --resume: continue although settings that change the run differ (the summary lists them)."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to OUT/tensorboard (pip install 'genesis-jax[tensorboard]')."""
+    wandb: bool = False
+    """Also log to a Weights & Biases run in OUT (pip install 'genesis-jax[wandb]'; WANDB_MODE=offline: no network)."""
+
+    def train_kwargs(self) -> dict:
+        writers = tuple(name for name in ("tensorboard", "wandb") if getattr(self, name))
+        return {
+            "out_dir": self.out,
+            "checkpoint_every": self.checkpoint_every,
+            "resume": self.resume,
+            "overwrite": self.overwrite,
+            "allow_config_change": self.allow_config_change,
+            "progress": self.progress,
+            "writers": writers,
+        }
 
 
-def _add_reliability_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("divergence guard and fault injection")
-    g.add_argument(
-        "--guard-min-scale",
-        type=float,
-        default=2.0**-14,
-        help="stop when a skip would bring the loss scale below this (default 2^-14; 0: off)",
-    )
-    g.add_argument(
-        "--max-consecutive-skips",
-        type=int,
-        default=100,
-        help="stop after more than this many skipped updates in a row (default 100; 0: off)",
-    )
-    g.add_argument(
-        "--inject-nonfinite",
-        type=float,
-        default=0.0,
-        metavar="RATE",
-        help="make the gradients non-finite on this fraction of updates (seeded by --seed)",
-    )
-    g.add_argument(
-        "--inject-loss-spike",
-        type=_int_list,
-        default=(),
-        metavar="STEPS",
-        help="comma-separated optimizer steps whose loss is multiplied by --loss-spike-factor",
-    )
-    g.add_argument("--loss-spike-factor", type=float, default=1e6)
+def _trainer(workload: str):
+    """(own fields class, config class, train function) of a `train` workload."""
+    if workload == "ppo":
+        from genesis_jax.ppo import PPOConfig, train
+        from genesis_jax.ppo.config import PPOFields
+
+        return PPOFields, PPOConfig, train
+    from genesis_jax.world_model import WorldModelConfig, train
+    from genesis_jax.world_model.train import WorldModelFields
+
+    return WorldModelFields, WorldModelConfig, train
 
 
-def _add_parallel_args(p: argparse.ArgumentParser, split: str) -> None:
-    g = p.add_argument_group("data parallelism")
-    g.add_argument("--devices", type=int, default=1, help=f"devices on the data axis ({split} are split over them)")
-    g.add_argument(
-        "--coordinator-address",
-        default=None,
-        help="multi-host: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)",
-    )
-    g.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes (hosts)")
-    g.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
-    g.add_argument(
-        "--heartbeat-timeout",
-        type=int,
-        default=30,
-        metavar="SECONDS",
-        help="multi-host: a process silent this long is declared dead and the others exit (default 30)",
-    )
+# `--help`'s groups: the trainer's own fields, then the shared ones, then the run's options.
+_GROUP_HELP = {
+    "mixed_precision": "Precision, loss scaling, clipping, the divergence guard and fault injection.",
+    "parallel": "Data parallelism over devices and processes.",
+    "run": "The run directory, checkpoints, resume and logging.",
+}
 
 
-def _parallel_kwargs(args) -> dict:
-    return {
-        "devices": args.devices,
-        "coordinator_address": args.coordinator_address,
-        "num_processes": args.num_processes,
-        "process_id": args.process_id,
-        "heartbeat_timeout": args.heartbeat_timeout,
+def _defaults(cls, config_cls, environ=None):
+    """`cls` holding `config_cls`'s defaults for its fields (the precision from the environment)."""
+    from genesis_jax.precision import resolve_precision_name
+
+    if cls is RunOptions:
+        return cls()
+    values = {f.name: getattr(config_cls(), f.name) for f in dataclasses.fields(cls) if f.init}
+    if "precision" not in values:
+        return cls(**values)
+    values["precision"] = resolve_precision_name(None, environ)
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise ValueError(f"the precision from GENESIS_PRECISION / ENABLE_FP16_TRAINING: {err}") from None
+
+
+def _values(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def parse_train_args(workload: str, argv: Sequence[str]):
+    """Parses `genesis-jax train WORKLOAD ARGV` with tyro, from the config dataclasses.
+
+    Returns:
+        (parts, run): `parts` maps "trainer", "mixed_precision" and "parallel" to the parsed
+        groups (combine them with `train_config`), `run` is the `RunOptions`.
+
+    Raises:
+        SystemExit: 0 after `--help`; 2 after a parse error, printed as one line.
+        ValueError: for a bad GENESIS_PRECISION / ENABLE_FP16_TRAINING (the precision's default).
+    """
+    import typing
+
+    import tyro
+
+    from genesis_jax.parallel import ParallelConfig
+    from genesis_jax.precision import MixedPrecisionConfig
+
+    fields_cls, config_cls, _ = _trainer(workload)
+    trainer_group = workload.replace("-", "_")  # `--help` titles the groups by these names
+    groups = {
+        trainer_group: (fields_cls, f"The {workload} run's own settings."),
+        "mixed_precision": (MixedPrecisionConfig, _GROUP_HELP["mixed_precision"]),
+        "parallel": (ParallelConfig, _GROUP_HELP["parallel"]),
+        "run": (RunOptions, _GROUP_HELP["run"]),
     }
+    command_cls = dataclasses.make_dataclass(
+        "TrainCommand",
+        [(name, typing.Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
+        frozen=True,
+    )
+    default = command_cls(**{name: _defaults(cls, config_cls) for name, (cls, _) in groups.items()})
+    prog = f"genesis-jax train {workload}"
+    argv, notes = _old_spellings(list(argv))
+    for note in notes:
+        print(f"genesis-jax: warning: {note}", file=sys.stderr)
+    parsed = _tyro_one_line_errors(
+        lambda: tyro.cli(command_cls, args=argv, default=default, prog=prog, config=(tyro.conf.OmitArgPrefixes,)), prog
+    )
+    parts = {"trainer": getattr(parsed, trainer_group), "mixed_precision": parsed.mixed_precision}
+    return {**parts, "parallel": parsed.parallel}, parsed.run
 
 
-def _reliability_kwargs(args) -> dict:
-    return {
-        "guard_min_scale": None if args.guard_min_scale == 0 else args.guard_min_scale,
-        "max_consecutive_skips": None if args.max_consecutive_skips == 0 else args.max_consecutive_skips,
-        "inject_nonfinite": args.inject_nonfinite,
-        "inject_loss_spike": args.inject_loss_spike,
-        "loss_spike_factor": args.loss_spike_factor,
-    }
+def train_config(workload: str, parts: dict):
+    """The trainer's config from the groups `parse_train_args` returned (validated)."""
+    _, config_cls, _ = _trainer(workload)
+    return config_cls(**{key: value for part in parts.values() for key, value in _values(part).items()})
 
 
-def _add_run_args(p: argparse.ArgumentParser, checkpoint_unit: str) -> None:
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--out", default=None, help="run directory for metrics.jsonl, summary.json, the plot and checkpoints"
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=0,
-        metavar=checkpoint_unit.upper(),
-        help=f"checkpoint every {checkpoint_unit.upper()} {checkpoint_unit} (0: only at the end)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a run already in --out (set aside until the new run ends, then deleted)",
-    )
-    p.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="with --resume: continue although settings that change the run differ (the summary lists them)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--tensorboard",
-        action="store_true",
-        help="also write TensorBoard event files to OUT/tensorboard (pip install 'genesis-jax[tensorboard]')",
-    )
-    p.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log to a Weights & Biases run in OUT "
-        "(pip install 'genesis-jax[wandb]'; WANDB_MODE=offline works without a network)",
-    )
+def _tyro_one_line_errors(parse, prog: str):
+    """Runs tyro's parse; its error box (stderr) becomes the one line `prog: error: ...`."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parse()
+    except SystemExit as exit_:
+        if not exit_.code:
+            sys.stderr.write(captured.getvalue())
+            raise
+        print(f"{prog}: error: {_box_message(captured.getvalue())}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
 
 
-def _writers(args) -> tuple[str, ...]:
-    return tuple(name for name in ("tensorboard", "wandb") if getattr(args, name))
+def _box_message(box: str) -> str:
+    """The message of one of tyro's error boxes, on one line: the text between the title and
+    the first rule. The box is drawn in UTF-8 (title in the top border) or ASCII (title, then
+    a rule), maybe with colour codes."""
+    import re
+
+    lines = [line.strip().strip("│╭╮╰╯").strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", box).splitlines()]
+
+    def is_rule(line: str) -> bool:
+        return bool(line) and set(line) <= set("─-")
+
+    start = next((i + 1 for i, line in enumerate(lines) if is_rule(line) or line.startswith("─ ")), 0)
+    words = []
+    for line in lines[start:]:
+        if is_rule(line) or (not line and words):
+            break
+        if line:
+            words.append(line)
+    return " ".join(words) or " ".join(line for line in lines if line)
+
+
+# Spellings the generated CLI replaced: still accepted, with a warning, until a later version.
+_COMMA_LISTS = ("--hidden", "--inject-loss-spike")  # now: --hidden 64 64
+_ZERO_FOR_OFF = ("--max-grad-norm", "--guard-min-scale", "--max-consecutive-skips")  # now: None
+
+
+def _old_spellings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`argv` with the replaced spellings rewritten, and a deprecation note for each."""
+    out, notes = [], []
+    i = 0
+    while i < len(argv):
+        flag, sep, value = argv[i].partition("=")
+        if flag in _COMMA_LISTS + _ZERO_FOR_OFF and (sep or i + 1 < len(argv)):
+            if not sep:
+                i += 1
+                value = argv[i]
+            if flag in _COMMA_LISTS and "," in value:
+                parts = [v.strip() for v in value.split(",") if v.strip()]
+                notes.append(f"'{flag} {value}' is deprecated; write '{flag} {' '.join(parts)}'")
+                out += [flag, *parts]
+            elif flag in _ZERO_FOR_OFF and _is_zero_for_off(flag, value):
+                notes.append(f"'{flag} {value}' for off is deprecated; write '{flag} None'")
+                out += [flag, "None"]
+            else:
+                out += [flag, value]
+        else:
+            out.append(argv[i])
+        i += 1
+    return out, notes
+
+
+def _is_zero_for_off(flag: str, value: str) -> bool:
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return number <= 0 if flag == "--max-grad-norm" else number == 0
+
+
+def _add_demo_args(p: argparse.ArgumentParser) -> None:
+    # Defaults stay run_demo's own: an option not given is not passed.
+    given = {"default": argparse.SUPPRESS}
+    p.add_argument("--precision", help="fp32 | bf16 | fp16 | fp16-full | a jmp policy string (default fp16)", **given)
+    p.add_argument("--loss-scaling", choices=("dynamic", "static", "none"), **given)
+    p.add_argument("--init-loss-scale", type=float, **given)
+    p.add_argument("--growth-interval", type=int, **given)
+    p.add_argument("--min-loss-scale", type=float, **given)
+    p.add_argument("--steps", type=int, **given)
+    p.add_argument("--seed", type=int, **given)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,62 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an agent or a model")
     train_sub = train.add_subparsers(dest="workload", required=True, parser_class=_Parser)
 
-    ppo = train_sub.add_parser("ppo", help="PPO on a gymnax or gymnasium environment")
-    ppo.add_argument("--env", default="CartPole-v1")
-    ppo.add_argument(
-        "--env-backend",
-        choices=("gymnax", "gymnasium", "envpool"),
-        default=None,
-        help="default: gymnax where it has the id, else gymnasium; envpool: Atari (pip install -e '.[envpool]')",
-    )
-    _add_precision_args(ppo)
-    ppo.add_argument("--rollout-precision", default=None, help="precision of the acting policy (default: --precision)")
-    ppo.add_argument("--total-steps", type=int, default=500_000)
-    ppo.add_argument("--num-envs", type=int, default=4)
-    ppo.add_argument("--num-steps", type=int, default=128, help="rollout length per env per update")
-    ppo.add_argument("--update-epochs", type=int, default=4)
-    ppo.add_argument("--num-minibatches", type=int, default=4)
-    ppo.add_argument("--lr", type=float, default=2.5e-4)
-    ppo.add_argument("--no-anneal-lr", action="store_true")
-    ppo.add_argument("--gamma", type=float, default=0.99)
-    ppo.add_argument("--gae-lambda", type=float, default=0.95)
-    ppo.add_argument("--clip-eps", type=float, default=0.2)
-    ppo.add_argument("--no-clip-value", action="store_true")
-    ppo.add_argument("--ent-coef", type=float, default=0.01)
-    ppo.add_argument("--vf-coef", type=float, default=0.5)
-    ppo.add_argument("--max-grad-norm", type=float, default=0.5, help="<= 0 turns clipping off")
-    ppo.add_argument(
-        "--network",
-        default=None,
-        help="policy torso: mlp | resmlp | cnn | impala (default: cnn for image observations, mlp otherwise)",
-    )
-    ppo.add_argument("--hidden", type=_int_list, default=(64, 64), help="mlp: hidden widths")
-    ppo.add_argument("--activation", choices=("tanh", "relu", "gelu", "silu"), default="tanh", help="mlp")
-    ppo.add_argument("--width", type=int, default=256, help="resmlp: residual stream width")
-    ppo.add_argument("--depth", type=int, default=2, help="resmlp: residual blocks")
-    ppo.add_argument("--num-seeds", type=int, default=1, help="seeds trained together in one compiled run (gymnax)")
-    ppo.add_argument("--vectorization", choices=("sync", "async"), default="sync", help="gymnasium vectorisation")
-    ppo.add_argument("--action-repeat", type=int, default=1, help="gymnasium only")
-    ppo.add_argument("--updates-per-chunk", type=int, default=None, help="updates per compiled chunk between reports")
-    _add_reliability_args(ppo)
-    _add_parallel_args(ppo, "environments")
-    _add_run_args(ppo, "steps")
-
-    wm = train_sub.add_parser("world-model", help="a world model from trajectories")
-    wm.add_argument("--data", default="synthetic", help="synthetic | an env id (random policy) | a .npz from 'collect'")
-    _add_precision_args(wm)
-    wm.add_argument("--epochs", type=int, default=20)
-    wm.add_argument("--batch-size", type=int, default=1024)
-    wm.add_argument("--width", type=int, default=128)
-    wm.add_argument("--depth", type=int, default=2)
-    wm.add_argument("--core", choices=("mlp", "gru"), default="mlp")
-    wm.add_argument("--horizon", type=int, default=1, help="open-loop steps per sample (multi-step loss)")
-    wm.add_argument("--num-sequences", type=int, default=2048)
-    wm.add_argument("--sequence-length", type=int, default=32)
-    wm.add_argument("--lr", type=float, default=1e-3)
-    _add_reliability_args(wm)
-    _add_parallel_args(wm, "batch rows")
-    _add_run_args(wm, "epochs")
+    # The train workloads' options come from their config dataclasses (see `parse_train_args`).
+    train_sub.add_parser("ppo", help="PPO on a gymnax, gymnasium or envpool environment", add_help=False)
+    train_sub.add_parser("world-model", help="a world model from trajectories", add_help=False)
 
     collect = sub.add_parser(
         "collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz"
@@ -272,118 +304,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
-    _add_precision_args(demo)
-    demo.add_argument("--steps", type=int, default=500)
-    demo.add_argument("--seed", type=int, default=0)
+    _add_demo_args(demo)
     return parser
 
 
-def _ppo_config(args):
-    from genesis_jax.ppo import PPOConfig
-    from genesis_jax.precision import resolve_precision_name
-
-    return PPOConfig(
-        env=args.env,
-        env_backend=args.env_backend,
-        precision=resolve_precision_name(args.precision),
-        rollout_precision=args.rollout_precision,
-        loss_scaling=args.loss_scaling,
-        init_loss_scale=args.init_loss_scale,
-        growth_interval=args.growth_interval,
-        min_loss_scale=args.min_loss_scale,
-        total_steps=args.total_steps,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        update_epochs=args.update_epochs,
-        num_minibatches=args.num_minibatches,
-        lr=args.lr,
-        anneal_lr=not args.no_anneal_lr,
-        gamma=args.gamma,
-        gae_lambda=args.gae_lambda,
-        clip_eps=args.clip_eps,
-        clip_value=not args.no_clip_value,
-        ent_coef=args.ent_coef,
-        vf_coef=args.vf_coef,
-        max_grad_norm=None
-        if args.max_grad_norm <= 0
-        else args.max_grad_norm,  # nan reaches the config, which refuses it
-        network=args.network,
-        hidden=args.hidden,
-        activation=args.activation,
-        width=args.width,
-        depth=args.depth,
-        seed=args.seed,
-        num_seeds=args.num_seeds,
-        vectorization=args.vectorization,
-        action_repeat=args.action_repeat,
-        updates_per_chunk=args.updates_per_chunk,
-        **_reliability_kwargs(args),
-        **_parallel_kwargs(args),
-    )
-
-
-def _run_ppo(args) -> int:
-    from genesis_jax.ppo import train
-
-    config = _ppo_config(args)
-    result = train(
-        config,
-        out_dir=args.out,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        allow_config_change=args.allow_config_change,
-        progress=not args.no_progress,
-        writers=_writers(args),
-    )
-    s = result.summary
+def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
+    _, _, train = _trainer(workload)
+    s = train(train_config(workload, parts), **run.train_kwargs()).summary
     if not _primary():
         return 0
-    print(
-        f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
-        f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
-        f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
-    )
-    if args.out:
-        print(f"wrote {args.out}/summary.json, metrics.jsonl, ppo.png")
-    return 0
-
-
-def _run_world_model(args) -> int:
-    from genesis_jax.precision import resolve_precision_name
-    from genesis_jax.world_model import WorldModelConfig, train
-
-    config = WorldModelConfig(
-        data=args.data,
-        precision=resolve_precision_name(args.precision),
-        loss_scaling=args.loss_scaling,
-        init_loss_scale=args.init_loss_scale,
-        growth_interval=args.growth_interval,
-        min_loss_scale=args.min_loss_scale,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        width=args.width,
-        depth=args.depth,
-        core=args.core,
-        horizon=args.horizon,
-        num_sequences=args.num_sequences,
-        sequence_length=args.sequence_length,
-        lr=args.lr,
-        seed=args.seed,
-        **_reliability_kwargs(args),
-        **_parallel_kwargs(args),
-    )
-    s = train(
-        config,
-        out_dir=args.out,
-        overwrite=args.overwrite,
-        resume=args.resume,
-        progress=not args.no_progress,
-        allow_config_change=args.allow_config_change,
-        writers=_writers(args),
-        checkpoint_every=args.checkpoint_every,
-    ).summary
-    if not _primary():
+    if workload == "ppo":
+        print(
+            f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
+            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
+        )
+        if run.out:
+            print(f"wrote {run.out}/summary.json, metrics.jsonl, ppo.png")
         return 0
     floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
     print(
@@ -448,16 +385,7 @@ def _run_launch(args) -> int:
 def _run_demo(args) -> int:
     from genesis_jax.demo import run_demo
 
-    result = run_demo(
-        precision=args.precision or "fp16",
-        steps=args.steps,
-        seed=args.seed,
-        loss_scaling=args.loss_scaling,
-        init_loss_scale=args.init_loss_scale,
-        growth_interval=args.growth_interval,
-        min_loss_scale=args.min_loss_scale,
-    )
-    print(json.dumps(result))
+    print(json.dumps(run_demo(**{k: v for k, v in vars(args).items() if k != "command"})))
     return 0
 
 
@@ -476,24 +404,39 @@ def _system_failure(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
+TRAIN_WORKLOADS = ("ppo", "world-model")
+
+
+def _parse(argv: list[str]):
+    """(argparse namespace, train groups or None): a train workload's options go to tyro."""
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in TRAIN_WORKLOADS:
+        parts, run = parse_train_args(argv[1], argv[2:])
+        return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run), parts["parallel"]
+    return build_parser().parse_args(argv), None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "coordinator_address", None) is not None:
+    try:
+        args, parallel = _parse(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as err:  # GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
+        print(f"genesis-jax: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as exit_:  # --help (0), or a parse error already printed in one line (2)
+        return exit_.code or 0
+    if parallel is not None and parallel.coordinator_address is not None:
         # First of all: JAX must join the other processes before anything touches a device.
         from genesis_jax.parallel import initialize_distributed
 
         try:
             initialize_distributed(
-                args.coordinator_address, args.num_processes, args.process_id, args.heartbeat_timeout
+                parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
             )
         except ValueError as err:
             print(f"genesis-jax: error: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    # Of several processes, only process 0 logs, prints and shows progress; the others report errors alone.
+    # Of several processes, only process 0 logs, prints and shows progress (Session sees to
+    # the bar); the others report errors alone.
     worker = not _primary()
-    if worker:
-        args.no_progress = True
     logging.basicConfig(
         level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
     )
@@ -512,10 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_bench(args)
         if args.command == "collect":
             return _run_collect(args)
-        if args.command == "train" and args.workload == "ppo":
-            return _run_ppo(args)
-        if args.command == "train" and args.workload == "world-model":
-            return _run_world_model(args)
+        if args.command == "train":
+            return _run_train(args.workload, args.parts, args.run)
     except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -536,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"genesis-jax: system failure: out of device memory: {str(err).splitlines()[0][:300]}", file=sys.stderr)
         return EXIT_SYSTEM
-    parser.error(f"unknown command {args.command!r}")
+    print(f"genesis-jax: error: unknown command {args.command!r}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 

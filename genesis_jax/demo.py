@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from genesis_jax.loss_scale import make_loss_scale
+from genesis_jax.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, make_loss_scale
 from genesis_jax.nets.mlp import MLP
 from genesis_jax.precision import get_precision
 from genesis_jax.trainer import MixedPrecisionTrainer
@@ -17,8 +17,8 @@ def run_demo(
     steps: int = 500,
     seed: int = 0,
     loss_scaling=None,
-    init_loss_scale=2.0**16,
-    growth_interval=2000,
+    init_loss_scale=DEFAULT_INIT_SCALE,
+    growth_interval=DEFAULT_GROWTH_INTERVAL,
     min_loss_scale=None,
 ) -> dict:
     """Fits y = sum(sin(x)) with a 64x64 MLP; returns final loss, loss scale and skipped steps."""

@@ -88,8 +88,8 @@ class StaticLossScale(_LossScaleBase):
     _fields = ("loss_scale",)
 
     def __init__(self, loss_scale: float):
-        if _is_concrete(loss_scale) and not (math.isfinite(float(loss_scale)) and float(loss_scale) > 0):
-            raise ValueError(f"loss_scale must be finite and > 0, got {loss_scale!r}")
+        if _is_concrete(loss_scale):
+            _validate_static(loss_scale)
         self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
 
     def adjust(self, grads_finite) -> "StaticLossScale":
@@ -98,6 +98,9 @@ class StaticLossScale(_LossScaleBase):
 
 
 SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # 2^-126, float32's smallest normal number
+# PyTorch GradScaler's defaults: every config, scaler and command takes them from here.
+DEFAULT_INIT_SCALE = 2.0**16
+DEFAULT_GROWTH_INTERVAL = 2000
 
 
 @jax.tree_util.register_pytree_node_class
@@ -120,10 +123,10 @@ class DynamicLossScale(_LossScaleBase):
 
     def __init__(
         self,
-        init_scale: float = 2.0**16,
+        init_scale: float = DEFAULT_INIT_SCALE,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
+        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
         min_scale: float | None = None,
     ):
         _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
@@ -172,18 +175,45 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
+def _validate_static(loss_scale) -> None:
+    if not (math.isfinite(float(loss_scale)) and float(loss_scale) > 0):
+        raise ValueError(f"loss_scale must be finite and > 0, got {loss_scale!r}")
+
+
+def check_loss_scale_args(
+    kind: str,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    min_scale: float | None = None,
+) -> None:
+    """`make_loss_scale`'s checks without building a scaler: no arrays, so a config can
+    call it before JAX has started (or joined other processes).
+
+    Raises:
+        ValueError: naming the bad argument and what is accepted.
+    """
+    if kind == "dynamic":
+        _validate_dynamic(init_scale, 2.0, 0.5, growth_interval, min_scale)
+    elif kind == "static":
+        _validate_static(init_scale)
+    elif kind != "none":
+        raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
+
+
 def make_loss_scale(
-    kind: str, init_scale: float = 2.0**16, growth_interval: int = 2000, min_scale: float | None = None
+    kind: str,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    min_scale: float | None = None,
 ) -> LossScale:
     """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'.
     `growth_interval` and `min_scale` concern the dynamic kind only."""
+    check_loss_scale_args(kind, init_scale, growth_interval, min_scale)
     if kind == "dynamic":
         return DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
     if kind == "static":
         return StaticLossScale(init_scale)
-    if kind == "none":
-        return NoOpLossScale()
-    raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
+    return NoOpLossScale()
 
 
 def all_finite(tree) -> jax.Array:

@@ -154,10 +154,15 @@ class ParallelConfig:
     data axis, and the multi-host arguments of `jax.distributed.initialize`."""
 
     devices: int = 1
+    """Devices on the data axis; the environments (PPO) or batch rows (world model) are split over them."""
     coordinator_address: str | None = None
+    """Several processes: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)."""
     num_processes: int | None = None
+    """Several processes: how many."""
     process_id: int | None = None
+    """Several processes: this process's index."""
     heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS
+    """Several processes: seconds of silence after which a process is declared dead and the others exit."""
 
     def validate_parallel(self, split_name: str, split_size: int) -> None:
         if not isinstance(self.devices, int) or self.devices < 1:

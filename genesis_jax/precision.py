@@ -19,11 +19,19 @@ import logging
 import math
 import os
 import warnings
-from typing import Mapping
+from typing import Literal, Mapping
 
 import jax
 import jax.numpy as jnp
 import jmp
+
+from genesis_jax.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, check_loss_scale_args, make_loss_scale
+from genesis_jax.reliability import (
+    DEFAULT_GUARD_MIN_SCALE,
+    DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    DivergenceGuard,
+    FaultInjection,
+)
 
 logger = logging.getLogger("genesis_jax")
 
@@ -73,6 +81,21 @@ def _auto_name() -> str:
     chosen = "fp16" if jax.default_backend() == "gpu" else "fp32"
     logger.info("precision 'auto' chose %s on backend %s", chosen, jax.default_backend())
     return chosen
+
+
+def check_precision(name: str, loss_scaling: str | None = None) -> str:
+    """`get_precision`'s checks without asking JAX for its backend ('auto' stays unresolved),
+    so a config can make them before JAX has started.
+
+    Returns:
+        The loss scaling the precision will use (for 'auto' without one: dynamic, the
+        strictest to check its settings against).
+    """
+    if isinstance(name, str) and name.strip().lower() == "auto":
+        if loss_scaling is not None and loss_scaling not in LOSS_SCALINGS:
+            raise ValueError(f"unknown loss scaling {loss_scaling!r}; accepted: {', '.join(LOSS_SCALINGS)}")
+        return loss_scaling or "dynamic"
+    return get_precision(name, loss_scaling).loss_scaling
 
 
 def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
@@ -159,22 +182,35 @@ RESUMABLE_BASE_FIELDS = (
 
 @dataclasses.dataclass(frozen=True)
 class MixedPrecisionConfig:
-    """The precision fields every trainer config shares. `precision=None` means fp32: a
-    config never reads the environment itself; `from_env` (and the CLI) resolve
-    GENESIS_PRECISION / ENABLE_FP16_TRAINING, once, where the run is set up."""
+    """The mixed-precision fields every trainer config shares (a dataclass base): the
+    policy, the loss scaler, gradient clipping, the divergence guard and fault injection.
+    `precision=None` means fp32: a config never reads the environment itself; `from_env`
+    (and the CLI) resolve GENESIS_PRECISION / ENABLE_FP16_TRAINING, once, where the run is
+    set up. Each field's text below is also its `--help` line."""
 
     precision: str | None = None
-    loss_scaling: str | None = None  # None: the precision's default
-    init_loss_scale: float = 2.0**16
-    growth_interval: int = 2000
+    """fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string. Default on the command
+    line: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32."""
+    loss_scaling: Literal["dynamic", "static", "none"] | None = None
+    """None: the precision's own (dynamic for fp16, none for fp32 and bf16)."""
+    init_loss_scale: float = DEFAULT_INIT_SCALE
+    """The loss scale to start from (static scaling: the scale)."""
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    """Finite steps in a row after which a dynamic scale doubles."""
     min_loss_scale: float | None = None
-    # Reliability (see `genesis_jax.reliability`): the guard's floor and streak limit
-    # (None: that check off) and seeded fault injection.
-    guard_min_scale: float | None = 2.0**-14
-    max_consecutive_skips: int | None = 100
-    inject_nonfinite: float = 0.0  # rate of optimizer steps given non-finite gradients
-    inject_loss_spike: tuple[int, ...] = ()  # optimizer steps whose loss is multiplied
+    """A floor for the dynamic scale. None: no floor."""
+    max_grad_norm: float | None = 1.0
+    """Clip the unscaled gradients' global norm to this. None: no clipping."""
+    guard_min_scale: float | None = DEFAULT_GUARD_MIN_SCALE
+    """Stop the run when a skip would bring the loss scale below this. None: no floor."""
+    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
+    """Stop the run after more than this many skipped updates in a row. None: no limit."""
+    inject_nonfinite: float = 0.0
+    """Fault injection: make the gradients non-finite on this fraction of updates (seeded)."""
+    inject_loss_spike: tuple[int, ...] = ()
+    """Fault injection: optimizer steps whose loss is multiplied by loss-spike-factor."""
     loss_spike_factor: float = 1e6
+    """Fault injection: the factor of inject-loss-spike."""
 
     def __post_init__(self):
         for field in dataclasses.fields(self):  # every trainer config's floats, its subclass's too
@@ -183,9 +219,13 @@ class MixedPrecisionConfig:
                 raise ValueError(f"{field.name.replace('_', '-')} must be a finite number, got {value!r}")
         object.__setattr__(self, "precision", "fp32" if self.precision is None else self.precision)
         object.__setattr__(self, "inject_loss_spike", tuple(self.inject_loss_spike))
-        self.train_precision()  # fail now on an unknown name
-        self.make_loss_scale()  # ... or bad scaler settings
-        self.divergence_guard()  # ... or bad guard or fault settings
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max-grad-norm must be > 0 (None: no clipping), got {self.max_grad_norm!r}")
+        # Fail now on an unknown name or bad scaler, guard or fault settings; without touching
+        # a device, which would start JAX before the CLI joins other processes.
+        scaling = check_precision(self.precision, self.loss_scaling)
+        check_loss_scale_args(scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
+        self.divergence_guard()
         self.fault_injection(0)
 
     @classmethod
@@ -203,18 +243,12 @@ class MixedPrecisionConfig:
         return get_precision(self.precision, self.loss_scaling)
 
     def make_loss_scale(self):
-        from genesis_jax.loss_scale import make_loss_scale
-
         return make_loss_scale(
             self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale
         )
 
     def divergence_guard(self):
-        from genesis_jax.reliability import DivergenceGuard
-
         return DivergenceGuard(self.guard_min_scale, self.max_consecutive_skips)
 
     def fault_injection(self, seed: int):
-        from genesis_jax.reliability import FaultInjection
-
         return FaultInjection(self.inject_nonfinite, self.inject_loss_spike, self.loss_spike_factor, seed)

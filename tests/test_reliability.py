@@ -19,7 +19,7 @@ import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, mixed_precision_update
 from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.cli import build_parser, main
+from genesis_jax.cli import main, parse_train_args, train_config
 from genesis_jax.ppo import PPOConfig
 from genesis_jax.ppo import train as train_ppo
 from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection
@@ -225,9 +225,7 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def straight_kill_run():
-    from genesis_jax.cli import _ppo_config
-
-    config = _ppo_config(build_parser().parse_args(KILL_ARGS))
+    config = train_config("ppo", parse_train_args("ppo", KILL_ARGS[2:])[0])
     return config, train_ppo(config, progress=False)
 
 
@@ -375,7 +373,7 @@ def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
 @pytest.mark.parametrize(
     "case, extra, words",
     [
-        ("ppo", ["--hidden", "32,32"], "does not fit this run"),
+        ("ppo", ["--hidden", "32", "32"], "does not fit this run"),
         ("ppo", ["--precision", "bf16"], "precision 'fp16'"),
         ("wm", [], "comes from a world-model run, not ppo"),
         ("corrupt", [], "cannot be read"),

@@ -3,44 +3,86 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Literal
 
 import numpy as np
 
 from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.parallel import ParallelConfig
-from genesis_jax.precision import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig, Precision, get_precision
+from genesis_jax.precision import (
+    RESUMABLE_BASE_FIELDS,
+    MixedPrecisionConfig,
+    Precision,
+    check_precision,
+    get_precision,
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig(MixedPrecisionConfig, ParallelConfig):
+class PPOFields:
+    """PPO's own fields (`PPOConfig` adds the shared mixed-precision and data-parallel ones).
+    Each field's text below is also its `--help` line."""
+
     env: str = "CartPole-v1"
-    env_backend: str | None = None  # gymnax | gymnasium | envpool; None: gymnax where it has the id, else gymnasium
-    rollout_precision: str | None = None  # None: the training precision
+    """A gymnax or gymnasium environment id (Atari ids with the envpool backend)."""
+    env_backend: Literal["gymnax", "gymnasium", "envpool"] | None = None
+    """None: gymnax where it has the id, else gymnasium. envpool: Atari (pip install -e '.[envpool]')."""
+    rollout_precision: str | None = None
+    """Precision of the acting policy. None: the training precision."""
     total_steps: int = 500_000
+    """Environment steps in all."""
     num_envs: int = 4
+    """Environments stepped in parallel."""
     num_steps: int = 128
+    """Rollout length per environment per update."""
     update_epochs: int = 4
+    """Passes over each rollout."""
     num_minibatches: int = 4
+    """Minibatches per pass."""
     lr: float = 2.5e-4
+    """Adam's learning rate."""
     anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over the run."""
     gamma: float = 0.99
+    """Discount factor."""
     gae_lambda: float = 0.95
+    """GAE's lambda."""
     clip_eps: float = 0.2
+    """PPO's ratio clip."""
     clip_value: bool = True
+    """Clip the value loss as PPO's policy loss is clipped."""
     ent_coef: float = 0.01
+    """Entropy bonus coefficient."""
     vf_coef: float = 0.5
-    max_grad_norm: float | None = 0.5
-    network: str | None = None  # mlp | resmlp | cnn | impala; None: cnn for images, mlp otherwise
-    hidden: Sequence[int] = (64, 64)  # mlp
-    activation: str = "tanh"  # mlp
-    width: int = 256  # resmlp
-    depth: int = 2  # resmlp: residual blocks
+    """Value loss coefficient."""
+    network: str | None = None
+    """Policy torso: mlp | resmlp | cnn | impala. None: cnn for image observations, mlp otherwise."""
+    hidden: tuple[int, ...] = (64, 64)
+    """mlp: hidden widths."""
+    activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+    """mlp: activation."""
+    width: int = 256
+    """resmlp: residual stream width."""
+    depth: int = 2
+    """resmlp: residual blocks."""
     seed: int = 0
+    """Seed of the parameters, the environments and the fault injection."""
     num_seeds: int = 1
-    vectorization: str = "sync"  # gymnasium: sync (DummyVecEnv) | async (SubprocVecEnv)
-    action_repeat: int = 1  # gymnasium only
-    updates_per_chunk: int | None = None  # None: about 25 progress reports per run
+    """Seeds trained together in one compiled run (gymnax)."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """gymnasium: sync (in this process) or async (a subprocess per environment)."""
+    action_repeat: int = 1
+    """gymnasium: repeat each action this many steps."""
+    updates_per_chunk: int | None = None
+    """Updates per compiled chunk between progress reports. None: about 25 reports per run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
+    """A PPO run: `PPOFields`, and the shared `MixedPrecisionConfig` and `ParallelConfig`
+    fields, as keyword arguments of one flat config."""
+
+    max_grad_norm: float | None = 0.5  # PPO's own default for the shared clipping field
 
     # What a resume may change without changing what the run is (see `train`).
     RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("total_steps", "updates_per_chunk", "vectorization")
@@ -88,7 +130,7 @@ class PPOConfig(MixedPrecisionConfig, ParallelConfig):
         self.validate_parallel("num-envs", self.num_envs)
         if self.devices > 1 and self.num_seeds > 1:
             raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
-        self.rollout_precision_resolved()  # fail now on an unknown name, not after env set-up
+        check_precision(self.rollout_precision or self.precision)  # fail now, not after env set-up
 
     @property
     def batch_size(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -29,23 +29,40 @@ from genesis_jax.world_model import data as wm_data
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldModelConfig(MixedPrecisionConfig, ParallelConfig):
-    """A world-model run: the data, the model's size, the optimisation, and (inherited) the
-    precision, scaler, guard, fault-injection and data-parallel fields."""
+class WorldModelFields:
+    """The world model's own fields (`WorldModelConfig` adds the shared mixed-precision and
+    data-parallel ones). Each field's text below is also its `--help` line."""
 
-    data: str = "synthetic"  # synthetic | a gymnax or gymnasium env id | a path to a .npz dataset
+    data: str = "synthetic"
+    """synthetic | a gymnax or gymnasium env id (random policy) | a .npz written by 'genesis-jax collect'."""
     num_sequences: int = 2048
+    """Sequences to generate or collect (not for a .npz)."""
     sequence_length: int = 32
+    """Steps per sequence (not for a .npz)."""
     eval_fraction: float = 0.2
+    """Share of the sequences held out for the eval loss."""
     epochs: int = 20
+    """Passes over the training sequences."""
     batch_size: int = 1024
+    """Transitions per update."""
     width: int = 128
+    """Hidden width."""
     depth: int = 2
-    core: str = "mlp"
-    horizon: int = 1  # > 1: open-loop multi-step loss over that many steps
+    """Hidden layers."""
+    core: Literal["mlp", "gru"] = "mlp"
+    """The dynamics core."""
+    horizon: int = 1
+    """Open-loop steps per sample (> 1: a multi-step loss)."""
     lr: float = 1e-3
-    max_grad_norm: float | None = 1.0
+    """Adam's learning rate."""
     seed: int = 0
+    """Seed of the data, the parameters and the fault injection."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
+    """A world-model run: `WorldModelFields`, and the shared `MixedPrecisionConfig` and
+    `ParallelConfig` fields (clipping at norm 1.0 by default), as one flat config."""
 
     # What a resume may change without changing what the run is (see `train`).
     RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("epochs",)

@@ -1,0 +1,155 @@
+"""The train commands' options are generated from the config dataclasses (tyro): every field
+has its flag, the defaults are the configs', `--help` shows the groups, "off" is None, parse
+errors are one line with exit status 2, and the replaced spellings still work with a warning.
+Only parsing runs here: no training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from genesis_jax.cli import _box_message, main, parse_train_args, train_config
+from genesis_jax.parallel import ParallelConfig
+from genesis_jax.ppo import PPOConfig
+from genesis_jax.precision import MixedPrecisionConfig
+from genesis_jax.world_model import WorldModelConfig
+
+CONFIGS = {"ppo": PPOConfig, "world-model": WorldModelConfig}
+
+
+def parse(workload, *argv):
+    parts, run = parse_train_args(workload, list(argv))
+    return train_config(workload, parts), run
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("workload", CONFIGS)
+def test_with_no_options_the_config_is_the_libraries_default(workload):
+    config, run = parse(workload)
+    assert config == CONFIGS[workload]()
+    assert (run.out, run.resume, run.progress, run.train_kwargs()["writers"]) == (None, False, True, ())
+
+
+@pytest.mark.parametrize("workload", CONFIGS)
+def test_help_has_a_flag_for_every_config_field_in_its_group(workload, capsys):
+    assert main(["train", workload, "--help"]) == 0
+    text = capsys.readouterr().out
+    titles = [
+        line for line in text.splitlines() if "options" in line and "─" in line or line.strip().endswith("options")
+    ]
+    title_words = " ".join(titles)
+    for group in (workload, "mixed-precision", "parallel", "run"):
+        assert f"{group} options" in title_words, titles
+    for field in dataclasses.fields(CONFIGS[workload]):
+        assert flag(field.name) in text, field.name
+    for field in dataclasses.fields(MixedPrecisionConfig) + dataclasses.fields(ParallelConfig):
+        assert flag(field.name) in text
+
+
+def test_every_field_is_set_by_its_flag():
+    config, run = parse(
+        "ppo",
+        *("--env", "Acrobot-v1", "--env-backend", "gymnasium", "--total-steps", "2048", "--num-envs", "8"),
+        *("--hidden", "32", "16", "--activation", "relu", "--no-anneal-lr", "--no-clip-value", "--lr", "1e-3"),
+        *("--precision", "bf16", "--loss-scaling", "static", "--init-loss-scale", "1024", "--max-grad-norm", "None"),
+        *("--guard-min-scale", "None", "--max-consecutive-skips", "7", "--inject-loss-spike", "3", "5"),
+        *("--devices", "2", "--heartbeat-timeout", "9"),
+        *("--out", "somewhere", "--resume", "--no-progress", "--tensorboard", "--checkpoint-every", "4096"),
+    )
+    assert (config.env, config.env_backend, config.total_steps, config.num_envs) == ("Acrobot-v1", "gymnasium", 2048, 8)
+    assert (config.hidden, config.activation, config.anneal_lr, config.clip_value, config.lr) == (
+        (32, 16),
+        "relu",
+        False,
+        False,
+        1e-3,
+    )
+    assert (config.precision, config.loss_scaling, config.init_loss_scale) == ("bf16", "static", 1024.0)
+    assert (config.max_grad_norm, config.guard_min_scale, config.max_consecutive_skips) == (None, None, 7)
+    assert (config.inject_loss_spike, config.devices, config.heartbeat_timeout) == ((3, 5), 2, 9)
+    assert run.train_kwargs() == {
+        "out_dir": "somewhere",
+        "checkpoint_every": 4096,
+        "resume": True,
+        "overwrite": False,
+        "allow_config_change": False,
+        "progress": False,
+        "writers": ("tensorboard",),
+    }
+
+
+def test_each_trainer_keeps_its_own_clipping_default():
+    assert parse("ppo")[0].max_grad_norm == 0.5
+    assert parse("world-model")[0].max_grad_norm == 1.0
+
+
+def test_the_precision_default_comes_from_the_environment_and_a_flag_overrides_it(monkeypatch, capsys):
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "1")
+    assert parse("ppo")[0].precision == "fp16"
+    assert parse("ppo", "--precision", "fp32")[0].precision == "fp32"
+    monkeypatch.setenv("GENESIS_PRECISION", "fp17")
+    assert main(["train", "ppo", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GENESIS_PRECISION" in err[0] and "unknown precision 'fp17'" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--total-steps", "abc"], "--total-steps"),
+        (["--no-such-option", "1"], "--no-such-option"),
+        (["--env-backend", "gym"], "gym"),
+        (["--init-loss-scale", "nan"], "init-loss-scale must be a finite number"),
+        (["--max-grad-norm", "-0.5", "--precision", "fp16"], None),  # the old spelling of off: accepted
+        (["--loss-scaling", "sometimes"], "sometimes"),
+    ],
+)
+def test_a_parse_error_is_one_line_and_exit_status_2(argv, words, capsys):
+    if words is None:
+        config, _ = parse("ppo", *argv)
+        assert config.max_grad_norm is None
+        return
+    assert main(["train", "ppo", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("genesis-jax") and "error" in err[0] and words in err[0], err
+
+
+@pytest.mark.parametrize(
+    "old, new, field, value",
+    [
+        (["--hidden", "32,16"], ["--hidden", "32", "16"], "hidden", (32, 16)),
+        (["--inject-loss-spike=3,5"], ["--inject-loss-spike", "3", "5"], "inject_loss_spike", (3, 5)),
+        (["--max-grad-norm", "0"], ["--max-grad-norm", "None"], "max_grad_norm", None),
+        (["--guard-min-scale", "0"], ["--guard-min-scale", "None"], "guard_min_scale", None),
+        (["--max-consecutive-skips", "0"], ["--max-consecutive-skips", "None"], "max_consecutive_skips", None),
+    ],
+)
+def test_replaced_spellings_still_work_with_a_deprecation_warning(old, new, field, value, capsys):
+    config_old, _ = parse("ppo", *old)
+    warning = capsys.readouterr().err.strip().splitlines()
+    config_new, _ = parse("ppo", *new)
+    assert capsys.readouterr().err == ""
+    assert getattr(config_old, field) == getattr(config_new, field) == value
+    assert config_old == config_new
+    assert len(warning) == 1 and "deprecated" in warning[0] and " ".join(new) in warning[0], warning
+
+
+def test_a_negative_guard_value_is_not_taken_for_off(capsys):
+    assert main(["train", "ppo", "--guard-min-scale", "-1", "--no-progress"]) == 2
+    assert "guard-min-scale must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "box",
+    [
+        "╭─ Value error ─────╮\n│ Error parsing --x: invalid  │\n│ literal │\n│ ───── │\n│ For full help │\n╰──╯\n",
+        " Value error \n ---------- \n  Error parsing --x: invalid\n  literal\n  -----\n  For full help\n",
+        "\x1b[1;31m╭─ Value error ─╮\x1b[0m\n\x1b[31m│\x1b[0m Error parsing --x: invalid literal │\n╰──╯\n",
+    ],
+)
+def test_tyros_error_box_becomes_its_message(box):
+    assert _box_message(box) == "Error parsing --x: invalid literal"
