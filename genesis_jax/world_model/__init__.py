@@ -1,5 +1,5 @@
 """A Flax world model trained in mixed precision from trajectories."""
 
-from genesis_jax.world_model.train import WorldModelConfig, WorldModelResult, train
+from genesis_jax.world_model.train import WorldModelConfig, WorldModelFields, WorldModelResult, train
 
-__all__ = ["WorldModelConfig", "WorldModelResult", "train"]
+__all__ = ["WorldModelConfig", "WorldModelFields", "WorldModelResult", "train"]
