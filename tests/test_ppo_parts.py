@@ -9,6 +9,7 @@ from genesis_jax.ppo import distributions
 from genesis_jax.ppo.core import mismatch_metrics
 from genesis_jax.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.ppo.loss import ppo_loss
+from genesis_jax.ppo.transition import Minibatch
 
 
 def test_gae_hand_computed_with_termination_and_truncation():
@@ -52,6 +53,7 @@ def test_ppo_loss_against_numpy():
     logits = rng.normal(size=(n, k)).astype(np.float64)
     values = rng.normal(size=n)
     batch = {
+        "obs": np.zeros((n, 1)),  # unused by the loss: the network already saw it
         "action": rng.integers(0, k, n),
         "log_prob": np.log(rng.uniform(0.2, 0.6, n)),
         "value": values + rng.normal(scale=0.5, size=n),
@@ -73,7 +75,7 @@ def test_ppo_loss_against_numpy():
     got, aux = ppo_loss(
         (jnp.asarray(logits, jnp.float32),),
         jnp.asarray(values, jnp.float32),
-        jax.tree.map(lambda x: jnp.asarray(x, jnp.float32 if x.dtype.kind == "f" else jnp.int32), batch),
+        Minibatch(**{k: jnp.asarray(x, jnp.float32 if x.dtype.kind == "f" else jnp.int32) for k, x in batch.items()}),
         0.2,
         0.5,
         0.01,

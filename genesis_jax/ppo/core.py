@@ -1,8 +1,7 @@
 """What both PPO loops share: networks, optimizer, train state and the update from a rollout.
 
-A rollout (`traj`) is a dict of [T, N, ...] float32/int arrays with keys obs, action,
-log_prob (the rollout policy's, "mu"), value, reward (truncations already bootstrapped),
-and done.
+A rollout arrives as `Transition`s ([T, N, ...] arrays), becomes a `Trajectory` (done
+derived, truncations bootstrapped), and is learned from as shuffled `Minibatch`es.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.ppo.loss import ppo_loss
+from genesis_jax.ppo.transition import Minibatch, Trajectory, Transition
 from genesis_jax.reliability import update_options
 from genesis_jax.update import TrainState, mixed_precision_update
 
@@ -97,17 +97,19 @@ def truncation_values(truncated, final_obs, value_fn, max_truncations: int | Non
     return jax.lax.cond(count > max_truncations, full, gathered)
 
 
-def finish_rollout(columns: dict, value_fn, gamma: float, max_truncations: int | None = None) -> dict:
-    """The update's `traj` from raw rollout columns (obs, action, log_prob, value,
-    reward, terminated, truncated, final_obs): `done` derived, and truncated episodes'
-    rewards bootstrapped from V(pre-reset observation) (see `truncation_values`)."""
-    final_value = truncation_values(columns["truncated"], columns["final_obs"], value_fn, max_truncations)
-    traj = {k: columns[k] for k in ("obs", "action", "log_prob", "value")}
-    traj["done"] = jnp.logical_or(columns["terminated"], columns["truncated"])
-    traj["reward"] = bootstrap_truncated(
-        columns["reward"], columns["truncated"], columns["terminated"], final_value, gamma
+def finish_rollout(steps: Transition, value_fn, gamma: float, max_truncations: int | None = None) -> Trajectory:
+    """The update's `Trajectory` from a rollout's `Transition`s: `done` derived, and
+    truncated episodes' rewards bootstrapped from V(pre-reset observation) (see
+    `truncation_values`)."""
+    final_value = truncation_values(steps.truncated, steps.final_obs, value_fn, max_truncations)
+    return Trajectory(
+        obs=steps.obs,
+        action=steps.action,
+        log_prob=steps.log_prob,
+        value=steps.value,
+        reward=bootstrap_truncated(steps.reward, steps.truncated, steps.terminated, final_value, gamma),
+        done=jnp.logical_or(steps.terminated, steps.truncated),
     )
-    return traj
 
 
 def max_truncations(config: PPOConfig, spec: EnvSpec) -> int | None:
@@ -126,13 +128,13 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
     mismatch measurement, then epochs x minibatches of the mixed-precision update step."""
     network = make_network(config, spec, config.train_precision())
 
-    def loss_fn(params, batch):
-        pi_params, values = network.apply(params, batch["obs"])
+    def loss_fn(params, batch: Minibatch):
+        pi_params, values = network.apply(params, batch.obs)
         loss, aux = ppo_loss(
             pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value
         )
         # The learner's view, kept for the mismatch metric (read on the first minibatch only).
-        aux["log_pi"] = distributions.log_prob(pi_params, batch["action"])
+        aux["log_pi"] = distributions.log_prob(pi_params, batch.action)
         return loss, aux
 
     options = update_options(config, config.seed, grad_transform)
@@ -156,26 +158,26 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, grad_transform=None):
         scalars = jnp.stack([jnp.asarray(values[k], jnp.float32) for k in scalar_names])
         return state, (scalars, aux["log_pi"])
 
-    def update(train_state: TrainState, traj: dict, last_value, key):
+    def update(train_state: TrainState, traj: Trajectory, last_value, key):
         advantages, targets = compute_gae(
-            traj["reward"], traj["value"], traj["done"], last_value, config.gamma, config.gae_lambda
+            traj.reward, traj.value, traj.done, last_value, config.gamma, config.gae_lambda
         )
         data = _flatten_time_env(
-            {
-                "obs": traj["obs"],
-                "action": traj["action"],
-                "log_prob": traj["log_prob"],
-                "value": traj["value"],
-                "advantage": advantages,
-                "target": targets,
-            }
+            Minibatch(
+                obs=traj.obs,
+                action=traj.action,
+                log_prob=traj.log_prob,
+                value=traj.value,
+                advantage=advantages,
+                target=targets,
+            )
         )
 
         def epoch(state, epoch_key):
             perm = jax.random.permutation(epoch_key, config.batch_size)
             shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
             state, metrics = jax.lax.scan(step, state, shuffled)
-            return state, (metrics, shuffled["log_prob"][0])
+            return state, (metrics, shuffled.log_prob[0])
 
         skipped_before = train_state.skipped
         epoch_keys = jax.random.split(key, config.update_epochs)

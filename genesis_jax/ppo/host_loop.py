@@ -14,6 +14,7 @@ from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn
+from genesis_jax.ppo.transition import Transition
 from genesis_jax.update import TrainState
 
 
@@ -67,13 +68,12 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
     update = make_update_fn(config, spec, grad_transform)
 
     @jax.jit
-    def learn(train_state, columns: dict, last_obs, key):
+    def learn(train_state, steps: Transition, last_obs, key):
         """Bootstraps truncations, then the PPO update: one compiled call per rollout."""
         value_of = lambda obs: rollout_net.apply(train_state.params, obs, method=ActorCritic.value)  # noqa: E731
-        return update(train_state, finish_rollout(columns, value_of, config.gamma), value_of(last_obs), key)
+        return update(train_state, finish_rollout(steps, value_of, config.gamma), value_of(last_obs), key)
 
     host = {"obs": None, "episode_return": np.zeros(config.num_envs, np.float32)}
-    column_names = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "final_obs")
 
     def init(key) -> HostRunnerState:
         state_key, run_key = jax.random.split(key)
@@ -85,20 +85,19 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         params = runner.train_state.params
         rng, noise_key, update_key = jax.random.split(runner.rng, 3)
         action_noise = draw_noise(noise_key)
-        columns = {k: [] for k in column_names}
+        steps = []
         finished = []
         for t in range(config.num_steps):
             obs = host["obs"]
             action, log_mu, value = unpack(np.asarray(act(params, obs, action_noise[t])))
             next_obs, reward, terminated, truncated, final_obs = env.step(action)
-            for k, v in zip(column_names, (obs, action, log_mu, value, reward, terminated, truncated, final_obs)):
-                columns[k].append(v)
+            steps.append(Transition(obs, action, log_mu, value, reward, terminated, truncated, final_obs))
             host["episode_return"] += reward
             done = terminated | truncated
             finished.extend(host["episode_return"][done].tolist())
             host["episode_return"][done] = 0.0
             host["obs"] = next_obs
-        stacked = {k: np.stack(v) for k, v in columns.items()}
+        stacked = jax.tree.map(lambda *column: np.stack(column), *steps)  # one [T, N, ...] array per field
         train_state, metrics = learn(runner.train_state, stacked, host["obs"], update_key)
         metrics["episodes"] = len(finished)
         metrics["return_sum"] = float(np.sum(finished))
@@ -109,9 +108,9 @@ def make_host_ppo(config: PPOConfig, grad_transform=None):
         params = runner.train_state.params
         action, log_mu, value = unpack(np.asarray(act(params, host["obs"], draw_noise(runner.rng)[0])))
         flags = np.zeros(config.num_envs, bool)
-        sample = (host["obs"], action, log_mu, value, value, flags, flags, host["obs"])
-        columns = {k: np.stack([v] * config.num_steps) for k, v in zip(column_names, sample)}
-        jax.block_until_ready(learn(runner.train_state, columns, host["obs"], runner.rng))
+        sample = Transition(host["obs"], action, log_mu, value, value, flags, flags, host["obs"])
+        steps = jax.tree.map(lambda x: np.stack([x] * config.num_steps), sample)
+        jax.block_until_ready(learn(runner.train_state, steps, host["obs"], runner.rng))
 
     def run_chunk(runner: HostRunnerState, num_updates: int):
         per_update = []

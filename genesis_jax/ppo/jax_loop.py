@@ -20,6 +20,7 @@ from genesis_jax.parallel import constrain, replicated, sharded
 from genesis_jax.ppo import distributions
 from genesis_jax.ppo.config import PPOConfig
 from genesis_jax.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
+from genesis_jax.ppo.transition import Transition
 from genesis_jax.update import TrainState
 
 
@@ -70,20 +71,20 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
         obs, env_state, reward, terminated, truncated, final_obs = env.step(env_keys, runner.env_state, action)
         done = jnp.logical_or(terminated, truncated)
         episode_return = runner.episode_return + reward
-        transition = {
-            "obs": runner.obs,
-            "action": action,
-            "log_prob": log_mu,
-            "value": value,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "final_obs": final_obs,
-            "finished_return": jnp.where(done, episode_return, 0.0),
-        }
+        transition = Transition(
+            obs=runner.obs,
+            action=action,
+            log_prob=log_mu,
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+        )
+        finished_return = jnp.where(done, episode_return, 0.0)
         env_state, obs, episode_return = constrain((env_state, obs, jnp.where(done, 0.0, episode_return)), mesh)
         runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return)
-        return runner, transition
+        return runner, (transition, finished_return)
 
     def one_update(runner: RunnerState, _):
         # The rollout's randomness is drawn before its loop, in two calls rather than in
@@ -94,12 +95,12 @@ def make_jax_ppo(config: PPOConfig, grad_transform=None, mesh=None):
             distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
             jax.random.split(env_key, steps_by_envs),
         )
-        runner, columns = jax.lax.scan(env_step, runner, randomness)
+        runner, (steps, finished_returns) = jax.lax.scan(env_step, runner, randomness)
         value_of = lambda obs: rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
-        traj = finish_rollout(columns, value_of, config.gamma, truncation_bound)
+        traj = finish_rollout(steps, value_of, config.gamma, truncation_bound)
         train_state, metrics = update(runner.train_state, traj, value_of(runner.obs), update_key)
-        metrics["episodes"] = traj["done"].sum()
-        metrics["return_sum"] = columns["finished_return"].sum()
+        metrics["episodes"] = traj.done.sum()
+        metrics["return_sum"] = finished_returns.sum()
         return runner.replace(train_state=train_state, rng=rng), metrics
 
     def run_chunk(runner: RunnerState, num_updates: int):

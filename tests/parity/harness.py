@@ -379,13 +379,14 @@ def torch_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=
 
 def jax_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, hidden=(64, 64)):
     from genesis_jax.ppo.loss import ppo_loss
+    from genesis_jax.ppo.transition import Minibatch
 
     action_dim = np.asarray(params["params"]["actor_head"]["kernel"]).shape[-1]
     net = ActorCritic(action_dim=action_dim, hidden=hidden)
 
     def loss(p):
         pi, v = net.apply(p, jnp.asarray(batch["obs"]))
-        return ppo_loss(pi, v, jax.tree.map(jnp.asarray, batch), clip_eps, vf_coef, ent_coef)[0]
+        return ppo_loss(pi, v, Minibatch(**jax.tree.map(jnp.asarray, batch)), clip_eps, vf_coef, ent_coef)[0]
 
     value, grads = jax.value_and_grad(loss)(params)
     return float(value), grads
