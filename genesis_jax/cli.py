@@ -83,32 +83,28 @@ def _trainer(workload: str):
     return WorldModelFields, WorldModelConfig, train
 
 
-# `--help`'s groups: the trainer's own fields, then the shared ones, then the run's options.
-_GROUP_HELP = {
-    "mixed_precision": "Precision, loss scaling, clipping, the divergence guard and fault injection.",
-    "parallel": "Data parallelism over devices and processes.",
-    "run": "The run directory, checkpoints, resume and logging.",
-}
-
-
-def _defaults(cls, config_cls, environ=None):
-    """`cls` holding `config_cls`'s defaults for its fields (the precision from the environment)."""
+def _defaults(cls, config_defaults: dict):
+    """`cls` holding the trainer config's defaults for its fields (the precision from the environment)."""
     from genesis_jax.precision import resolve_precision_name
 
     if cls is RunOptions:
         return cls()
-    values = {f.name: getattr(config_cls(), f.name) for f in dataclasses.fields(cls) if f.init}
+    values = {name: config_defaults[name] for name in _field_names(cls)}
     if "precision" not in values:
         return cls(**values)
-    values["precision"] = resolve_precision_name(None, environ)
+    values["precision"] = resolve_precision_name(None)
     try:
         return cls(**values)
     except ValueError as err:
         raise ValueError(f"the precision from GENESIS_PRECISION / ENABLE_FP16_TRAINING: {err}") from None
 
 
+def _field_names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
 def _values(obj) -> dict:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+    return {name: getattr(obj, name) for name in _field_names(obj)}
 
 
 def parse_train_args(workload: str, argv: Sequence[str]):
@@ -131,18 +127,22 @@ def parse_train_args(workload: str, argv: Sequence[str]):
 
     fields_cls, config_cls, _ = _trainer(workload)
     trainer_group = workload.replace("-", "_")  # `--help` titles the groups by these names
-    groups = {
+    groups = {  # `--help` shows them in this order: the trainer's own, the shared ones, the run's
         trainer_group: (fields_cls, f"The {workload} run's own settings."),
-        "mixed_precision": (MixedPrecisionConfig, _GROUP_HELP["mixed_precision"]),
-        "parallel": (ParallelConfig, _GROUP_HELP["parallel"]),
-        "run": (RunOptions, _GROUP_HELP["run"]),
+        "mixed_precision": (
+            MixedPrecisionConfig,
+            "Precision, loss scaling, clipping, the divergence guard and fault injection.",
+        ),
+        "parallel": (ParallelConfig, "Data parallelism over devices and processes."),
+        "run": (RunOptions, "The run directory, checkpoints, resume and logging."),
     }
     command_cls = dataclasses.make_dataclass(
         "TrainCommand",
         [(name, typing.Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
         frozen=True,
     )
-    default = command_cls(**{name: _defaults(cls, config_cls) for name, (cls, _) in groups.items()})
+    config_defaults = _values(config_cls())
+    default = command_cls(**{name: _defaults(cls, config_defaults) for name, (cls, _) in groups.items()})
     prog = f"genesis-jax train {workload}"
     argv, notes = _old_spellings(list(argv))
     for note in notes:
@@ -150,8 +150,12 @@ def parse_train_args(workload: str, argv: Sequence[str]):
     parsed = _tyro_one_line_errors(
         lambda: tyro.cli(command_cls, args=argv, default=default, prog=prog, config=(tyro.conf.OmitArgPrefixes,)), prog
     )
-    parts = {"trainer": getattr(parsed, trainer_group), "mixed_precision": parsed.mixed_precision}
-    return {**parts, "parallel": parsed.parallel}, parsed.run
+    parts = {
+        "trainer": getattr(parsed, trainer_group),
+        "mixed_precision": parsed.mixed_precision,
+        "parallel": parsed.parallel,
+    }
+    return parts, parsed.run
 
 
 def train_config(workload: str, parts: dict):

@@ -92,9 +92,7 @@ def check_precision(name: str, loss_scaling: str | None = None) -> str:
         strictest to check its settings against).
     """
     if isinstance(name, str) and name.strip().lower() == "auto":
-        if loss_scaling is not None and loss_scaling not in LOSS_SCALINGS:
-            raise ValueError(f"unknown loss scaling {loss_scaling!r}; accepted: {', '.join(LOSS_SCALINGS)}")
-        return loss_scaling or "dynamic"
+        return _checked_loss_scaling(loss_scaling or "dynamic", loss_scaling)
     return get_precision(name, loss_scaling).loss_scaling
 
 
@@ -134,10 +132,15 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         default_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
     else:
         raise ValueError(f"unknown precision {name!r}; accepted: {_accepted()}")
-    scaling = default_scaling if loss_scaling is None else loss_scaling
-    if scaling not in LOSS_SCALINGS:
-        raise ValueError(f"unknown loss scaling {loss_scaling!r}; accepted: {', '.join(LOSS_SCALINGS)}")
+    scaling = _checked_loss_scaling(default_scaling if loss_scaling is None else loss_scaling, loss_scaling)
     return Precision(name=key, policy=policy, loss_scaling=scaling)
+
+
+def _checked_loss_scaling(scaling: str, given: str | None) -> str:
+    """`scaling` if it is one of LOSS_SCALINGS; else an error naming the value `given`."""
+    if scaling not in LOSS_SCALINGS:
+        raise ValueError(f"unknown loss scaling {given!r}; accepted: {', '.join(LOSS_SCALINGS)}")
+    return scaling
 
 
 def get_policy(name: str) -> jmp.Policy:
