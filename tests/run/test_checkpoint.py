@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from genesis_jax import CheckpointMismatchError, CheckpointStore, DynamicLossScale, NoOpLossScale, TrainState
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
 
 def make_state(hidden=(32, 32), scaler=None, precision="fp16", seed=1):

@@ -1,6 +1,6 @@
 """One process of a 2-process run joined by jax.distributed on localhost (2 CPU devices each,
 gloo collectives): three update steps on a 4-device mesh where only process 1's rows hold an
-inf, at the second step. Prints what this process saw as JSON; tests/test_multiprocess.py
+inf, at the second step. Prints what this process saw as JSON; tests/run/test_parallel.py
 starts both processes and compares them."""
 
 import functools
@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
 from genesis_jax.parallel import DATA_AXIS, host_array, initialize_distributed, make_mesh, replicated
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
 
 def main() -> dict:

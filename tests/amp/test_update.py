@@ -15,7 +15,7 @@ from genesis_jax import (
     stats,
 )
 from genesis_jax.precision import get_precision
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
 
 def make_state(dtype=jnp.float16, scaler=None, precision="fp16"):

@@ -20,7 +20,7 @@ from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.cli import main
 from genesis_jax.ppo import PPOConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
 # A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
 LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]

@@ -18,7 +18,7 @@ import pytest
 from genesis_jax import DynamicLossScale, MixedPrecisionTrainer, NoOpLossScale, amp
 from genesis_jax.nets import MLP, ActorCritic
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def regression(seed=0, n=64):

@@ -25,9 +25,9 @@ from genesis_jax.ppo import train as train_ppo
 from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection
 from genesis_jax.world_model import WorldModelConfig
 from genesis_jax.world_model import train as train_wm
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32"):

@@ -20,15 +20,15 @@ from genesis_jax.checkpoint import CheckpointStore
 from genesis_jax.launch import free_port
 from genesis_jax.ppo import PPOConfig
 from genesis_jax.ppo import train as train_ppo
-from tests.parallel_worker import checksum
+from tests.support.parallel_worker import checksum
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_worker(*args) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.parallel_worker", *args],
+        [sys.executable, "-m", "tests.support.parallel_worker", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -180,7 +180,7 @@ def test_an_inf_in_one_process_makes_both_skip_the_same_step():
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.multiprocess_worker", f"127.0.0.1:{port}", str(i)],
+            [sys.executable, "-m", "tests.support.multiprocess_worker", f"127.0.0.1:{port}", str(i)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

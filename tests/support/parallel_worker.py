@@ -1,5 +1,5 @@
 """Runs data-parallel scenarios on 4 forced CPU devices and prints their raw results as
-JSON; tests/test_parallel.py starts it in a separate process (XLA_FLAGS must be set before
+JSON; tests/run/test_parallel.py starts it in a separate process (XLA_FLAGS must be set before
 JAX starts) and makes the assertions."""
 
 import functools
@@ -17,7 +17,7 @@ from genesis_jax.ppo import PPOConfig
 from genesis_jax.ppo import train as train_ppo
 from genesis_jax.world_model import WorldModelConfig
 from genesis_jax.world_model import train as train_wm
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
 
 def all_agree(tree) -> bool:

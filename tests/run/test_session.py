@@ -19,7 +19,7 @@ from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
 from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection, TrainingInterrupted
 from genesis_jax.runs import RunDirectoryError
 from genesis_jax.session import Session
-from tests.helpers import mlp_loss, regression_problem
+from tests.support.helpers import mlp_loss, regression_problem
 
 STEPS_PER_CHUNK = 5
 
