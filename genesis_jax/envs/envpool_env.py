@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from genesis_jax.envs.registry import EnvSpec
+from genesis_jax.envs.spec import EnvSpec
 
 # EnvPool's Atari preprocessing, set to the gymnasium path's (SB3 / CleanRL): no sticky
 # actions, 30 no-op starts, frame-skip 4, 84x84 grayscale, 4 stacked frames, episodic life,

@@ -8,7 +8,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from genesis_jax.envs.registry import EnvSpec
+from genesis_jax.envs.spec import EnvSpec
 
 
 class ActionRepeat(gym.Wrapper):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from genesis_jax.envs.registry import EnvSpec
+from genesis_jax.envs.spec import EnvSpec
 
 
 def _space_info(space):
