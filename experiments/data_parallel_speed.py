@@ -17,7 +17,7 @@ import tempfile
 
 from _report import emit
 
-from genesis_jax.runs import versions_line
+from genesis_jax.run.probes import versions_line
 
 RUNS = {
     "ppo": ["train", "ppo", "--precision", "fp16", "--num-envs", "16", "--total-steps", "409600"],

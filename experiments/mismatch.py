@@ -11,8 +11,8 @@ import json
 import pathlib
 import sys
 
-from genesis_jax import runs
 from genesis_jax.mismatch import mismatch_grid, plot_heatmaps, table
+from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     for env in args.envs.split(","):
         cells += mismatch_grid(env, args.total_steps, seed=args.seed)
     header = [
-        f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {runs.device_name()}; "
+        f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {probes.device_name()}; "
         f"command: python experiments/mismatch.py {' '.join(sys.argv[1:])}",
         "",
     ]

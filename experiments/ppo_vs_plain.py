@@ -18,8 +18,8 @@ import jax
 from _report import emit
 from plain_ppo_baseline import compiled_plain
 
-from genesis_jax import runs
-from genesis_jax.ppo import PPOConfig, train
+from genesis_jax.algos.ppo import PPOConfig, train
+from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         speeds["ours"].append(summary["steps_per_second"])
         print(f"repeat {i}: plain {speeds['plain'][-1]:.0f}, ours {speeds['ours'][-1]:.0f} steps/s", file=sys.stderr)
     lines = [
-        f"PPO CartPole-v1 fp32, 500k steps, {args.repeats} alternating repeats, device {runs.device_name()}; "
+        f"PPO CartPole-v1 fp32, 500k steps, {args.repeats} alternating repeats, device {probes.device_name()}; "
         f"command: python experiments/ppo_vs_plain.py {' '.join(sys.argv[1:])}",
         "",
         "| | median steps/s | min | max |",

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from genesis_jax import runs
+from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
 
@@ -129,7 +129,7 @@ def _run_ppo(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
             "compiled_temp_bytes": None,
             "train_step_bytes": summary["train_step_bytes"],
             "flops_per_step": None,
-            "peak_device_bytes": runs.peak_device_bytes(),
+            "peak_device_bytes": probes.peak_device_bytes(),
             "skipped_updates": summary["skipped_updates"],
             "total_steps": summary["total_steps"],
             "scale_trace": [(r["step"], r["loss_scale"]) for r in metrics],
@@ -215,8 +215,8 @@ def summarise_cell(
         "final_loss_scale": float(np.mean([r["loss_scale"] for r in seed_runs])),
         "mismatch_kl_v2": _first(r["mismatch_kl_v2"] for r in seed_runs),
         "diverged_seeds": sum(r["stopped"] == "diverged" for r in seed_runs),
-        "device": runs.device_name(),
-        "versions": runs.versions_line(),
+        "device": probes.device_name(),
+        "versions": probes.versions_line(),
     }
 
 
@@ -319,7 +319,7 @@ def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str
 
 
 def plot_results(rows: list[dict], traces: dict, path) -> None:
-    plt = runs._pyplot()
+    plt = plots._pyplot()
     names = list(dict.fromkeys(r["workload"] for r in rows))
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
@@ -413,8 +413,8 @@ def run_benchmark(
             )
     rows = add_ratios(rows)
     header = (
-        f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {runs.device_name()}, "
-        f"{time.perf_counter() - started:.0f} s in all; versions: {runs.versions_line()}"
+        f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {probes.device_name()}, "
+        f"{time.perf_counter() - started:.0f} s in all; versions: {probes.versions_line()}"
         + (f"; command: {command}" if command else "")
     )
     write_results(rows, traces, pathlib.Path(out_dir), header)

@@ -18,9 +18,7 @@ import logging
 import sys
 from typing import Sequence
 
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGED = 3  # the divergence guard stopped training (metrics and checkpoint written)
-EXIT_SYSTEM = 4  # the system failed the run: disk full or read-only, out of memory, a missing dependency
+from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM  # re-exported
 
 
 class _Parser(argparse.ArgumentParser):

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from genesis_jax import runs
+from genesis_jax.run import plots
 
 GRID_PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = ("mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "final_return")
@@ -25,7 +25,7 @@ def mismatch_grid(
     env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, log=sys.stderr, **ppo_settings
 ) -> list[dict]:
     """One PPO run per (rollout, learner) pair; returns a row per cell."""
-    from genesis_jax.ppo import PPOConfig, train
+    from genesis_jax.algos.ppo import PPOConfig, train
 
     cells = []
     for learner in precisions:
@@ -70,7 +70,7 @@ def grid_matrix(cells: list[dict], env: str, metric: str, precisions=GRID_PRECIS
 
 def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", precisions=GRID_PRECISIONS) -> None:
     """One heat map per env: learner precision (rows) x rollout precision (columns)."""
-    plt = runs._pyplot()
+    plt = plots._pyplot()
     envs = list(dict.fromkeys(c["env"] for c in cells))
     fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
     for ax, env in zip(axes[0], envs):

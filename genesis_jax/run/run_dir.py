@@ -1,5 +1,6 @@
 """A run's output directory and what every trainer writes there: metrics.jsonl,
-summary.json, a PNG and checkpoints/. Shared by PPO and the world model."""
+summary.json and checkpoints/ (the PNG: `plots`), and the config check of a resumed run.
+Shared by every algorithm."""
 
 from __future__ import annotations
 
@@ -10,74 +11,12 @@ import math
 import os
 import pathlib
 import shutil
-import sys
-
-import jax
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "tensorboard", "wandb")
 
 
 class RunDirectoryError(ValueError):
     """An output directory that may not be used as asked."""
-
-
-def device_name() -> str:
-    device = jax.devices()[0]
-    kind = getattr(device, "device_kind", "") or device.platform
-    return f"{device.platform}:{kind} x{jax.device_count()}"
-
-
-def peak_device_bytes() -> int | None:
-    """Peak memory of this process's first device so far, where the backend reports it (GPUs
-    do, CPUs not)."""
-    device = jax.local_devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
-
-
-def step_memory_bytes(compiled) -> int | None:
-    """Device bytes one call of a compiled training step needs at its peak, from XLA's own
-    accounting: its arguments, outputs (less those aliasing donated arguments) and
-    temporaries. Unlike the device's peak so far, it counts this step alone (no eval
-    pass, no earlier run in the process), and CPUs report it too."""
-    memory = compiled.memory_analysis()
-    if memory is None:
-        return None
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
-    total = sum(int(getattr(memory, name, 0)) for name in fields)
-    return total - int(getattr(memory, "alias_size_in_bytes", 0))
-
-
-def _matmul_flops(jaxpr) -> float:
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        out = eqn.outvars[0].aval.shape
-        if eqn.primitive.name == "dot_general":
-            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            total += 2.0 * math.prod(out) * math.prod(lhs[d] for d in lhs_contract)
-        elif eqn.primitive.name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape  # kernel; out features counted in `out`
-            spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, *spatial)
-            per_output = math.prod(rhs[d] for d in spec[1:])
-            total += 2.0 * math.prod(out) * per_output / eqn.params["feature_group_count"]
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            total += _matmul_flops(sub)
-    return total
-
-
-def matmul_flops(fn, *args) -> float:
-    """Floating-point operations of the matrix products and convolutions in one call of
-    `fn(*args)` (2 per multiply-add), counted from its jaxpr, forward and backward alike:
-    the work a device's matmul units do, the same on every backend. Elementwise work is
-    not counted. (Ops inside loops count once per loop, so pass a single step.)"""
-    return _matmul_flops(jax.make_jaxpr(fn)(*args).jaxpr)
-
-
-def versions_line() -> str:
-    from genesis_jax.checkpoint import package_versions
-
-    return ", ".join(f"{k} {v}" for k, v in package_versions().items())
 
 
 def jsonable(value):
@@ -109,7 +48,7 @@ def config_changes(saved: dict, current: dict, may_change=()) -> list[str]:
 def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
     """The changes of `config` against the resumed checkpoint's (`meta["config"]`), beyond
     `config.RESUMABLE_FIELDS`; refused (one sentence listing them) unless `allow`."""
-    from genesis_jax.checkpoint import CheckpointMismatchError
+    from genesis_jax.run.checkpoint import CheckpointMismatchError
 
     changes = config_changes(meta.get("config", {}), config.to_dict(), config.RESUMABLE_FIELDS)
     if changes and not allow:
@@ -277,80 +216,3 @@ class RunDirectory:
         tmp = self.path / "summary.json.tmp"
         tmp.write_text(_dumps({**summary, "config": config}, indent=2) + "\n")
         os.replace(tmp, self.path / "summary.json")
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def set_postfix(self, **kw):
-        pass
-
-    def close(self):
-        pass
-
-
-def progress_bar(total: int, initial: int = 0, enabled: bool = True, unit: str = "step"):
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit=unit, unit_scale=True, dynamic_ncols=True, file=sys.stderr)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_curves(
-    rows: list[dict],
-    x_key: str,
-    y_keys,
-    path,
-    title: str,
-    floor: float | None = None,
-    log_y: bool = True,
-    x_label: str | None = None,
-    y_label: str | None = None,
-) -> None:
-    """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known floor."""
-    plt = _pyplot()
-    xs = [r[x_key] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for key in y_keys:
-        ax1.plot(xs, [float("nan") if r[key] is None else r[key] for r in rows], label=key)
-    if floor is not None:
-        ax1.axhline(floor, linestyle="--", color="gray", label="noise floor")
-    if log_y:
-        ax1.set_yscale("log")
-    if y_label:
-        ax1.set_ylabel(y_label)
-    else:
-        ax1.legend()
-    ax1.set_title(title)
-    ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
-    ax2.set_yscale("log", base=2)
-    ax2.set_ylabel("loss scale")
-    ax2.set_xlabel(x_label or x_key)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
-    """Episode return and loss scale against environment steps."""
-    plot_curves(
-        rows,
-        "step",
-        ("episode_return",),
-        path,
-        title,
-        log_y=False,
-        x_label="environment steps",
-        y_label="mean episode return",
-    )

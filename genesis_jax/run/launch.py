@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from genesis_jax.cli import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM
+from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM
 
 
 def free_port() -> int:

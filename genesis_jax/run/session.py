@@ -7,7 +7,7 @@ final exception. A trainer supplies its initial state, one compiled chunk (`step
 metric rows of a chunk (`to_rows`) and its summary fields:
 
 >>> import jax.numpy as jnp
->>> from genesis_jax.session import Session
+>>> from genesis_jax.run.session import Session
 >>> def step(w):                                      # one compiled chunk: state -> (state, metrics)
 ...     return w * 0.5, {"loss": w}
 >>> def to_rows(metrics, done):                       # the chunk's metric rows (host)
@@ -35,10 +35,11 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from genesis_jax import parallel, runs
-from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.metric_writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
-from genesis_jax.reliability import DivergenceError, StopSignals, TrainingInterrupted, halted_report
+from genesis_jax.run import parallel, progress
+from genesis_jax.run import run_dir as runs
+from genesis_jax.run.checkpoint import CheckpointStore
+from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
+from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 
 
 def _until_halt(rows: list[dict]) -> list[dict]:
@@ -212,7 +213,7 @@ class Session:
         the cadence and at the end. The next call is dispatched before this one's rows are
         written, so the device and the host overlap, except where this call's state is still
         needed (a save or a stop). Returns the last state; `stopped` says why it ended early."""
-        bar = runs.progress_bar(
+        bar = progress.progress_bar(
             self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
         )
         try:
