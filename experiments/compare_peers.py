@@ -51,7 +51,7 @@ def run_sb3(env_id: str, total_steps: int, num_envs: int, seed: int) -> dict:
 
 
 def run_ours(env_id: str, total_steps: int, num_envs: int, seed: int, backend: str, precision: str) -> dict:
-    from genesis_jax.ppo import PPOConfig, train
+    from genesis_jax.algos.ppo import PPOConfig, train
 
     s = train(
         PPOConfig(

@@ -14,7 +14,7 @@ import sys
 
 from _report import emit
 
-from genesis_jax.ppo import PPOConfig, train
+from genesis_jax.algos.ppo import PPOConfig, train
 
 
 def main(argv=None) -> int:

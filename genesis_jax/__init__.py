@@ -1,27 +1,44 @@
-"""genesis-jax: safe, fast reduced-precision reinforcement-learning training in JAX/Flax."""
+"""genesis-jax: safe, fast reduced-precision reinforcement-learning training in JAX/Flax.
 
-from genesis_jax.checkpoint import CheckpointMismatchError, CheckpointStore
-from genesis_jax.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, make_loss_scale
-from genesis_jax.precision import Precision, get_policy, get_precision, resolve_precision_name
-from genesis_jax.trainer import MixedPrecisionTrainer
-from genesis_jax.update import TrainState, mixed_precision_update, stats
+The package is layered (each layer imports only those below it):
 
-__version__ = "0.1.0"
+- `genesis_jax.amp`: the precision core, usable alone in any JAX loop;
+- `genesis_jax.nets`, `genesis_jax.envs`: Flax networks and environments;
+- `genesis_jax.run`: a run's outer layer (session, run directory, checkpoints, writers,
+  several devices and processes);
+- `genesis_jax.algos`: the algorithms (PPO, the world model), each on one template;
+- `genesis_jax.cli`, `genesis_jax.bench`: the front ends.
 
-__all__ = [
-    "CheckpointMismatchError",
-    "CheckpointStore",
-    "DynamicLossScale",
-    "MixedPrecisionTrainer",
-    "NoOpLossScale",
-    "Precision",
-    "StaticLossScale",
-    "TrainState",
-    "all_finite",
-    "get_policy",
-    "get_precision",
-    "make_loss_scale",
-    "mixed_precision_update",
-    "resolve_precision_name",
-    "stats",
-]
+Names re-exported here load their module on first use, so `import genesis_jax.amp` loads
+nothing else from the package.
+"""
+
+import importlib
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "DynamicLossScale": "genesis_jax.amp",
+    "NoOpLossScale": "genesis_jax.amp",
+    "StaticLossScale": "genesis_jax.amp",
+    "Precision": "genesis_jax.amp",
+    "TrainState": "genesis_jax.amp",
+    "all_finite": "genesis_jax.amp",
+    "get_policy": "genesis_jax.amp",
+    "get_precision": "genesis_jax.amp",
+    "make_loss_scale": "genesis_jax.amp",
+    "resolve_precision_name": "genesis_jax.amp",
+    "stats": "genesis_jax.amp",
+    "train_step": "genesis_jax.amp",
+    "CheckpointMismatchError": "genesis_jax.run.checkpoint",
+    "CheckpointStore": "genesis_jax.run.checkpoint",
+    "Session": "genesis_jax.run.session",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'genesis_jax' has no attribute {name!r}")

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from genesis_jax.algos import get_algorithm
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
@@ -38,7 +39,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
 @dataclasses.dataclass(frozen=True)
 class Workload:
     name: str
-    kind: str  # ppo | world-model
+    kind: str  # a registered algorithm: ppo | world-model | ...
     settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
     vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
     seconds: float | None = None  # host-loop PPO: total steps sized to about this long a run
@@ -88,87 +89,64 @@ def workloads(quick: bool) -> list[Workload]:
     ]
 
 
-def _train_or_stop(train, config):
+def _train_or_stop(algorithm, config):
     """(summary, metrics) of a run; a run the divergence guard stopped counts, with no result."""
-    from genesis_jax.reliability import DivergenceError
+    from genesis_jax.run.signals import DivergenceError
 
     try:
-        result = train(config, progress=False)
+        result = algorithm.train(config, progress=False)
         return result.summary, result.metrics
     except DivergenceError as err:
         return err.summary, []
 
 
-def _steps_for_seconds(settings: dict, precision: str, seconds: float) -> int:
+def _steps_for_seconds(algorithm, settings: dict, precision: str, seconds: float) -> int:
     """Total steps for a run of about `seconds`, from the steps/s of a two-update run."""
-    from genesis_jax.ppo import PPOConfig, train
-
-    probe = PPOConfig(precision=precision, **settings)
+    probe = algorithm.config_class(precision=precision, **settings)
     probe = dataclasses.replace(probe, total_steps=2 * probe.batch_size)
-    steps_per_second = train(probe, progress=False).summary["steps_per_second"]
+    steps_per_second = algorithm.train(probe, progress=False).summary["steps_per_second"]
     return max(probe.total_steps, int(steps_per_second * seconds) // probe.batch_size * probe.batch_size)
 
 
-def _run_ppo(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
-    from genesis_jax.ppo import PPOConfig, train
+def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | None = None) -> dict:
+    """One seed's bench row from any algorithm's summary: its score, speed, memory, overflows."""
+    score = algorithm.score
+    accuracy = summary[f"{score}_per_seed"][seed_index] if seed_index is not None else summary[score]
+    return {
+        "accuracy": accuracy,
+        "steps_per_second": summary["steps_per_second"] / summary.get("num_seeds", 1),
+        "compile_seconds": summary["compile_seconds"],
+        "overflow_rate": summary["overflow_rate"],
+        "loss_scale": summary["loss_scale"],
+        "mismatch_kl_v2": summary.get("mismatch_kl_v2"),
+        "activation_bytes": summary.get("activation_bytes"),
+        "compiled_temp_bytes": summary.get("compiled_temp_bytes"),
+        "train_step_bytes": summary["train_step_bytes"],
+        "flops_per_step": summary.get("flops_per_step"),
+        "peak_device_bytes": summary.get("peak_device_bytes", probes.peak_device_bytes()),
+        "skipped_updates": summary["skipped_updates"],
+        "total_steps": summary.get("total_steps", summary["total_updates"]),
+        "scale_trace": [(r.get("step", r[algorithm.unit]), r["loss_scale"]) for r in metrics],
+        "stopped": summary["stopped"],
+    }
 
+
+def _run(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
+    """A workload's rows, one per seed, through the algorithm template: any registered algorithm."""
+    algorithm = get_algorithm(w.kind)
     settings = dict(w.settings)
     if w.seconds is not None:
-        settings["total_steps"] = _steps_for_seconds(settings, precision, w.seconds)
-
-    def record(summary, metrics, seed_index=None):
-        return_key = summary["final_return_per_seed"][seed_index] if seed_index is not None else summary["final_return"]
-        return {
-            "accuracy": return_key,
-            "steps_per_second": summary["steps_per_second"] / summary["num_seeds"],
-            "compile_seconds": summary["compile_seconds"],
-            "overflow_rate": summary["overflow_rate"],
-            "loss_scale": summary["loss_scale"],
-            "mismatch_kl_v2": summary["mismatch_kl_v2"],
-            "activation_bytes": None,
-            "compiled_temp_bytes": None,
-            "train_step_bytes": summary["train_step_bytes"],
-            "flops_per_step": None,
-            "peak_device_bytes": probes.peak_device_bytes(),
-            "skipped_updates": summary["skipped_updates"],
-            "total_steps": summary["total_steps"],
-            "scale_trace": [(r["step"], r["loss_scale"]) for r in metrics],
-            "stopped": summary["stopped"],
-        }
-
+        settings["total_steps"] = _steps_for_seconds(algorithm, settings, precision, w.seconds)
     if w.vmap_seeds:
-        config = PPOConfig(precision=precision, seed=seeds[0], num_seeds=len(seeds), **settings)
-        summary, metrics = _train_or_stop(train, config)
-        return [record(summary, metrics, i if len(seeds) > 1 else None) for i in range(len(seeds))]
-    return [record(*_train_or_stop(train, PPOConfig(precision=precision, seed=seed, **settings))) for seed in seeds]
-
-
-def _run_world_model(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
-    from genesis_jax.world_model import WorldModelConfig, train
-
-    out = []
-    for seed in seeds:
-        s, metrics = _train_or_stop(train, WorldModelConfig(precision=precision, seed=seed, **w.settings))
-        out.append(
-            {
-                "accuracy": s["eval_loss"],
-                "steps_per_second": s["steps_per_second"],
-                "compile_seconds": s["compile_seconds"],
-                "overflow_rate": s["overflow_rate"],
-                "loss_scale": s["loss_scale"],
-                "mismatch_kl_v2": None,
-                "activation_bytes": s["activation_bytes"],
-                "compiled_temp_bytes": s["compiled_temp_bytes"],
-                "train_step_bytes": s["train_step_bytes"],
-                "flops_per_step": s["flops_per_step"],
-                "peak_device_bytes": s["peak_device_bytes"],
-                "skipped_updates": s["skipped_updates"],
-                "total_steps": s["total_updates"],
-                "scale_trace": [(r["epoch"], r["loss_scale"]) for r in metrics],
-                "stopped": s["stopped"],
-            }
+        config = algorithm.config_class(precision=precision, seed=seeds[0], num_seeds=len(seeds), **settings)
+        summary, metrics = _train_or_stop(algorithm, config)
+        return [_record(algorithm, summary, metrics, i if len(seeds) > 1 else None) for i in range(len(seeds))]
+    return [
+        _record(
+            algorithm, *_train_or_stop(algorithm, algorithm.config_class(precision=precision, seed=seed, **settings))
         )
-    return out
+        for seed in seeds
+    ]
 
 
 def _mean_std(values):
@@ -197,7 +175,7 @@ def summarise_cell(
         "workload": workload.name,
         "precision": precision,
         "seeds": len(seed_runs),
-        "accuracy_metric": "final_return" if workload.kind == "ppo" else "eval_loss",
+        "accuracy_metric": get_algorithm(workload.kind).score,
         "accuracy_mean": accuracy,
         "accuracy_std": accuracy_std,
         "steps_per_second": steps_per_second,
@@ -389,16 +367,16 @@ def run_benchmark(
     rows, traces = [], {}
     matmul_size = 1024 if quick else 8192
     matmul_rates = {}  # compute dtype -> FLOP/s, measured where a world model is benchmarked
-    from genesis_jax.precision import get_precision
+    from genesis_jax.amp.policy import get_precision
 
     for w in chosen:
         # --quick: every seed only where they share one compiled run (PPO on gymnax); one elsewhere.
         w_seeds = list(seeds) if (w.vmap_seeds or not quick) else list(seeds)[:1]
         for p in precisions:
             t0 = time.perf_counter()
-            seed_runs = (_run_ppo if w.kind == "ppo" else _run_world_model)(w, p, w_seeds)
+            seed_runs = _run(w, p, w_seeds)
             rate = None
-            if w.kind == "world-model":
+            if seed_runs[0]["flops_per_step"] is not None:  # an achieved FLOP/s to put in proportion
                 dtype = get_precision(p).compute_dtype
                 if dtype not in matmul_rates:
                     matmul_rates[dtype] = matmul_flops_per_second(dtype, matmul_size)

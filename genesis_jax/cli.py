@@ -18,6 +18,7 @@ import logging
 import sys
 from typing import Sequence
 
+from genesis_jax.algos import REGISTRY as ALGORITHMS
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM  # re-exported
 
 
@@ -69,21 +70,16 @@ class RunOptions:
 
 
 def _trainer(workload: str):
-    """(own fields class, config class, train function) of a `train` workload."""
-    if workload == "ppo":
-        from genesis_jax.ppo import PPOConfig, train
-        from genesis_jax.ppo.config import PPOFields
+    """(own fields class, config class, algorithm) of a registered `train` workload."""
+    from genesis_jax.algos import get_algorithm
 
-        return PPOFields, PPOConfig, train
-    from genesis_jax.world_model import WorldModelConfig, train
-    from genesis_jax.world_model.train import WorldModelFields
-
-    return WorldModelFields, WorldModelConfig, train
+    algorithm = get_algorithm(workload)
+    return algorithm.fields, algorithm.config_class, algorithm
 
 
 def _defaults(cls, config_defaults: dict):
     """`cls` holding the trainer config's defaults for its fields (the precision from the environment)."""
-    from genesis_jax.precision import resolve_precision_name
+    from genesis_jax.amp.policy import resolve_precision_name
 
     if cls is RunOptions:
         return cls()
@@ -120,8 +116,8 @@ def parse_train_args(workload: str, argv: Sequence[str]):
 
     import tyro
 
-    from genesis_jax.parallel import ParallelConfig
-    from genesis_jax.precision import MixedPrecisionConfig
+    from genesis_jax.run.config import MixedPrecisionConfig
+    from genesis_jax.run.parallel import ParallelConfig
 
     fields_cls, config_cls, _ = _trainer(workload)
     trainer_group = workload.replace("-", "_")  # `--help` titles the groups by these names
@@ -258,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_sub = train.add_subparsers(dest="workload", required=True, parser_class=_Parser)
 
     # The train workloads' options come from their config dataclasses (see `parse_train_args`).
-    train_sub.add_parser("ppo", help="PPO on a gymnax, gymnasium or envpool environment", add_help=False)
-    train_sub.add_parser("world-model", help="a world model from trajectories", add_help=False)
+    for name, (_, text) in ALGORITHMS.items():
+        train_sub.add_parser(name, help=text, add_help=False)
 
     collect = sub.add_parser(
         "collect", help="collect trajectories from an env (random or trained PPO policy) into a .npz"
@@ -315,33 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
-    _, _, train = _trainer(workload)
-    s = train(train_config(workload, parts), **run.train_kwargs()).summary
-    if not _primary():
-        return 0
-    if workload == "ppo":
-        print(
-            f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
-            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
-            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
-        )
+    _, _, algorithm = _trainer(workload)
+    result = algorithm.train(train_config(workload, parts), **run.train_kwargs())
+    if _primary():
+        print(result.line)
         if run.out:
-            print(f"wrote {run.out}/summary.json, metrics.jsonl, ppo.png")
-        return 0
-    floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
-    print(
-        f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor} "
-        f"steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} "
-        f"skipped={s['skipped_updates']}/{s['total_updates']} "
-        f"activation_bytes={s['activation_bytes']}"
-    )
+            print(f"wrote {run.out}/summary.json, metrics.jsonl, {algorithm.plot_file}")
     return 0
 
 
 def _run_collect(args) -> int:
     import os
 
-    from genesis_jax.world_model.data import collect_dataset, save_dataset
+    from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
 
     if os.path.exists(args.out):
         raise ValueError(f"{args.out} exists; choose another path")
@@ -349,7 +331,16 @@ def _run_collect(args) -> int:
         raise ValueError(f"dataset path must end in .npz, got {args.out!r}")
     if args.num_sequences < 1 or args.sequence_length < 1:
         raise ValueError("num-sequences and sequence-length must be positive integers")
-    data = collect_dataset(args.env, args.num_sequences, args.sequence_length, args.seed, args.env_backend, args.policy)
+    policy, name = None, "random policy"
+    if args.policy != "random":  # a trained agent acts: the world model's data takes any act(key, obs)
+        from genesis_jax.algos.ppo import load_policy
+
+        policy, trained_env, name = load_policy(args.policy)
+        if trained_env != args.env:
+            raise ValueError(f"the PPO run in {args.policy} was trained on {trained_env}, not {args.env}")
+    data = collect_dataset(
+        args.env, args.num_sequences, args.sequence_length, args.seed, args.env_backend, policy, policy_name=name
+    )
     save_dataset(data, args.out)
     print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")
     return 0
@@ -382,7 +373,7 @@ def _run_bench(args) -> int:
 
 
 def _run_launch(args) -> int:
-    from genesis_jax.launch import launch
+    from genesis_jax.run.launch import launch
 
     command = args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command
     return launch(command, args.processes, local_devices=args.local_devices, port=args.port, grace_seconds=args.grace)
@@ -410,7 +401,7 @@ def _system_failure(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-TRAIN_WORKLOADS = ("ppo", "world-model")
+TRAIN_WORKLOADS = tuple(ALGORITHMS)
 
 
 def _parse(argv: list[str]):
@@ -431,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_.code or 0
     if parallel is not None and parallel.coordinator_address is not None:
         # First of all: JAX must join the other processes before anything touches a device.
-        from genesis_jax.parallel import initialize_distributed
+        from genesis_jax.run.parallel import initialize_distributed
 
         try:
             initialize_distributed(
@@ -448,9 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
-    from genesis_jax.checkpoint import CheckpointMismatchError
-    from genesis_jax.reliability import DivergenceError, TrainingInterrupted
-    from genesis_jax.runs import RunDirectoryError
+    from genesis_jax.run.checkpoint import CheckpointMismatchError
+    from genesis_jax.run.run_dir import RunDirectoryError
+    from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
 
     try:
         if args.command == "demo":

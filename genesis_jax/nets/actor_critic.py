@@ -8,9 +8,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.amp.rules import with_precision_rules
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
-from genesis_jax.nets.rules import with_precision_rules
 from genesis_jax.nets.torsos import IMAGE_NETWORKS, make_torso
 
 

@@ -19,9 +19,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.amp.rules import with_precision_rules
 from genesis_jax.nets.conv import Conv
 from genesis_jax.nets.dense import Dense
-from genesis_jax.nets.rules import with_precision_rules
 
 NETWORKS = ("mlp", "resmlp", "cnn", "impala")
 IMAGE_NETWORKS = ("cnn", "impala")

@@ -1,15 +1,14 @@
 """PPO end to end on tiny budgets: learning, determinism, outputs, mismatch, the CLI."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+from genesis_jax.algos.ppo import PPOConfig, train
 from genesis_jax.cli import main
-from genesis_jax.ppo import PPOConfig, train
+from tests.support.processes import run_python
 
 SUMMARY_KEYS = {
     "env",
@@ -137,12 +136,7 @@ def test_cli_bad_input_one_line_exit_2(argv, words, capsys):
 def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     _, out = gymnax_run
     before = (out / "summary.json").read_text()
-    proc = subprocess.run(
-        [sys.executable, "-m", "genesis_jax.cli", "train", "ppo", "--out", str(out), "--total-steps", "512"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_python(["-m", "genesis_jax.cli", "train", "ppo", "--out", str(out), "--total-steps", "512"], timeout=120)
     assert proc.returncode == 2
     assert "holds another run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert (out / "summary.json").read_text() == before

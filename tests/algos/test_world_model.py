@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from genesis_jax.algos.world_model import WorldModelConfig, train
+from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.cli import main
-from genesis_jax.world_model import WorldModelConfig, train
-from genesis_jax.world_model import data as wm_data
 
 
 def test_synthetic_data_is_deterministic_per_seed():
@@ -77,20 +77,23 @@ def test_per_epoch_skips_equal_injected_steps(tmp_path):
     assert (tmp_path / "wm" / "world_model.png").exists()
 
 
-def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path):
-    from genesis_jax.ppo import PPOConfig
-    from genesis_jax.ppo import train as train_ppo
+def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
+    from genesis_jax.algos.ppo import PPOConfig, load_policy
+    from genesis_jax.algos.ppo import train as train_ppo
 
     run = tmp_path / "ppo"
     train_ppo(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048), out_dir=str(run), progress=False)
-    trained = wm_data.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=str(run))
+    act, env_id, name = load_policy(str(run))
+    assert env_id == "CartPole-v1"
+    trained = wm_data.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=act, policy_name=name)
     assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
     host = wm_data.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")
     assert host["obs"].shape == (4, 13, 4) and host["meta"]["source"].startswith("gymnasium:")
     # one-step targets are the true next observations, before any reset
     assert np.all(np.abs(host["next_obs"][:, :, 0] - host["obs"][:, :12, 0]) < 0.2)
-    with pytest.raises(ValueError, match="trained on CartPole-v1, not Acrobot-v1"):
-        wm_data.collect_dataset("Acrobot-v1", 2, 2, policy=str(run))
+    out = str(tmp_path / "acrobot.npz")
+    assert main(["collect", "--env", "Acrobot-v1", "--policy", str(run), "--out", out]) == 2
+    assert "trained on CartPole-v1, not Acrobot-v1" in capsys.readouterr().err
 
 
 def test_multistep_gru_and_collected_data(tmp_path):

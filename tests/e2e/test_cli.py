@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from genesis_jax.cli import _box_message, main, parse_train_args, train_config
-from genesis_jax.parallel import ParallelConfig
-from genesis_jax.ppo import PPOConfig
-from genesis_jax.precision import MixedPrecisionConfig
-from genesis_jax.world_model import WorldModelConfig
+from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.algos.ppo import PPOConfig
+from genesis_jax.run.config import MixedPrecisionConfig
+from genesis_jax.algos.world_model import WorldModelConfig
 
 CONFIGS = {"ppo": PPOConfig, "world-model": WorldModelConfig}
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from genesis_jax.ppo import PPOConfig, train
+from genesis_jax.algos.ppo import PPOConfig, train
 
 
 def random_policy_return(env_id: str, num_envs: int = 64, steps: int = 2000) -> float:

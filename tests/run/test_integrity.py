@@ -8,19 +8,17 @@ import math
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from genesis_jax import runs
-from genesis_jax.checkpoint import CheckpointStore
+from genesis_jax.run import run_dir as runs
+from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.cli import main
-from genesis_jax.ppo import PPOConfig
+from genesis_jax.algos.ppo import PPOConfig
+from tests.support.processes import start_python, wait_until
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
 # A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
 LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]
@@ -38,25 +36,7 @@ def one_line_error(capsys) -> str:
 
 def start(argv, preamble=""):
     script = f"import sys\n{preamble}\nfrom genesis_jax.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen(
-        [sys.executable, "-c", script, *argv],
-        cwd=REPO,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_until(condition, proc, timeout=120):
-    deadline = time.time() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            raise AssertionError("timed out")
-        time.sleep(0.01)
+    return start_python(["-c", script, *argv])
 
 
 def metric_updates(run: pathlib.Path) -> list[int]:
@@ -139,7 +119,7 @@ def test_overwrite_with_a_bad_argument_leaves_the_old_run_untouched(small_run, t
 
 
 def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, tmp_path):
-    from genesis_jax.ppo import train
+    from genesis_jax.algos.ppo import train
 
     run = copy_of(small_run, tmp_path)
     before = snapshot(run)
@@ -263,7 +243,7 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path):
 )
 def test_bad_values_are_refused_in_one_line(tmp_path, capsys, argv, words):
     if words is None:  # a huge step count: the chunk search is O(sqrt n), so the config is answered at once
-        from genesis_jax.ppo.train import chunk_size
+        from genesis_jax.algos.ppo.train import chunk_size
 
         started = time.perf_counter()
         assert chunk_size(10**15 // 4096, None) > 0 and time.perf_counter() - started < 5

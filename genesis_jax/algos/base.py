@@ -1,0 +1,284 @@
+"""The algorithm template: what one algorithm writes, and what it gets for free.
+
+An algorithm is a subclass of `Algorithm`, one file: its config dataclass (its own fields
+plus the shared `MixedPrecisionConfig` and `ParallelConfig`) and four pure functions,
+
+- `init(key) -> state`: the whole training state (a pytree holding an `amp.TrainState`);
+- `update(state, data) -> (state, metrics)`: one position (an update, an epoch) built on
+  `amp.train_step`; the template scans it into compiled chunks;
+- `rows(metrics, done) -> list[dict]`: a chunk's metrics as `metrics.jsonl` rows;
+- `summary(rows, state) -> dict`: its own summary fields;
+
+and, where it acts in an environment, `act(state) -> act(key, obs) -> action`. From that
+alone `Algorithm.train` gives it the Session (run directory, checkpoints and resume,
+SIGINT / SIGTERM, the divergence guard's stop, metric writers, the progress bar), seeds
+trained together under `vmap` (a `num_seeds` field), data parallelism over a device mesh
+(`shardings`), the common summary (speed, compile time, memory, overflow counts), its
+`genesis-jax train NAME` command (registered in `genesis_jax.algos.REGISTRY`) and bench rows.
+
+Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
+program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`
+(a pytree holding its config, shared behaviour in mixins) keeps those out too. Here the pure
+parts stay pure and jit-able (one update, scanned into chunks as PureJaxRL does), and the
+host loop between chunks, which every algorithm needs the same, is written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, ClassVar
+
+import jax
+import numpy as np
+
+from genesis_jax.amp import TrainState
+from genesis_jax.run import plots, probes
+from genesis_jax.run.checkpoint import at_path
+from genesis_jax.run.parallel import replicated, start_distributed
+from genesis_jax.run.session import Session
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What `train` returns: the summary (as in summary.json), the final state, the metric rows."""
+
+    summary: dict
+    state: Any
+    metrics: list[dict]
+    train_state_path: tuple[str, ...] = ()
+    line: str = ""  # the algorithm's one-line report of the run
+
+    @property
+    def train_state(self) -> TrainState:
+        return at_path(self.state, self.train_state_path)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["summary"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> int:
+    """Positions per compiled chunk: a divisor of `total` (one compilation serves the whole
+    run) near total / target_chunks, or the `requested` one."""
+    if requested is not None:
+        if total % requested:
+            raise ValueError(f"updates-per-chunk {requested} does not divide the {total} updates")
+        return requested
+    ideal = max(1, total // target_chunks)
+    small = [d for d in range(1, math.isqrt(total) + 1) if total % d == 0]  # O(sqrt n), not O(n)
+    divisors = small + [total // d for d in small]
+    return min(divisors, key=lambda d: (abs(d - ideal), d))
+
+
+def _largest_divisor_at_most(total: int, limit: int) -> int:
+    return next(d for d in range(min(limit, total), 0, -1) if total % d == 0)
+
+
+class Algorithm:
+    """Subclass, set the class attributes, fill in `setup`, `init`, `update`, `rows`, `summary`."""
+
+    name: ClassVar[str]  # the `train` subcommand and the checkpoints' kind
+    fields: ClassVar[type]  # the algorithm's own config fields: the first --help group
+    config: Any  # an instance of its config class (fields + MixedPrecisionConfig + ParallelConfig)
+    unit: ClassVar[str] = "update"  # what one metrics row counts
+    meta_key: ClassVar[str | None] = None  # the checkpoint meta's position field (default: unit)
+    train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)
+    plot_file: ClassVar[str] = "curves.png"  # the run directory's PNG
+    score: ClassVar[str] = "final_loss"  # the summary field that says how well it learned (bench rows)
+
+    # Set by `setup`: positions in the run, and progress units per position (PPO: env steps).
+    total: int = 1
+    unit_size: int = 1
+    progress_unit: str = "update"
+    data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
+
+    def __init__(self, config, grad_transform: Callable | None = None):
+        self.config = config
+        self.grad_transform = grad_transform
+        self.faults = config.faults(config.seed)
+        self.setup()
+
+    # -- what an algorithm fills in -----------------------------------------------------
+
+    def setup(self) -> None:
+        """Checks the input (env, data) and builds networks; touches no file."""
+
+    def init(self, key):
+        raise NotImplementedError
+
+    def update(self, state, data):
+        raise NotImplementedError
+
+    def rows(self, metrics, done: int) -> list[dict]:
+        raise NotImplementedError
+
+    def summary(self, rows: list[dict], state) -> dict:
+        return {}
+
+    def postfix(self, row: dict) -> dict:
+        """The algorithm's own progress-bar fields for the newest row."""
+        return {}
+
+    def describe(self, summary: dict) -> str:
+        """The one line the CLI prints at the end of a run."""
+        return f"{self.name} [{summary['precision']}]"
+
+    def shardings(self, state, mesh):
+        """Data parallelism: the state's shardings over `mesh` (default: all replicated)."""
+        return jax.tree.map(lambda _: replicated(mesh), state)
+
+    def plot(self, rows: list[dict], file) -> None:
+        """Draws the run's PNG into `file`; default: the rows' losses against the position."""
+        keys = [k for k in ("loss", "train_loss", "eval_loss") if rows and k in rows[0]]
+        plots.plot_curves(rows, self.unit, keys, file, title=self.title())
+
+    def close(self) -> None:
+        """Releases host resources (environment processes)."""
+
+    # -- what the template does ---------------------------------------------------------
+
+    def title(self) -> str:
+        return f"{self.name} ({self.config.train_precision().name})"
+
+    @property
+    def num_seeds(self) -> int:
+        return getattr(self.config, "num_seeds", 1)
+
+    def seed_keys(self):
+        base = jax.random.PRNGKey(self.config.seed)
+        return jax.random.split(base, self.num_seeds) if self.num_seeds > 1 else base
+
+    def train_step(self, train_state: TrainState, batch, loss_fn, axis_name=None):
+        """`amp.train_step` with this run's fault injection and gradient hook."""
+        from genesis_jax.amp import train_step
+
+        return train_step(
+            train_state, batch, loss_fn, axis_name=axis_name, faults=self.faults, grad_transform=self.grad_transform
+        )
+
+    def compile_chunk(self, state, per_chunk: int):
+        """`call(state) -> (state, metrics[per_chunk])`, compiled: `update` scanned
+        `per_chunk` times, vmapped over seeds, sharded over the mesh, the state donated."""
+
+        def chunk(state, data):
+            return jax.lax.scan(lambda s, _: self.update(s, data), state, None, per_chunk)
+
+        if self.num_seeds > 1:
+            chunk = jax.vmap(chunk, in_axes=(0, None))
+        mesh = self.config.mesh()
+        if mesh is None:
+            jitted = jax.jit(chunk, donate_argnums=0)
+        else:
+            shardings = self.shardings(jax.eval_shape(lambda: state), mesh)
+            jitted = jax.jit(chunk, donate_argnums=0, out_shardings=(shardings, replicated(mesh)))
+        compiled = jitted.lower(state, self.data).compile()
+        self.compiled = compiled
+        return lambda state: compiled(state, self.data)
+
+    def initial_state(self):
+        init = jax.vmap(self.init) if self.num_seeds > 1 else self.init
+        mesh = self.config.mesh()
+        if mesh is not None:
+            shardings = self.shardings(jax.eval_shape(init, self.seed_keys()), mesh)
+            init = jax.jit(init, out_shardings=shardings)
+            self.data = jax.device_put(self.data, replicated(mesh)) if self.data is not None else None
+        return init(self.seed_keys())
+
+    def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
+        """The fields every algorithm's summary has: precision, speed, memory, overflow counts."""
+        ts = at_path(state, self.train_state_path)
+        steps_per_seed = np.atleast_1d(np.asarray(ts.step))
+        total_updates = int(np.sum(steps_per_seed))
+        skipped = int(np.sum(np.asarray(ts.skipped)))
+        faults = self.config.fault_injection(self.config.seed)
+        compiled = getattr(self, "compiled", None)
+        return {
+            "precision": self.config.train_precision().name,
+            "seed": self.config.seed,
+            "steps_per_second": session.steps_per_second(self.unit_size * self.num_seeds),
+            "compile_seconds": compile_seconds,
+            "wall_seconds": session.elapsed(),
+            "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
+            "loss_scale": float(np.mean(np.asarray(ts.loss_scale.loss_scale))),
+            "skipped_updates": skipped,
+            "total_updates": total_updates,
+            "overflow_rate": skipped / total_updates if total_updates else 0.0,
+            "injected_nonfinite": sum(faults.count_nonfinite(int(n)) for n in steps_per_seed),
+            "iterations": len(rows),
+            "device": probes.device_name(),
+        }
+
+    def _progress(self, session: Session) -> Callable[[dict], dict]:
+        def postfix(row: dict) -> dict:
+            skipped = sum(int(np.sum(r.get("skipped", 0))) for r in session.rows)  # so far, not this row's
+            return {
+                **self.postfix(row),
+                "scale": f"{row['loss_scale']:g}",
+                "skipped": skipped,
+                "sps": f"{session.steps_per_second(self.unit_size * self.num_seeds):.0f}",
+            }
+
+        return postfix
+
+    @classmethod
+    def train(
+        cls,
+        config,
+        out_dir: str | None = None,
+        *,
+        checkpoint_every: int = 0,
+        grad_transform: Callable | None = None,
+        **run_options,
+    ) -> RunResult:
+        """Trains as `config` says. `out_dir` (None: nothing written) gets metrics.jsonl,
+        summary.json, a PNG and checkpoints every `checkpoint_every` progress units (PPO:
+        environment steps; world model: epochs; 0: at the end only).
+        `grad_transform(scaled_grads, train_state) -> grads` runs before the finite check.
+        `run_options` are `Session`'s (resume, overwrite, progress, max_to_keep,
+        allow_config_change, writers). A guard stop or a signal raises as `Session.finish` says."""
+        start_distributed(config)  # before anything touches a device
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
+        algo = cls(config, grad_transform)  # bad input fails here, before anything is written
+        try:
+            return algo._train(out_dir, checkpoint_every, run_options)
+        finally:
+            algo.close()
+
+    def _train(self, out_dir, checkpoint_every: int, run_options: dict) -> RunResult:
+        per_chunk = chunk_size(self.total, getattr(self.config, "updates_per_chunk", None))
+        every = max(1, checkpoint_every // self.unit_size) if checkpoint_every else 0
+        if every and out_dir is not None:
+            per_chunk = _largest_divisor_at_most(self.total, min(per_chunk, every))
+        session = Session(
+            out_dir,
+            self.config,
+            kind=self.name,
+            train_state_path=self.train_state_path,
+            total=self.total,
+            position_key=self.unit,
+            meta_key=self.meta_key,
+            unit_size=self.unit_size,
+            unit=self.progress_unit,
+            checkpoint_every=every,
+            **run_options,
+        )
+        session.postfix = self._progress(session)
+        self.session = session
+        with session:
+            state = session.restore(self.initial_state())
+            start = time.perf_counter()
+            call = self.compile_chunk(state, per_chunk)
+            compile_seconds = time.perf_counter() - start
+            state = session.run(state, call, self.rows, per_chunk)
+            summary = {
+                **self.common_summary(session.rows, state, session, compile_seconds),
+                **self.summary(session.rows, state),
+            }
+            plot = lambda rows, path: self.plot(rows, path / self.plot_file)  # noqa: E731
+            summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
+        return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

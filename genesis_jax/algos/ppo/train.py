@@ -1,0 +1,196 @@
+"""PPO on the algorithm template: gymnax environments (the whole update under jit, seeds
+under vmap, environments split over devices) and host environments (gymnasium, EnvPool).
+
+>>> from genesis_jax.algos.ppo import PPOConfig, train
+>>> result = train(PPOConfig(env="CartPole-v1", precision="fp16", total_steps=20_000))  # doctest: +SKIP
+>>> result.summary["final_return"]                                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
+from genesis_jax.algos.ppo.core import make_network
+from genesis_jax.envs.registry import resolve_env
+from genesis_jax.nets import distributions
+from genesis_jax.nets.actor_critic import ActorCritic
+from genesis_jax.run import plots
+from genesis_jax.run.checkpoint import CheckpointStore
+from genesis_jax.run.parallel import replicated, sharded
+
+# Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
+_LOGGED = (
+    "loss",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "grad_norm",
+    "loss_scale",
+    "mismatch_kl_v1",
+    "mismatch_kl_v2",
+    "mismatch_max_dp",
+    "mismatch_ratio_dev",
+)
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    fields = PPOFields
+    config_class = PPOConfig
+    meta_key = "step"
+    score = "final_return"  # the summary field the bench reports as the learning result
+    plot_file = "ppo.png"
+    progress_unit = "step"
+
+    def setup(self) -> None:
+        config = self.config
+        # A bad id or an unsupported space fails here, before anything is written.
+        self.backend = resolve_env(config.env, config.env_backend).backend
+        if config.devices > 1 and self.backend != "gymnax":
+            raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
+        self.total, self.unit_size = config.num_updates, config.batch_size
+        self.last_return = None
+        if self.backend == "gymnax":
+            from genesis_jax.algos.ppo.jax_loop import make_jax_ppo
+
+            self.init, self.one_update, self.spec = make_jax_ppo(config, self.train_step, config.mesh())
+            self.host_env = None
+        else:
+            from genesis_jax.algos.ppo.host_loop import make_host_ppo
+
+            self.init, self.host_chunk, self.warmup, self.host_env = make_host_ppo(config, self.train_step)
+
+    def update(self, runner, data):
+        return self.one_update(runner)
+
+    def shardings(self, runner, mesh):
+        """The environments (their states, observations, returns) split over the mesh, the
+        train state and the PRNG key replicated."""
+        split, same = sharded(mesh), replicated(mesh)
+        return runner.replace(
+            train_state=jax.tree.map(lambda _: same, runner.train_state),
+            env_state=jax.tree.map(lambda _: split, runner.env_state),
+            obs=split,
+            episode_return=split,
+            rng=same,
+        )
+
+    def compile_chunk(self, runner, per_chunk: int):
+        if self.host_env is None:
+            return super().compile_chunk(runner, per_chunk)
+        self.warmup(runner)  # host loops have no single program: compile the policy and learner
+        return lambda r: self.host_chunk(r, per_chunk)
+
+    def close(self) -> None:
+        if self.host_env is not None:
+            self.host_env.close()
+
+    def rows(self, chunk_metrics: dict, first_update: int) -> list[dict]:
+        """One row per update, means over seeds, plus each seed's return.
+        (Column-wise numpy, then one dict per update: this runs on every chunk.)"""
+        m = {k: np.asarray(v) for k, v in chunk_metrics.items()}
+        if self.num_seeds == 1:
+            m = {k: v[None] for k, v in m.items()}  # [seeds, updates]
+        updates = np.arange(first_update + 1, first_update + m["loss"].shape[1] + 1)
+        episodes = m["episodes"].astype(np.int64)
+        finished = episodes > 0
+        seed_returns = np.where(finished, m["return_sum"] / np.maximum(episodes, 1), np.nan)
+        mean_returns = np.sum(np.where(finished, seed_returns, 0.0), 0) / np.maximum(finished.sum(0), 1)
+        columns = {
+            "update": updates.tolist(),
+            "step": (updates * self.config.batch_size).tolist(),
+            "episode_return": [float(r) if any_ else None for r, any_ in zip(mean_returns, finished.any(0))],
+            "episodes": episodes.sum(0).tolist(),
+            "return_sum": m["return_sum"].sum(0).astype(float).tolist(),
+            **{k: m[k].mean(0).astype(float).tolist() for k in _LOGGED},
+            "skipped": m["skipped"].sum(0).astype(int).tolist(),
+            "halted": m["halted"].any(0).tolist(),
+        }
+        if self.num_seeds > 1:
+            columns["episode_return_per_seed"] = [
+                [None if np.isnan(r) else float(r) for r in col] for col in seed_returns.T
+            ]
+            columns["return_sum_per_seed"] = m["return_sum"].T.astype(float).tolist()
+            columns["episodes_per_seed"] = episodes.T.tolist()
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+    def summary(self, rows: list[dict], runner) -> dict:
+        config = self.config
+        last = rows[-max(1, len(rows) // 10) :]
+        episodes = sum(r["episodes"] for r in last)
+        final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
+        if config.num_seeds > 1 and rows:
+            seed_episodes = np.sum([r["episodes_per_seed"] for r in last], axis=0)
+            seed_sums = np.sum([r["return_sum_per_seed"] for r in last], axis=0)
+            per_seed = [float(s / e) if e else float("nan") for s, e in zip(seed_sums, seed_episodes)]
+        else:
+            per_seed = [final_return]
+
+        def over_rows(reduce, key):
+            return float(reduce([r[key] for r in rows])) if rows else float("nan")
+
+        return {
+            "env": config.env,
+            "env_backend": self.backend,
+            "rollout_precision": config.rollout_precision_resolved().name,
+            "num_seeds": config.num_seeds,
+            "total_steps": rows[-1]["step"] if rows else 0,
+            "final_return": final_return,
+            "final_return_per_seed": per_seed,
+            "mismatch_kl_v1": over_rows(np.mean, "mismatch_kl_v1"),
+            "mismatch_kl_v2": over_rows(np.mean, "mismatch_kl_v2"),
+            "mismatch_max_dp": over_rows(np.max, "mismatch_max_dp"),
+        }
+
+    def postfix(self, row: dict) -> dict:
+        if row["episode_return"] is not None:
+            self.last_return = row["episode_return"]  # the newest finished episodes' mean, kept until the next
+        return {} if self.last_return is None else {"ret": f"{self.last_return:.1f}"}
+
+    def title(self) -> str:
+        return f"PPO {self.config.env} ({self.config.train_precision().name})"
+
+    def plot(self, rows: list[dict], file) -> None:
+        plots.plot_ppo(rows, file, title=self.title())
+
+    def describe(self, s: dict) -> str:
+        return (
+            f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
+            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
+        )
+
+
+def load_policy(run_dir: str):
+    """(act, env id, description) from a PPO run's newest checkpoint: `act(key, obs) ->
+    action`, sampling from the trained policy in its training precision (the first seed's,
+    of a multi-seed run). What other algorithms (the world model's data) act with."""
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"no PPO checkpoints in {run_dir}")
+    with CheckpointStore(ckpt_dir, async_save=False) as store:
+        state, meta = store.restore_raw()
+    if meta.get("kind") != "ppo":
+        raise ValueError(f"{run_dir} holds a {meta.get('kind')!r} checkpoint, not a PPO one")
+    config = PPOConfig(**{k: v for k, v in meta["config"].items() if k in PPOConfig.__dataclass_fields__})
+    network = make_network(config, resolve_env(config.env, config.env_backend), config.train_precision())
+    params = state["train_state"]["params"]
+    if int(np.asarray(state["train_state"]["step"]).ndim) > 0:
+        params = jax.tree.map(lambda x: x[0], params)
+
+    @jax.jit
+    def act(key, obs):
+        return distributions.sample(key, network.apply(params, obs, method=ActorCritic.policy))
+
+    return act, config.env, f"PPO checkpoint {run_dir} step {meta['step']}"
+
+
+ALGORITHM = PPO
+train = PPO.train

@@ -1,0 +1,66 @@
+"""The world model's configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
+from genesis_jax.run.parallel import ParallelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldModelFields:
+    """The world model's own fields (`WorldModelConfig` adds the shared mixed-precision and
+    data-parallel ones). Each field's text below is also its `--help` line."""
+
+    data: str = "synthetic"
+    """synthetic | a gymnax or gymnasium env id (random policy) | a .npz written by 'genesis-jax collect'."""
+    num_sequences: int = 2048
+    """Sequences to generate or collect (not for a .npz)."""
+    sequence_length: int = 32
+    """Steps per sequence (not for a .npz)."""
+    eval_fraction: float = 0.2
+    """Share of the sequences held out for the eval loss."""
+    epochs: int = 20
+    """Passes over the training sequences."""
+    batch_size: int = 1024
+    """Transitions per update."""
+    width: int = 128
+    """Hidden width."""
+    depth: int = 2
+    """Hidden layers."""
+    core: Literal["mlp", "gru"] = "mlp"
+    """The dynamics core."""
+    horizon: int = 1
+    """Open-loop steps per sample (> 1: a multi-step loss)."""
+    lr: float = 1e-3
+    """Adam's learning rate."""
+    seed: int = 0
+    """Seed of the data, the parameters and the fault injection."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
+    """A world-model run: `WorldModelFields`, and the shared `MixedPrecisionConfig` and
+    `ParallelConfig` fields (clipping at norm 1.0 by default), as one flat config."""
+
+    # What a resume may change without changing what the run is (see `train`).
+    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("epochs",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.core not in ("mlp", "gru"):
+            raise ValueError(f"core must be mlp or gru, got {self.core!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        self.validate_parallel("batch-size", self.batch_size)
+        if self.horizon > self.sequence_length:
+            raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,221 @@
+"""World-model training on the algorithm template: epochs of shuffled minibatches in
+`lax.scan` under jit, through `amp.train_step`, with per-epoch overflow counts, the eval
+loss against the data's noise floor, and memory statistics.
+
+>>> from genesis_jax.algos.world_model import WorldModelConfig, train
+>>> result = train(WorldModelConfig(data="synthetic", precision="fp16", epochs=5))  # doctest: +SKIP
+>>> result.summary["eval_loss"], result.summary["noise_floor"]                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.world_model import data as wm_data
+from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFields
+from genesis_jax.amp import TrainState
+from genesis_jax.nets.world_model import WorldModel
+from genesis_jax.run import plots, probes
+from genesis_jax.run.parallel import constrain
+
+
+class WorldModelState(struct.PyTreeNode):
+    train_state: TrainState
+    rng: jax.Array  # the minibatch shuffles'
+
+
+def load_data(config: WorldModelConfig) -> dict:
+    if config.data == "synthetic":
+        return wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
+    if config.data.endswith(".npz"):
+        return wm_data.load_dataset(config.data)
+    # An environment id (gymnax or gymnasium): random-policy data; unknown ids fail there.
+    return wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
+
+
+def windows(data: dict, horizon: int) -> dict:
+    """Training samples: open-loop windows of `horizon` steps (one-step transitions for 1),
+    sequence by sequence; a known per-step noise floor comes along as `floor`."""
+    n, length = data["reward"].shape
+    if horizon > length:
+        raise ValueError(f"horizon {horizon} is longer than the data's sequences ({length} steps)")
+    next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
+    starts = np.arange(length - horizon + 1)
+    take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
+    samples = {
+        "obs": data["obs"][:, starts].reshape(n * len(starts), -1),
+        "action": take(data["action"]),
+        "next_obs": take(next_obs),
+        "reward": take(data["reward"]),
+        "terminated": take(data["terminated"]),
+    }
+    if "floor" in data:
+        samples["floor"] = take(data["floor"])
+    return samples
+
+
+def make_model(config: WorldModelConfig, meta: dict, obs_dim: int, precision) -> WorldModel:
+    return WorldModel(
+        obs_dim=obs_dim,
+        action_dim=int(meta["action_dim"]),
+        discrete_actions=bool(meta["discrete_actions"]),
+        width=config.width,
+        depth=config.depth,
+        core=config.core,
+        dtype=precision.compute_dtype,
+        param_dtype=jnp.float32,
+    )
+
+
+def make_loss_fn(model: WorldModel):
+    """Float32 loss: obs MSE (mean over dims) + reward MSE + termination BCE, averaged over steps."""
+
+    def loss_fn(params, batch):
+        pred_obs, pred_reward, term_logit = model.apply(params, batch["obs"], batch["action"], method=WorldModel.unroll)
+        obs_mse = jnp.mean(jnp.square(pred_obs - batch["next_obs"]), axis=-1)
+        reward_mse = jnp.square(pred_reward - batch["reward"])
+        bce = optax.sigmoid_binary_cross_entropy(term_logit, batch["terminated"])
+        per_sample = obs_mse + reward_mse + bce
+        return jnp.mean(per_sample), {
+            "obs_mse": jnp.mean(obs_mse),
+            "reward_mse": jnp.mean(reward_mse),
+            "bce": jnp.mean(bce),
+        }
+
+    return loss_fn
+
+
+def activation_bytes(loss_fn, params, batch) -> int:
+    """Bytes the forward pass saves for the backward pass: the residuals of `jax.vjp`."""
+    residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda q: loss_fn(q, b)[0], p)[1], params, batch)
+    return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(residuals)))
+
+
+class WorldModelTrainer(Algorithm):
+    name = "world-model"
+    fields = WorldModelFields
+    config_class = WorldModelConfig
+    unit = "epoch"
+    score = "eval_loss"  # the summary field the bench reports as the learning result
+    plot_file = "world_model.png"
+    progress_unit = "epoch"
+
+    def setup(self) -> None:
+        config = self.config
+        self.precision = config.train_precision()
+        self.dataset = load_data(config)
+        train_seqs, eval_seqs = wm_data.split(self.dataset, config.eval_fraction)
+        train_set = {k: jnp.asarray(v) for k, v in windows(train_seqs, config.horizon).items() if k != "floor"}
+        eval_samples = windows(eval_seqs, config.horizon)
+        floor = eval_samples.pop("floor", None)
+        # Known only for one-step prediction: open-loop errors compound beyond the noise.
+        self.noise_floor = float(np.mean(floor)) if floor is not None and config.horizon == 1 else None
+        self.data = (train_set, {k: jnp.asarray(v) for k, v in eval_samples.items()})
+        self.num_samples = train_set["obs"].shape[0]
+        self.batches_per_epoch = self.num_samples // config.batch_size
+        if self.batches_per_epoch < 1:
+            raise ValueError(f"batch size {config.batch_size} is larger than the {self.num_samples} training samples")
+        self.total = config.epochs
+        self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
+        self.loss_fn = make_loss_fn(self.model)
+        self.last_row_time = time.perf_counter()
+
+    def init(self, key) -> WorldModelState:
+        init_key, run_key = jax.random.split(key)
+        sample = jax.tree.map(lambda x: x[:1], self.data[0])
+        params = self.model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
+        # Adam's default eps (1e-8) underflows to 0 in float16 moments (fp16-full): use 1e-5 there.
+        eps = 1e-5 if jnp.dtype(self.precision.param_dtype) == jnp.float16 else 1e-8
+        return WorldModelState(self.config.create_train_state(params, optax.adam(self.config.lr, eps=eps)), run_key)
+
+    def update(self, state: WorldModelState, data):
+        """One epoch: shuffled minibatches (rows split over the devices), then the eval loss."""
+        train_set, eval_set = data
+        config, mesh = self.config, self.config.mesh()
+        rng, perm_key = jax.random.split(state.rng)
+        perm = jax.random.permutation(perm_key, self.num_samples)[: self.batches_per_epoch * config.batch_size]
+        batches = jax.tree.map(
+            lambda x: x[perm].reshape((self.batches_per_epoch, config.batch_size) + x.shape[1:]), train_set
+        )
+        batches = constrain(batches, mesh, axis=1)
+        ts = state.train_state
+        skipped_before = ts.skipped
+        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.loss_fn), ts, batches)
+        finite = metrics["grads_finite"]
+        return WorldModelState(ts, rng), {
+            "train_loss": jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(jnp.sum(finite), 1),
+            "eval_loss": self.loss_fn(ts.params, eval_set)[0],
+            "skipped": ts.skipped - skipped_before,
+            "loss_scale": ts.loss_scale.loss_scale,
+            "halted": ts.halted,
+        }
+
+    def rows(self, m, done: int) -> list[dict]:
+        now = time.perf_counter()
+        elapsed, self.last_row_time = now - self.last_row_time, now
+        n = len(np.atleast_1d(m["train_loss"]))
+        return [
+            {
+                "epoch": done + i + 1,
+                "train_loss": float(np.atleast_1d(m["train_loss"])[i]),
+                "eval_loss": float(np.atleast_1d(m["eval_loss"])[i]),
+                "loss_scale": float(np.atleast_1d(m["loss_scale"])[i]),
+                "skipped": int(np.atleast_1d(m["skipped"])[i]),
+                "steps_per_second": self.batches_per_epoch * n / elapsed,
+                "halted": bool(np.atleast_1d(m["halted"])[i]),
+            }
+            for i in range(n)
+        ]
+
+    def summary(self, rows: list[dict], state: WorldModelState) -> dict:
+        config, ts = self.config, state.train_state
+        batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
+        compiled = getattr(self, "compiled", None)
+        memory = compiled.memory_analysis() if compiled is not None else None
+        step = lambda s, b: self.train_step(s, b, self.loss_fn)  # noqa: E731
+        return {
+            "data": self.dataset["meta"]["source"],
+            "width": config.width,
+            "depth": config.depth,
+            "batch_size": config.batch_size,
+            "horizon": config.horizon,
+            "final_train_loss": rows[-1]["train_loss"],
+            "eval_loss": rows[-1]["eval_loss"],
+            "noise_floor": self.noise_floor,
+            "epochs": len(rows),
+            "steps_per_second": self.session.steps_per_second(self.batches_per_epoch),
+            "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
+            "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
+            "flops_per_step": probes.matmul_flops(step, ts, batch0),  # one optimizer step, for the achieved FLOP/s
+            "param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params))),
+            "peak_device_bytes": probes.peak_device_bytes(),
+        }
+
+    def postfix(self, row: dict) -> dict:
+        return {"train": f"{row['train_loss']:.4f}", "eval": f"{row['eval_loss']:.4f}"}
+
+    def title(self) -> str:
+        return f"world model ({self.precision.name})"
+
+    def plot(self, rows: list[dict], file) -> None:
+        keys = ("train_loss", "eval_loss")
+        plots.plot_curves(rows, "epoch", keys, file, title=self.title(), floor=self.noise_floor)
+
+    def describe(self, s: dict) -> str:
+        floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
+        return (
+            f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}"
+            f"{floor} steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} "
+            f"skipped={s['skipped_updates']}/{s['total_updates']} activation_bytes={s['activation_bytes']}"
+        )
+
+
+ALGORITHM = WorldModelTrainer
+train = WorldModelTrainer.train

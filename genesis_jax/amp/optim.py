@@ -1,0 +1,187 @@
+"""The optimizer side of mixed precision: skip non-finite steps, count them, clip, stop.
+
+`skip_nonfinite(optimizer)` wraps any optax optimizer. Its state, `SkipNonFiniteState`, is
+the one owner of the skip accounting: steps skipped, the current streak of skips, and the
+divergence guard's halted flag. `skip_state(opt_state)` finds it anywhere in a state tree.
+
+>>> import jax.numpy as jnp, optax
+>>> from genesis_jax import amp
+>>> tx = amp.skip_nonfinite(optax.sgd(0.1), max_grad_norm=1.0)
+>>> params = {"w": jnp.ones(2)}
+>>> state = tx.init(params)
+>>> updates, state = tx.update({"w": jnp.array([jnp.inf, 0.0])}, state, params)
+>>> updates["w"], int(amp.skip_state(state).skipped)   # a skipped step changes nothing
+(Array([-0., -0.], dtype=float32), 1)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from genesis_jax.amp.guard import DivergenceGuard
+
+
+class SkipNonFiniteState(NamedTuple):
+    """`inner_state`: the wrapped optimizer's state, unchanged by a skipped step.
+    `skipped`: steps skipped so far. `consecutive_skips`: skips since the last step taken.
+    `halted`: the divergence guard stopped training; every later update is skipped uncounted."""
+
+    inner_state: Any
+    skipped: jax.Array
+    consecutive_skips: jax.Array
+    halted: jax.Array
+
+
+def skip_state(opt_state) -> SkipNonFiniteState:
+    """The `SkipNonFiniteState` inside `opt_state`, however deeply `skip_nonfinite` was
+    chained or wrapped (`optax.chain`, `optax.multi_transform`, `inject_hyperparams`).
+
+    Raises:
+        ValueError: when there is none (the optimizer was not wrapped in `skip_nonfinite`).
+    """
+    found = [
+        node
+        for node in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, SkipNonFiniteState))
+        if isinstance(node, SkipNonFiniteState)
+    ]
+    if not found:
+        raise ValueError("no skip_nonfinite state in this optimizer state: wrap the optimizer in amp.skip_nonfinite")
+    return found[0]
+
+
+_SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState)
+
+
+def advance_schedules(opt_state):
+    """`opt_state` with the count of every learning-rate schedule in it (optax's
+    `scale_by_schedule`, `inject_hyperparams`) advanced by one, and nothing else changed:
+    what a skipped step does to PyTorch's LR schedulers, which step once per iteration
+    while a skipped `optimizer.step()` leaves Adam's own step count alone."""
+
+    def advance(node):
+        if isinstance(node, _SCHEDULE_STATES):
+            return node._replace(count=optax.safe_increment(node.count))
+        return node
+
+    return jax.tree.map(advance, opt_state, is_leaf=lambda n: isinstance(n, _SCHEDULE_STATES))
+
+
+def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, params, finite, **extra_args):
+    """(updates, new inner state): the inner optimizer's step where `finite`, else updates
+    of -0.0 and `inner_state` itself. Adding -0.0 leaves every float bit-identical, +0.0
+    and -0.0 included, so `optax.apply_updates` keeps the params too. Under `jit` the skip
+    branch costs no optimizer work (`lax.cond`); under `vmap` a `cond` on a batched
+    predicate becomes a select, so both branches run and the cost is one optimizer step."""
+
+    def step():
+        return inner.update(grads, inner_state, params, **extra_args)
+
+    updates_shape, _ = jax.eval_shape(step)
+
+    def skip():
+        return jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), updates_shape), inner_state
+
+    return jax.lax.cond(finite, step, skip)
+
+
+def clip_coefficient(norm, max_norm):
+    """torch `clip_grad_norm_`'s factor: max_norm / (norm + 1e-6), at most 1."""
+    return jnp.minimum(1.0, max_norm / (norm + 1e-6))
+
+
+def check_max_grad_norm(max_grad_norm) -> None:
+    """Refuses a clipping norm that would break the promise: NaN or inf would make every
+    update non-finite after the finite check, 0 or less would stop or reverse every step."""
+    if max_grad_norm is None:
+        return
+    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+        raise TypeError(f"max_grad_norm must be a number or None, got {max_grad_norm!r}")
+    if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be finite and > 0 (None: no clipping), got {max_grad_norm!r}")
+
+
+def skip_nonfinite(
+    inner: optax.GradientTransformation,
+    *,
+    max_grad_norm: float | None = None,
+    advance_schedule_on_skip: bool = False,
+    guard: DivergenceGuard | None = None,
+) -> optax.GradientTransformationExtraArgs:
+    """Wraps an optax optimizer so that a step whose gradients are not all finite changes
+    nothing: the params (its updates are -0.0) and the inner state stay bit-identical.
+
+    `update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args)`:
+    `grads_finite` is the decision (from `value_and_grad`; pass it so every replica and
+    the scaler agree); without it the wrapper decides from the gradients' global norm.
+    Unlike `optax.apply_if_finite`, a non-finite update is never applied, however many
+    come in a row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
+
+    Args:
+        inner: the optax optimizer to run on finite steps.
+        max_grad_norm: clip the (unscaled) global norm first, with torch `clip_grad_norm_`'s
+            coefficient max_norm / (norm + 1e-6); None: no clipping.
+        advance_schedule_on_skip: False (default): a skipped step leaves learning-rate
+            schedules where they were (optax's schedules count inside the optimizer state,
+            which is kept, as `optax.apply_if_finite` and Flax's `DynamicScale` do). True:
+            every schedule count in the inner state advances on a skip too, as PyTorch's
+            `scheduler.step()` does each iteration (Adam's bias-correction count stays, as
+            torch's Adam `step` does).
+        guard: a `DivergenceGuard`: when a skip would take the loss scale (the `loss_scale`
+            passed to `update`, already adjusted) below its floor, or the skips in a row
+            exceed its limit, the state halts: this and every later update is skipped and
+            no longer counted, so params stay at the last good values.
+
+    Returns:
+        An optax `GradientTransformationExtraArgs` whose state is a `SkipNonFiniteState`.
+    """
+    check_max_grad_norm(max_grad_norm)
+    if guard is not None and not isinstance(guard, DivergenceGuard):
+        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params):
+        # Separate arrays, not one zero twice: a donated state may not hold a buffer twice.
+        return SkipNonFiniteState(
+            inner.init(params), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(False)
+        )
+
+    def update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args):
+        norm = optax.tree.norm(grads) if grads_finite is None or max_grad_norm is not None else None
+        finite = jnp.isfinite(norm) if grads_finite is None else jnp.asarray(grads_finite, bool)
+        if max_grad_norm is not None:
+            # Where the norm is not finite the step is skipped; a finite factor keeps the
+            # skipped branch's shapes and dtypes without a NaN.
+            factor = jnp.where(finite, clip_coefficient(norm, max_grad_norm), 1.0)
+            grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
+        active = ~state.halted
+        streak = jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32)
+        tripped = jnp.asarray(False)
+        if guard is not None:
+            tripped = active & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
+        take = finite & active
+        updates, inner_state = step_if_finite(inner, grads, state.inner_state, params, take, **extra_args)
+        if advance_schedule_on_skip:
+            inner_state = jax.lax.cond(take | ~active, lambda s: s, advance_schedules, inner_state)
+        counted = active & ~finite
+        return updates, SkipNonFiniteState(
+            inner_state,
+            state.skipped + counted.astype(jnp.int32),
+            jnp.where(active, streak, state.consecutive_skips).astype(jnp.int32),
+            state.halted | tripped,
+        )
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def is_skip_nonfinite(tx) -> bool:
+    """Whether `tx`'s state is a `SkipNonFiniteState` (it was built by `skip_nonfinite`)."""
+    try:
+        shape = jax.eval_shape(tx.init, {"p": jnp.zeros(1)})
+    except Exception:  # an optimizer that cannot init on a toy tree: wrap it
+        return False
+    return isinstance(shape, SkipNonFiniteState)

@@ -1,0 +1,161 @@
+"""Named precision policies and their resolution from arguments and the environment.
+
+A precision is a `jmp.Policy` (param / compute / output dtypes) plus the kind of loss
+scaling it needs by default:
+
+>>> from genesis_jax.amp.policy import get_precision
+>>> p = get_precision("fp16")
+>>> p.policy.compute_dtype.dtype, p.loss_scaling
+(dtype('float16'), 'dynamic')
+
+Only the CLI and the config constructors call `resolve_precision_name`, which reads
+`GENESIS_PRECISION` / `ENABLE_FP16_TRAINING`; everything below them takes values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import warnings
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import jmp
+
+logger = logging.getLogger("genesis_jax")
+
+LOSS_SCALINGS = ("dynamic", "static", "none")
+
+_NAMED_POLICIES = {
+    "fp32": ("params=float32,compute=float32,output=float32", "none"),
+    "bf16": ("params=float32,compute=bfloat16,output=float32", "none"),
+    "fp16": ("params=float32,compute=float16,output=float32", "dynamic"),
+    # The whole model stored and run in half precision (the ".half()" mode).
+    "fp16-full": ("params=float16,compute=float16,output=float32", "dynamic"),
+}
+PRECISION_NAMES = tuple(_NAMED_POLICIES) + ("auto",)
+
+_TRUE_WORDS = ("true", "1", "yes")
+_FALSE_WORDS = ("false", "0", "no")
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """A resolved precision: its name, the jmp policy and the default loss scaling."""
+
+    name: str
+    policy: jmp.Policy
+    loss_scaling: str
+
+    @property
+    def compute_dtype(self):
+        return self.policy.compute_dtype
+
+    @property
+    def param_dtype(self):
+        return self.policy.param_dtype
+
+    @property
+    def is_half(self) -> bool:
+        return jnp.dtype(self.policy.compute_dtype).itemsize == 2
+
+
+def _accepted() -> str:
+    return (
+        ", ".join(PRECISION_NAMES) + " or a jmp policy string such as 'params=float32,compute=float16,output=float32'"
+    )
+
+
+def _auto_name() -> str:
+    chosen = "fp16" if jax.default_backend() == "gpu" else "fp32"
+    logger.info("precision 'auto' chose %s on backend %s", chosen, jax.default_backend())
+    return chosen
+
+
+def check_precision(name: str, loss_scaling: str | None = None) -> str:
+    """`get_precision`'s checks without asking JAX for its backend ('auto' stays unresolved),
+    so a config can make them before JAX has started.
+
+    Returns:
+        The loss scaling the precision will use (for 'auto' without one: dynamic, the
+        strictest to check its settings against).
+    """
+    if isinstance(name, str) and name.strip().lower() == "auto":
+        return _checked_loss_scaling(loss_scaling or "dynamic", loss_scaling)
+    return get_precision(name, loss_scaling).loss_scaling
+
+
+def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
+    """The `Precision` for a name or jmp policy string.
+
+    Args:
+        name: fp32, bf16, fp16, fp16-full, auto, or a jmp policy string
+            ("params=float32,compute=float16,output=float32").
+        loss_scaling: dynamic, static or none; None: dynamic for float16 compute, else none.
+
+    Returns:
+        A `Precision`: the name, the `jmp.Policy` and the loss scaling.
+
+    Raises:
+        ValueError: for anything else, naming the accepted values.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_accepted()}")
+    key = name.strip().lower()
+    if key == "auto":
+        key = _auto_name()
+    if key in _NAMED_POLICIES:
+        policy_string, default_scaling = _NAMED_POLICIES[key]
+        policy = jmp.get_policy(policy_string)
+        if key == "fp16-full":
+            warnings.warn(
+                "precision 'fp16-full' stores parameters and optimizer moments in float16; "
+                "it is less stable than 'fp16' (float32 master weights)",
+                stacklevel=2,
+            )
+    elif "=" in key:
+        try:
+            policy = jmp.get_policy(key)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_accepted()}") from None
+        default_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
+    else:
+        raise ValueError(f"unknown precision {name!r}; accepted: {_accepted()}")
+    scaling = _checked_loss_scaling(default_scaling if loss_scaling is None else loss_scaling, loss_scaling)
+    return Precision(name=key, policy=policy, loss_scaling=scaling)
+
+
+def _checked_loss_scaling(scaling: str, given: str | None) -> str:
+    """`scaling` if it is one of LOSS_SCALINGS; else an error naming the value `given`."""
+    if scaling not in LOSS_SCALINGS:
+        raise ValueError(f"unknown loss scaling {given!r}; accepted: {', '.join(LOSS_SCALINGS)}")
+    return scaling
+
+
+def get_policy(name: str) -> jmp.Policy:
+    """The `jmp.Policy` for a precision name or jmp policy string."""
+    return get_precision(name).policy
+
+
+def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Chooses the precision name: explicit argument > GENESIS_PRECISION > ENABLE_FP16_TRAINING > fp32."""
+    if explicit is not None:
+        return explicit
+    env = os.environ if environ is None else environ
+    named = env.get("GENESIS_PRECISION")
+    if named is not None and named.strip():
+        return named.strip()
+    flag = env.get("ENABLE_FP16_TRAINING")
+    if flag is None or not flag.strip():
+        return "fp32"
+    word = flag.strip().lower()
+    if word in _TRUE_WORDS:
+        return "fp16"
+    if word in _FALSE_WORDS:
+        return "fp32"
+    raise ValueError(
+        f"ENABLE_FP16_TRAINING={flag!r} is not understood; use one of "
+        f"{', '.join(_TRUE_WORDS)} (fp16) or {', '.join(_FALSE_WORDS)} (fp32)"
+    )

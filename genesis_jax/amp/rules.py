@@ -1,0 +1,162 @@
+"""Per-module precision rules: run chosen Flax modules in float32 (or any dtype) without
+editing their source, by intercepting their calls (`flax.linen.intercept_methods`).
+
+A rule matches a module by class (`nn.LayerNorm`) or by a name pattern (`"*head"`, matched
+with `fnmatch` against the module's name and against its path, "critic/head"). A matched
+module's floating inputs are cast to the rule's dtype and its `dtype` attribute (the compute
+dtype every Flax layer reads) is set to it for the call, so its arithmetic runs in that
+dtype; its outputs stay in it. The first matching rule wins.
+
+Name patterns need names: Flax names unnamed layers by class (`Dense_0`, `Dense_1`, ...),
+which no pattern of `FLOAT32_RULES` matches. When modules were called inside a
+`precision_rules` block (or a `with_precision_rules` method) and none matched any rule, a
+warning says so once per use, at trace time: name the heads (`name="actor_head"`) or match
+by class (`PrecisionRule(nn.Dense)`).
+
+Why these defaults (`FLOAT32_RULES`): normalisation statistics (a mean and variance over
+many half-precision terms) and the logits, log-probs and values that the losses consume
+lose precision first. DreamerV3, XLand-MiniGrid and MaxText keep norms and logits in
+float32 for that reason; so do genesis-jax's own networks, through these rules.
+
+>>> import jax, jax.numpy as jnp, flax.linen as nn
+>>> from genesis_jax.amp.rules import FLOAT32_RULES, precision_rules
+>>> class Net(nn.Module):
+...     @nn.compact
+...     def __call__(self, x):
+...         x = nn.Dense(8, dtype=jnp.float16)(x)
+...         x = nn.LayerNorm(dtype=jnp.float16)(x)
+...         return nn.Dense(2, dtype=jnp.float16, name="value_head")(x)
+>>> net, x = Net(), jnp.ones((1, 4))
+>>> params = net.init(jax.random.PRNGKey(0), x)
+>>> net.apply(params, x).dtype
+dtype('float16')
+>>> with precision_rules(FLOAT32_RULES):
+...     net.apply(params, x).dtype
+dtype('float32')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import functools
+import warnings
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionRule:
+    """Modules matching `match` (a Module class, a tuple of them, or a name pattern)
+    compute in `dtype`."""
+
+    match: type | tuple[type, ...] | str
+    dtype: jnp.dtype = jnp.float32
+
+    def matches(self, module: nn.Module) -> bool:
+        if isinstance(self.match, str):
+            path = "/".join(str(p) for p in getattr(module, "path", ()) or ())
+            return any(fnmatch.fnmatchcase(name, self.match) for name in (module.name or "", path))
+        return isinstance(module, self.match)
+
+
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm)
+# Norms, and the heads whose outputs the losses read (logits, values), in float32.
+FLOAT32_RULES: tuple[PrecisionRule, ...] = (
+    PrecisionRule(NORMS),
+    PrecisionRule("*head"),
+    PrecisionRule("*logits"),
+    PrecisionRule(nn.Embed),
+)
+
+
+def _cast_floating(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x, tree)
+
+
+@contextlib.contextmanager
+def _compute_dtype(module: nn.Module, dtype):
+    # Flax modules are frozen dataclasses; the compute dtype is set for this call only.
+    if not hasattr(module, "dtype"):
+        yield
+        return
+    before = module.dtype
+    object.__setattr__(module, "dtype", dtype)
+    try:
+        yield
+    finally:
+        object.__setattr__(module, "dtype", before)
+
+
+def _interceptor(rules: Sequence[PrecisionRule], seen: dict):
+    def intercept(next_fun, args, kwargs, context):
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        seen["called"] = True
+        rule = next((r for r in rules if r.matches(context.module)), None)
+        if rule is None:
+            return next_fun(*args, **kwargs)
+        seen["matched"] = True
+        args, kwargs = _cast_floating((args, kwargs), rule.dtype)
+        with _compute_dtype(context.module, rule.dtype):
+            return next_fun(*args, **kwargs)
+
+    return intercept
+
+
+def _describe(rule: PrecisionRule) -> str:
+    if isinstance(rule.match, str):
+        return repr(rule.match)
+    classes = rule.match if isinstance(rule.match, tuple) else (rule.match,)
+    return "/".join(c.__name__ for c in classes)
+
+
+def _warn_unmatched(rules: Sequence[PrecisionRule], where: str, stacklevel: int) -> None:
+    warnings.warn(
+        f"precision_rules{where}: Flax modules were called but none matched a rule "
+        f"({', '.join(_describe(r) for r in rules)}), so nothing ran in the rules' dtypes. "
+        "Auto-named layers (Dense_0, Dense_1, ...) match no name pattern: name the heads "
+        '(e.g. nn.Dense(n, name="actor_head")) or match by class (PrecisionRule(nn.Dense)).',
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
+@contextlib.contextmanager
+def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 4):
+    rules = tuple(rules)
+    for rule in rules:
+        if not isinstance(rule, PrecisionRule):
+            raise TypeError(f"precision rules must be PrecisionRule objects, got {rule!r}")
+    seen = {"called": False, "matched": False}
+    with nn.intercept_methods(_interceptor(rules, seen)):
+        yield
+    if seen["called"] and not seen["matched"]:
+        _warn_unmatched(rules, where, stacklevel)
+
+
+def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
+    """Within the block, every Flax module call matching one of `rules` runs in its dtype.
+
+    Warns (once per block, at trace time) when modules were called in it but none matched."""
+    return _rules_block(rules)
+
+
+def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT32_RULES):
+    """Decorator for a Module method: its body (and every submodule it calls) runs under
+    `precision_rules(rules)`, so the module obeys the rules however it is applied."""
+    if method is None:
+        return functools.partial(with_precision_rules, rules=rules)
+
+    where = f" on {method.__qualname__}"
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        with _rules_block(rules, where):
+            return method(*args, **kwargs)
+
+    return wrapped

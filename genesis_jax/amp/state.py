@@ -1,0 +1,211 @@
+"""A drop-in for Flax's `TrainState` that carries a loss scaler, and the one update step.
+
+`TrainState` is `flax.training.train_state.TrainState` plus `loss_scale` and a precision
+name. `create` wraps the optimizer in `skip_nonfinite` (unless it already is), so the skip
+accounting lives in the optimizer state alone; `skipped`, `skip_streak` and `halted` read it.
+`apply_gradients(grads=..., grads_finite=..., loss_scale=...)` takes `value_and_grad`'s
+outputs as they come:
+
+>>> import jax, jax.numpy as jnp, optax
+>>> from genesis_jax import amp
+>>> loss_fn = lambda params, x: jnp.mean(jnp.square(x @ params["w"]))
+>>> state = amp.TrainState.create(apply_fn=None, params={"w": jnp.ones((3, 1))}, tx=optax.sgd(0.1),
+...                               loss_scale=amp.DynamicLossScale())
+>>> grad_fn = amp.value_and_grad(loss_fn)
+>>> loss, grads, finite, scaler = grad_fn(state.loss_scale, state.params, jnp.ones((4, 3)))
+>>> state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=scaler)
+>>> int(state.step), int(state.skipped), float(state.loss_scale.loss_scale)
+(1, 0, 65536.0)
+
+`train_step(state, batch, loss_fn)` is that composition (value_and_grad, then
+apply_gradients) with the metrics every trainer logs: genesis-jax's algorithms all use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from flax.training import train_state
+
+from genesis_jax.amp.grads import value_and_grad
+from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
+from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, make_loss_scale
+from genesis_jax.amp.optim import is_skip_nonfinite, skip_nonfinite, skip_state
+from genesis_jax.amp.policy import Precision, get_precision
+
+# loss_fn(params, batch) -> (float32 loss, aux pytree)
+LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+
+
+def _keep_if(keep, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(keep, n, o).astype(o.dtype), new, old)
+
+
+class TrainState(train_state.TrainState):
+    """Flax's `TrainState` with a loss scaler; the optimizer is wrapped in `skip_nonfinite`.
+
+    Fields beyond Flax's: `loss_scale` (a scaler pytree) and `precision` (its name, static:
+    checkpoints record it). `step` counts updates attempted while not halted.
+    """
+
+    loss_scale: LossScale = struct.field(default_factory=NoOpLossScale)
+    precision: str = struct.field(pytree_node=False, default="fp32")
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        params,
+        tx: optax.GradientTransformation,
+        apply_fn: Callable | None = None,
+        loss_scale: LossScale | None = None,
+        precision: Precision | str | None = None,
+        max_grad_norm: float | None = None,
+        guard: DivergenceGuard | None = None,
+        advance_schedule_on_skip: bool = False,
+        **kwargs,
+    ) -> "TrainState":
+        """A new state; `tx` is wrapped in `skip_nonfinite(tx, max_grad_norm=..., guard=...,
+        advance_schedule_on_skip=...)` unless it already is one.
+
+        Args:
+            params: the parameters (cast to the precision's param dtype when one is given).
+            tx: any optax optimizer.
+            apply_fn: the network's apply function, as in Flax (None: not used).
+            loss_scale: the scaler; None: the precision's own (`DynamicLossScale` for fp16,
+                none for fp32 and bf16), or no scaling without a precision.
+            precision: a precision name or `Precision`; None: parameters as given, "fp32".
+            max_grad_norm, guard, advance_schedule_on_skip: `skip_nonfinite`'s.
+        """
+        prec = get_precision(precision) if isinstance(precision, str) else precision
+        if prec is not None:
+            params = prec.policy.cast_to_param(params)
+        if loss_scale is None:
+            loss_scale = make_loss_scale(prec.loss_scaling) if prec is not None else NoOpLossScale()
+        if is_skip_nonfinite(tx):
+            if max_grad_norm is not None or guard is not None or advance_schedule_on_skip:
+                raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
+        else:
+            tx = skip_nonfinite(
+                tx, max_grad_norm=max_grad_norm, guard=guard, advance_schedule_on_skip=advance_schedule_on_skip
+            )
+        return cls(
+            step=jnp.asarray(0, jnp.int32),
+            apply_fn=apply_fn,
+            params=params,
+            tx=tx,
+            opt_state=tx.init(params),
+            loss_scale=loss_scale,
+            precision=prec.name if prec is not None else "fp32",
+            **kwargs,
+        )
+
+    def apply_gradients(self, *, grads, grads_finite=None, loss_scale: LossScale | None = None, **kwargs):
+        """One optimizer step from unscaled gradients; a non-finite one changes nothing but
+        the skip counts (and the scaler, which the caller adjusted).
+
+        Args:
+            grads: unscaled gradients (cast to the params' dtypes: float16 in fp16-full).
+            grads_finite: the finite decision from `value_and_grad` (None: from the norm).
+            loss_scale: the scaler adjusted for this step (None: keep the current one). A
+                halted state keeps its scaler, whatever is passed.
+            **kwargs: other fields to replace, as in Flax.
+        """
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, self.params)
+        new_scale = self.loss_scale if loss_scale is None else loss_scale
+        was_halted = self.halted
+        updates, opt_state = self.tx.update(
+            grads, self.opt_state, self.params, grads_finite=grads_finite, loss_scale=new_scale.loss_scale
+        )
+        halted = skip_state(opt_state).halted
+        return self.replace(
+            step=self.step + (~was_halted).astype(jnp.int32),
+            params=optax.apply_updates(self.params, updates),
+            opt_state=opt_state,
+            loss_scale=_keep_if(~halted, new_scale, self.loss_scale),
+            **kwargs,
+        )
+
+    @property
+    def skipped(self) -> jax.Array:
+        """Updates skipped because a gradient was not finite."""
+        return skip_state(self.opt_state).skipped
+
+    @property
+    def skip_streak(self) -> jax.Array:
+        """Skipped updates in a row, up to now."""
+        return skip_state(self.opt_state).consecutive_skips
+
+    @property
+    def halted(self) -> jax.Array:
+        """The divergence guard stopped training; the state no longer changes."""
+        return skip_state(self.opt_state).halted
+
+
+def train_step(
+    state: TrainState,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    axis_name: str | None = None,
+    faults: FaultInjection | None = None,
+    grad_transform: Callable[[Any, TrainState], Any] | None = None,
+) -> tuple[TrainState, dict]:
+    """`value_and_grad` then `apply_gradients`: one pure, jit-able update.
+
+    Args:
+        state: a `TrainState`.
+        batch: `loss_fn`'s second argument.
+        loss_fn: `(params, batch) -> (loss, aux)`; the loss is taken in float32.
+        axis_name: inside `pmap` / `shard_map`, the axis to average gradients over.
+        faults: a `FaultInjection`: its loss spikes and non-finite gradients, by `state.step`.
+        grad_transform: `(scaled_grads, state) -> scaled_grads` before the finite decision.
+
+    Returns:
+        (the new state, metrics: loss, grad_norm (unscaled, before clipping), grads_finite,
+        loss_scale, halted, aux).
+    """
+
+    def loss_with_faults(params, batch):
+        loss, aux = loss_fn(params, batch)
+        if faults is not None and faults.loss_spike_steps:
+            loss = faults.spike_loss(jnp.asarray(loss, jnp.float32), state.step)
+        return loss, aux
+
+    def transform(grads):
+        if faults is not None and faults.nonfinite_rate > 0:
+            grads = faults.poison_grads(grads, state.step)
+        return grads if grad_transform is None else grad_transform(grads, state)
+
+    hooked = faults is not None or grad_transform is not None
+    grad_fn = value_and_grad(
+        loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
+    )
+    (loss, aux), grads, finite, scaler = grad_fn(state.loss_scale, state.params, batch)
+    new_state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=scaler)
+    metrics = {
+        "loss": loss,
+        "grad_norm": optax.tree.norm(grads).astype(jnp.float32),
+        "loss_scale": new_state.loss_scale.loss_scale,
+        "grads_finite": finite,
+        "halted": new_state.halted,
+        "aux": aux,
+    }
+    return new_state, metrics
+
+
+def stats(state: TrainState) -> dict:
+    """Host-side summary: training_steps, overflow_steps, overflow_rate, current_scale, precision."""
+    steps = int(state.step)
+    overflow = int(state.skipped)
+    return {
+        "training_steps": steps,
+        "overflow_steps": overflow,
+        "overflow_rate": overflow / steps if steps else 0.0,
+        "current_scale": float(state.loss_scale.loss_scale),
+        "precision": state.precision,
+    }
