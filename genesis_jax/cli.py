@@ -401,12 +401,11 @@ def _system_failure(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-TRAIN_WORKLOADS = tuple(ALGORITHMS)
 
 
 def _parse(argv: list[str]):
     """(argparse namespace, train groups or None): a train workload's options go to tyro."""
-    if len(argv) >= 2 and argv[0] == "train" and argv[1] in TRAIN_WORKLOADS:
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ALGORITHMS:
         parts, run = parse_train_args(argv[1], argv[2:])
         return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run), parts["parallel"]
     return build_parser().parse_args(argv), None

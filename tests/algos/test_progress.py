@@ -1,0 +1,39 @@
+"""The progress bar as a user reads it: skips counted over the whole run, the newest known
+return kept, whole numbers for small counts."""
+
+import re
+
+from genesis_jax.algos.ppo import PPO, PPOConfig
+from genesis_jax.algos.world_model import WorldModelConfig
+from genesis_jax.algos.world_model import train as train_world_model
+
+
+def _last_postfix(stderr: str) -> str:
+    return stderr.replace("\r", "\n").strip().splitlines()[-1]
+
+
+def test_ppo_bar_counts_the_skips_so_far(capsys):
+    # Non-finite gradients on a third of the steps (the scale floored at 1): several updates skip, in several chunks.
+    config = PPOConfig(
+        precision="fp16", total_steps=8192, num_envs=4, num_steps=128, inject_nonfinite=0.3, min_loss_scale=1.0, seed=1
+    )
+    result = PPO.train(config, progress=True)
+    skipped = result.summary["skipped_updates"]
+    per_update = [row["skipped"] for row in result.metrics]
+    assert skipped == sum(per_update) > max(per_update)  # the total is not one update's count
+    shown = re.findall(r"skipped=(\d+)", _last_postfix(capsys.readouterr().err))
+    assert shown and int(shown[-1]) == skipped
+
+
+def test_ppo_bar_keeps_the_newest_known_return():
+    algo = PPO.__new__(PPO)  # the postfix alone: no environment needed
+    algo.last_return = None
+    assert "ret" not in algo.postfix({"episode_return": None})  # nothing finished yet: nothing shown
+    assert algo.postfix({"episode_return": 21.5})["ret"] == "21.5"
+    assert algo.postfix({"episode_return": None})["ret"] == "21.5"  # an update without an episode end keeps it
+
+
+def test_world_model_bar_shows_whole_epochs(capsys):
+    train_world_model(WorldModelConfig(precision="fp32", epochs=2, num_sequences=64, batch_size=256), progress=True)
+    err = capsys.readouterr().err
+    assert "2/2" in err and "2.00/2.00" not in err

@@ -1,0 +1,100 @@
+"""A whole algorithm on the template, as a new one would be written: noisy linear regression
+by minibatch SGD, several seeds at once. Its config, four pure functions and a registration
+line give it the CLI, the Session, checkpoints and resume, and bench rows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.amp import TrainState
+from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
+from genesis_jax.run.parallel import ParallelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyFields:
+    """The toy's own fields."""
+
+    total_steps: int = 256
+    """Optimizer steps in all."""
+    batch_size: int = 32
+    """Samples per step."""
+    lr: float = 0.05
+    """SGD's learning rate."""
+    seed: int = 0
+    """Seed of the data and the parameters."""
+    num_seeds: int = 1
+    """Seeds trained together under vmap."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(ToyFields, MixedPrecisionConfig, ParallelConfig):
+    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ToyState(struct.PyTreeNode):
+    train_state: TrainState
+    rng: jax.Array
+
+
+TRUE_W = jnp.array([1.0, -2.0, 0.5])
+
+
+def loss_fn(params, batch):
+    x, y = batch
+    return jnp.mean(jnp.square(x @ params["w"] - y).astype(jnp.float32)), None
+
+
+class Toy(Algorithm):
+    name = "toy"
+    fields = ToyFields
+    config_class = ToyConfig
+    score = "final_loss"
+
+    def setup(self):
+        self.total = self.config.total_steps
+
+    def init(self, key):
+        params = {"w": jnp.zeros(3)}
+        return ToyState(self.config.create_train_state(params, optax.sgd(self.config.lr)), key)
+
+    def update(self, state, data):
+        rng, key = jax.random.split(state.rng)
+        x = jax.random.normal(key, (self.config.batch_size, 3))
+        y = x @ TRUE_W + 0.01 * jax.random.normal(rng, (self.config.batch_size,))
+        ts, m = self.train_step(state.train_state, (x, y), loss_fn)
+        skipped = (~m["grads_finite"]).astype(jnp.int32)
+        return ToyState(ts, rng), {
+            "loss": m["loss"],
+            "loss_scale": m["loss_scale"],
+            "skipped": skipped,
+            "halted": m["halted"],
+        }
+
+    def rows(self, metrics, done):
+        m = jax.tree.map(lambda v: jnp.reshape(v, (self.num_seeds, -1)), metrics)  # [seeds, steps]
+        return [
+            {
+                "update": done + i + 1,
+                "loss": float(m["loss"][:, i].mean()),
+                "loss_scale": float(m["loss_scale"][:, i].mean()),
+                "skipped": int(m["skipped"][:, i].sum()),
+                "halted": bool(m["halted"][:, i].any()),
+            }
+            for i in range(m["loss"].shape[1])
+        ]
+
+    def summary(self, rows, state):
+        return {"final_loss": rows[-1]["loss"]}
+
+
+ALGORITHM = Toy
