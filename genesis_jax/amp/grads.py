@@ -178,7 +178,8 @@ def value_and_grad(
     Returns:
         `fn(loss_scale, params, *args) -> (value, grads, grads_finite, loss_scale)`: the
         value (`(loss, aux)` with `has_aux`), float32 unscaled gradients, the finite decision
-        and the scaler already adjusted for the next step.
+        and the scaler already adjusted for the next step. `fn.with_norm(...)` returns
+        `(that, the unscaled gradients' global norm)`: the norm the decision was taken on.
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
@@ -197,7 +198,7 @@ def value_and_grad(
         total, (losses, aux) = jax.lax.scan(micro_step, zeros, _split_micro_batches(args, accumulate))
         return jax.tree.map(lambda g: g / accumulate, total), (jnp.mean(losses), aux)
 
-    def fn(loss_scale, params, *args) -> ScaledGradients:
+    def with_norm(loss_scale, params, *args) -> tuple[ScaledGradients, jax.Array]:
         if accumulate == 1:
             scaled_grads, (loss, aux) = grad_fn(loss_scale, params, *args)
         else:
@@ -206,7 +207,12 @@ def value_and_grad(
             scaled_grads, loss = jax.lax.pmean((scaled_grads, loss), axis_name)
         if grad_transform is not None:
             scaled_grads = grad_transform(scaled_grads)
-        grads, _, finite = unscale(scaled_grads, loss_scale)
-        return ScaledGradients((loss, aux) if has_aux else loss, grads, finite, loss_scale.adjust(finite))
+        grads, norm, finite = unscale(scaled_grads, loss_scale)
+        value = (loss, aux) if has_aux else loss
+        return ScaledGradients(value, grads, finite, loss_scale.adjust(finite)), norm
 
+    def fn(loss_scale, params, *args) -> ScaledGradients:
+        return with_norm(loss_scale, params, *args)[0]
+
+    fn.with_norm = with_norm  # the same, plus the unscaled global norm it computed (for logging)
     return fn

@@ -185,11 +185,11 @@ def train_step(
     grad_fn = value_and_grad(
         loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
     )
-    (loss, aux), grads, finite, scaler = grad_fn(state.loss_scale, state.params, batch)
+    ((loss, aux), grads, finite, scaler), grad_norm = grad_fn.with_norm(state.loss_scale, state.params, batch)
     new_state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=scaler)
     metrics = {
         "loss": loss,
-        "grad_norm": optax.tree.norm(grads).astype(jnp.float32),
+        "grad_norm": grad_norm.astype(jnp.float32),
         "loss_scale": new_state.loss_scale.loss_scale,
         "grads_finite": finite,
         "halted": new_state.halted,
