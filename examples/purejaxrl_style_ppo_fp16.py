@@ -15,9 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax.training import train_state
+from genesis_jax import amp
 
-from genesis_jax import DynamicLossScale, amp
 CONFIG = {
     "LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 500_000, "UPDATE_EPOCHS": 4,
     "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
@@ -45,8 +44,7 @@ class ActorCritic(nn.Module):
         return logits.astype(jnp.float32), value[..., 0].astype(jnp.float32)
 
 
-class TrainState(train_state.TrainState):
-    loss_scale: DynamicLossScale
+TrainState = amp.TrainState  # Flax's, plus a loss scaler; tx is wrapped to skip non-finite steps
 
 
 class Transition(NamedTuple):
@@ -70,7 +68,7 @@ def make_train(config):
         frac = 1.0 - (count // (config["NUM_MINIBATCHES"] * config["UPDATE_EPOCHS"])) / num_updates
         return config["LR"] * frac
 
-    tx = amp.skip_nonfinite(optax.adam(schedule, eps=1e-5), max_grad_norm=config["MAX_GRAD_NORM"])
+    tx = optax.chain(optax.clip_by_global_norm(config["MAX_GRAD_NORM"]), optax.adam(schedule, eps=1e-5))
 
     def loss_fn(params, traj, advantages, targets):
         logits, value = network.apply(params, traj.obs)
@@ -91,7 +89,7 @@ def make_train(config):
     def train(rng):
         rng, init_rng, reset_rng = jax.random.split(rng, 3)
         params = network.init(init_rng, jnp.zeros(env.observation_space(env_params).shape))
-        train_state = TrainState.create(apply_fn=network.apply, params=params, tx=tx, loss_scale=DynamicLossScale())
+        train_state = TrainState.create(apply_fn=network.apply, params=params, tx=tx, precision="fp16")
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_rng, config["NUM_ENVS"]),
                                                                  env_params)
         episode_return = jnp.zeros(config["NUM_ENVS"])
@@ -128,9 +126,7 @@ def make_train(config):
             def _update_epoch(update_state, _):
                 def _update_minibatch(state, batch):
                     (total_loss, _), grads, finite, loss_scale = grad_fn(state.loss_scale, state.params, *batch)
-                    updates, opt_state = tx.update(grads, state.opt_state, state.params, grads_finite=finite)
-                    state = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-                                          step=state.step + 1, loss_scale=loss_scale)
+                    state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale)
                     return state, total_loss
 
                 train_state, rng = update_state
@@ -144,8 +140,8 @@ def make_train(config):
                 return (train_state, rng), losses
 
             (train_state, rng), losses = jax.lax.scan(_update_epoch, (train_state, rng), None, config["UPDATE_EPOCHS"])
-            metric = {"episode_return": jnp.nanmean(traj_batch.episode_return), "loss": losses.mean(),
-                      "loss_scale": train_state.loss_scale.loss_scale, "skipped": train_state.opt_state.skipped}
+            metric = {"episode_return": jnp.nanmean(traj_batch.episode_return), "loss": losses.mean()}
+            metric |= {"loss_scale": train_state.loss_scale.loss_scale, "skipped": train_state.skipped}
             return (train_state, env_state, last_obs, episode_return, rng), metric
 
         runner_state = (train_state, env_state, obs, episode_return, rng)
