@@ -65,6 +65,7 @@ def test_outputs_written(gymnax_run):
     assert (out / "checkpoints").is_dir()
 
 
+@pytest.mark.slow  # two trainings: 29 s
 def test_same_seed_same_result():
     config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=3)
     a = train(config, progress=False)
@@ -75,6 +76,7 @@ def test_same_seed_same_result():
     assert [r["loss"] for r in a.metrics] != [r["loss"] for r in c.metrics]
 
 
+@pytest.mark.slow  # learning run on the host loop: 19 s
 def test_gymnasium_path_improves_cartpole():
     config = PPOConfig(
         env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0
@@ -93,6 +95,7 @@ def assert_timing_is_plausible(s):
     assert 0.05 * (s["wall_seconds"] - s["compile_seconds"]) <= running <= s["wall_seconds"] - s["compile_seconds"], s
 
 
+@pytest.mark.slow  # two trainings: 20 s
 def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
     base = dict(env="CartPole-v1", total_steps=8192, seed=1)
     same = train(PPOConfig(precision="fp32", **base), progress=False).summary
@@ -104,6 +107,7 @@ def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
     assert mixed["mismatch_kl_v2"] > 1000 * max(same["mismatch_kl_v2"], 1e-15)
 
 
+@pytest.mark.slow  # 12 s
 def test_continuous_actions_run():
     result = train(
         PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256), progress=False
@@ -111,6 +115,7 @@ def test_continuous_actions_run():
     assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
 
 
+@pytest.mark.slow  # 18 s
 def test_num_seeds_vmapped():
     result = train(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048, num_seeds=2), progress=False)
     assert result.summary["total_updates"] == 2 * 4 * 16
@@ -142,6 +147,7 @@ def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     assert (out / "summary.json").read_text() == before
 
 
+@pytest.mark.slow  # three trainings: 31 s
 def test_resume_continues_exactly(tmp_path):
     base = dict(env="CartPole-v1", precision="fp16", anneal_lr=False, seed=2, updates_per_chunk=2)
     straight = train(PPOConfig(total_steps=4096, **base), progress=False)

@@ -25,6 +25,7 @@ def fp32_and_fp16():
     return {p: train(WorldModelConfig(precision=p, **config), progress=False).summary for p in ("fp32", "fp16")}
 
 
+@pytest.mark.slow  # fp32_and_fp16 fixture trains twice: 44 s
 def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
     for precision, s in fp32_and_fp16.items():
         assert s["noise_floor"] is not None
@@ -32,11 +33,13 @@ def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
         assert s["eval_loss"] < 1.06 * s["noise_floor"], (precision, s["eval_loss"], s["noise_floor"])
 
 
+@pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
 def test_fp16_within_2_percent_of_fp32(fp32_and_fp16):
     e32, e16 = fp32_and_fp16["fp32"]["eval_loss"], fp32_and_fp16["fp16"]["eval_loss"]
     assert abs(e16 - e32) / e32 < 0.02
 
 
+@pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
 def test_fp16_halves_saved_activations(fp32_and_fp16):
     ratio = fp32_and_fp16["fp16"]["activation_bytes"] / fp32_and_fp16["fp32"]["activation_bytes"]
     assert ratio <= 0.6
@@ -77,6 +80,7 @@ def test_per_epoch_skips_equal_injected_steps(tmp_path):
     assert (tmp_path / "wm" / "world_model.png").exists()
 
 
+@pytest.mark.slow  # trains PPO, then collects: 59 s
 def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     from genesis_jax.algos.ppo import PPOConfig, load_policy
     from genesis_jax.algos.ppo import train as train_ppo
@@ -96,6 +100,7 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     assert "trained on CartPole-v1, not Acrobot-v1" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # collects, then trains a GRU: 64 s
 def test_multistep_gru_and_collected_data(tmp_path):
     path = str(tmp_path / "cartpole.npz")
     assert (

@@ -315,6 +315,7 @@ def test_mixed_precision_trainer_leaves_the_callers_arrays_usable():
     assert trainer.stats()["training_steps"] == 2
 
 
+@pytest.mark.slow  # a 4-device subprocess: 11 s
 def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
     """shard_map over 4 forced CPU devices: the averaged gradients equal the whole batch's, and
     an inf in one shard makes every replica skip and back off together."""
@@ -369,6 +370,7 @@ def examples():
     }
 
 
+@pytest.mark.slow  # runs the example scripts' training: 10 s each
 @pytest.mark.parametrize("name", ["purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"])
 def test_the_purejaxrl_style_examples_improve_the_return(examples, name):
     out = jax.jit(examples[name]["make_train"]({"TOTAL_TIMESTEPS": 60_000}))(jax.random.PRNGKey(0))

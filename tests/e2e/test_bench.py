@@ -23,6 +23,7 @@ def num(row, key):
     return float(row[key]) if row[key] not in ("", "None") else None
 
 
+@pytest.mark.slow  # the quick_bench fixture runs the benchmark grid: 557 s
 def test_every_workload_and_precision_is_measured(quick_bench):
     out, rows = quick_bench
     workloads = {"ppo-cartpole-gymnax", "ppo-cartpole-gymnasium", "wm-small", "wm-wide"}
@@ -35,6 +36,7 @@ def test_every_workload_and_precision_is_measured(quick_bench):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow  # quick_bench fixture (557 s)
 def test_half_precision_halves_world_model_activations(quick_bench):
     _, rows = quick_bench
     for w in ("wm-small", "wm-wide"):
@@ -42,6 +44,7 @@ def test_half_precision_halves_world_model_activations(quick_bench):
             assert 0.45 <= num(rows[(w, p)], "memory_ratio") <= 0.55
 
 
+@pytest.mark.slow  # quick_bench fixture (557 s)
 def test_no_loss_scaling_means_no_overflow_and_scale_one(quick_bench):
     _, rows = quick_bench
     scaled = {}

@@ -33,6 +33,7 @@ def random_policy_return(env_id: str, num_envs: int = 64, steps: int = 2000) -> 
     return float(returns.sum() / done.sum())
 
 
+@pytest.mark.slow  # learns Breakout: 120 s
 def test_cnn_ppo_on_minatar_breakout_beats_a_random_policy_in_fp16():
     random_return = random_policy_return("Breakout-MinAtar")
     config = PPOConfig(
@@ -84,6 +85,7 @@ def test_atari_preprocessing_matches_sb3():
     vec.close()
 
 
+@pytest.mark.slow  # Atari PPO updates: 100 s
 def test_atari_ppo_runs_a_few_updates_with_the_nature_cnn():
     config = PPOConfig(
         env="ALE/Breakout-v5",

@@ -108,6 +108,7 @@ TOLERANCES = {
 }
 
 
+@pytest.mark.slow  # its fixture trains JAX and torch side by side: 37 s
 @pytest.mark.parametrize("precision, optimizer", sorted(TOLERANCES))
 def test_training_matches_torch_amp(training_runs, precision, optimizer):
     t_losses, t_skipped, t_params = training_runs[precision]["torch"]
@@ -121,6 +122,7 @@ def test_training_matches_torch_amp(training_runs, precision, optimizer):
     assert j_losses[-1] < 0.5 * j_losses[0]  # it trained
 
 
+@pytest.mark.slow  # shares the training_runs fixture: 37-58 s
 def test_fp16_skips_include_real_overflows(training_runs):
     # Starting at 2^16 the first steps overflow float16 on both sides: the same extra steps.
     t_skipped = training_runs["fp16"]["torch"][1]

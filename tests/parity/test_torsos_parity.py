@@ -17,6 +17,9 @@ else:
 from genesis_jax.nets import ActorCritic  # noqa: E402
 from genesis_jax.nets.torsos import cnn_layout_for  # noqa: E402
 
+# Each case runs a torso in JAX and in torch: 9-21 s a case.
+pytestmark = pytest.mark.slow
+
 F = torch.nn.functional
 
 

@@ -56,6 +56,7 @@ def copy_of(run: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(shutil.copytree(run, tmp_path / "copy"))
 
 
+@pytest.mark.slow  # kills a CLI subprocess, resumes: 30 s
 def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(tmp_path):
     run = tmp_path / "run"
     proc = start(LONG + ["--out", str(run)])
@@ -83,6 +84,7 @@ LONGER = [
 ]
 
 
+@pytest.mark.slow  # three CLI subprocesses: 46 s
 def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
     run = tmp_path / "run"
     first = start(LONGER + ["--out", str(run)])
@@ -118,6 +120,7 @@ def test_overwrite_with_a_bad_argument_leaves_the_old_run_untouched(small_run, t
     assert snapshot(run) == before
 
 
+@pytest.mark.slow  # trains a second run: 10 s
 def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, tmp_path):
     from genesis_jax.algos.ppo import train
 
@@ -158,6 +161,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp
     assert snapshot(run) == before
 
 
+@pytest.mark.slow  # the allowed case resumes training: 10 s
 @pytest.mark.parametrize(
     "change, words",
     [
@@ -180,6 +184,7 @@ def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, cap
         assert summary["config_changes"] == [words] and summary["total_steps"] == 4096
 
 
+@pytest.mark.slow  # two trainings: 21 s
 def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys):
     for saved, asked in (("fp32", "fp16"), ("fp16", "bf16")):
         run = tmp_path / saved
@@ -209,6 +214,7 @@ def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys)
         assert snapshot(run) == before
 
 
+@pytest.mark.slow  # resumes training: 10 s
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning(small_run, tmp_path, caplog):
     run = copy_of(small_run, tmp_path)
     with open(run / "metrics.jsonl", "a") as f:
@@ -291,6 +297,7 @@ def test_a_missing_optional_dependency_is_a_system_failure_in_one_line(capsys):
     assert "box2d" in one_line_error(capsys).lower()
 
 
+@pytest.mark.slow  # a CLI subprocess: 22 s
 def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkpoint_intact(small_run, tmp_path):
     """RLIMIT_FSIZE makes every write past 4 KiB fail with EFBIG, as a full disk would: the
     new checkpoint's files are larger than that."""
@@ -309,6 +316,7 @@ def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkp
         store.restore_raw(step)  # still reads, checksum and all
 
 
+@pytest.mark.slow  # trains to divergence: 10-12 s each
 @pytest.mark.parametrize("precision, scale_advice", [("fp32", False), ("fp16", True)])
 def test_divergence_advice_fits_the_precision(tmp_path, capsys, precision, scale_advice):
     # Every gradient non-finite: fp32 has no scale to tune, so loss-scale advice would mislead.

@@ -9,7 +9,6 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import jax
@@ -21,23 +20,16 @@ from genesis_jax.launch import free_port
 from genesis_jax.ppo import PPOConfig
 from genesis_jax.ppo import train as train_ppo
 from tests.support.parallel_worker import checksum
+from tests.support.processes import cpu_env, result_of, run_python, start_python
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+# Every test here starts 4-device or 2-process subprocesses: 26-214 s each.
+pytestmark = pytest.mark.slow
 
 
 def run_worker(*args) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.parallel_worker", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_python(["-m", "tests.support.parallel_worker", *args], cpu_env(host_devices=4), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [out for out in proc.stdout.splitlines() if out.startswith("RESULT ")][-1]
-    result = json.loads(line[len("RESULT ") :])
+    result = result_of(proc.stdout)
     assert result["device_count"] == 4
     return result
 
@@ -106,13 +98,11 @@ PPO_ARGS = [
     "--devices",
     "4",
 ]
-LAUNCH = [sys.executable, "-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "2"]
+LAUNCH = ["-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "2"]
 
 
 def launch(*args, timeout=600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    return subprocess.run([*LAUNCH, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_python([*LAUNCH, *args], cpu_env(drop_xla_flags=True), timeout=timeout)
 
 
 def metric_rows(run: pathlib.Path) -> list[dict]:
@@ -177,21 +167,13 @@ def test_world_model_on_two_processes_matches_one_process(world_model_runs, tmp_
 
 def test_an_inf_in_one_process_makes_both_skip_the_same_step():
     port = free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = cpu_env(host_devices=2)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.support.multiprocess_worker", f"127.0.0.1:{port}", str(i)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
+        start_python(["-m", "tests.support.multiprocess_worker", f"127.0.0.1:{port}", str(i)], env) for i in range(2)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[1][1][-2000:]
-    seen = [json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][0][7:]) for out, _ in outs]
+    seen = [result_of(out) for out, _ in outs]
     assert [s["process"] for s in seen] == [0, 1] and all(s["devices"] == 4 and s["local_devices"] == 2 for s in seen)
     expected = [
         {"grads_finite": True, "skipped": 0, "scale": 2.0**16},
@@ -204,17 +186,9 @@ def test_an_inf_in_one_process_makes_both_skip_the_same_step():
 
 def test_a_killed_process_stops_the_other_in_bounded_time_and_both_resume(tmp_path):
     out = tmp_path / "killed"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
     args = [*PPO_ARGS, "--checkpoint-every", "1024", "--heartbeat-timeout", "10", "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen(
-        [*LAUNCH, "--grace", "60", "--", *args, "--total-steps", "400000"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = cpu_env(drop_xla_flags=True)
+    proc = start_python([*LAUNCH, "--grace", "60", "--", *args, "--total-steps", "400000"], env)
     pids = [int(p) for p in re.search(r"pids (\d+) (\d+)", proc.stderr.readline()).groups()]
     checkpoints = out / "checkpoints"
     deadline = time.monotonic() + 300

@@ -4,12 +4,8 @@ and bad input. The kill tests run real subprocesses and kill them with real sign
 import functools
 import hashlib
 import json
-import os
 import pathlib
 import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +22,7 @@ from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjec
 from genesis_jax.world_model import WorldModelConfig
 from genesis_jax.world_model import train as train_wm
 from tests.support.helpers import mlp_loss, regression_problem
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.support.processes import cpu_env, start_python, wait_until
 
 
 def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32"):
@@ -123,6 +118,7 @@ def test_clean_steps_reset_the_streak():
     assert int(state.skip_streak) == streak
 
 
+@pytest.mark.slow  # a PPO run through the CLI: 16 s
 def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     argv = [
@@ -161,6 +157,7 @@ def test_python_api_raises_divergence_error_with_summary():
     assert info.value.summary["stopped"] == "diverged"
 
 
+@pytest.mark.slow  # a PPO run: 12 s
 def test_fp16_with_floor_skips_exactly_the_injected_steps():
     # An initial scale of 2^13 keeps CartPole clear of overflows of its own (2^16 has two
     # in the first update), so every skip here is an injected one.
@@ -175,6 +172,7 @@ def test_fp16_with_floor_skips_exactly_the_injected_steps():
 # --- exact resume: the world model -----------------------------------------------------------
 
 
+@pytest.mark.slow  # three world-model trainings: 24 s
 def test_world_model_resume_is_bit_identical(tmp_path):
     base = dict(precision="fp16", batch_size=256, num_sequences=128, width=32, seed=5, init_loss_scale=2.0**10)
     straight = train_wm(WorldModelConfig(epochs=4, **base), progress=False)
@@ -234,28 +232,8 @@ def committed_steps(checkpoints: pathlib.Path) -> list[int]:
 
 
 def start(out, extra_env=None, script=None):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(extra_env or {})}
     code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
-    return subprocess.Popen(
-        [sys.executable, *code, *KILL_ARGS, "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(condition, proc, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        time.sleep(0.005)
-    proc.kill()
-    raise AssertionError("timed out")
+    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**(extra_env or {})))
 
 
 def resume_and_compare(out, straight):
@@ -267,10 +245,11 @@ def resume_and_compare(out, straight):
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
 
 
+@pytest.mark.slow  # kill-and-resume subprocess: 42 s + 13 s fixture
 def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run):
     out = tmp_path / "run"
     proc = start(out)
-    wait_for(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc)
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
@@ -279,10 +258,11 @@ def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straig
     resume_and_compare(out, straight_kill_run)
 
 
+@pytest.mark.slow  # kill-and-resume subprocess: 33 s
 def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, caplog):
     out, marker = tmp_path / "run", tmp_path / "saving"
     proc = start(out, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
-    wait_for(marker.exists, proc)
+    wait_until(marker.exists, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     leftovers = [p.name for p in (out / "checkpoints").iterdir() if ".orbax-checkpoint-tmp" in p.name]
@@ -292,11 +272,12 @@ def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, strai
     assert "incomplete checkpoint" in caplog.text
 
 
+@pytest.mark.slow  # signal-and-resume subprocess: 33 s each
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, sig):
     out = tmp_path / "run"
     proc = start(out)
-    wait_for(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc)
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, stderr
@@ -370,6 +351,7 @@ def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
     return dst
 
 
+@pytest.mark.slow  # the small_runs fixture trains PPO and a world model: 26 s
 @pytest.mark.parametrize(
     "case, extra, words",
     [
@@ -405,6 +387,7 @@ def test_bad_resume_or_settings_leave_the_run_untouched(small_runs, tmp_path, ca
     assert snapshot(run) == before
 
 
+@pytest.mark.slow  # small_runs fixture (26 s), then 12 s
 def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
     run = small_runs / "wm"
     before = snapshot(run)

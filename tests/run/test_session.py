@@ -106,6 +106,7 @@ def train_regression(config, out_dir, *, resume=False, signal_at=None, writers=(
     return summary, session.rows, calls[0]
 
 
+@pytest.mark.slow  # 27 s
 def test_a_toy_trainer_gets_a_run_directory_and_exact_resume(tmp_path):
     straight, straight_rows, _ = train_regression(RegressionConfig(), str(tmp_path / "straight"))
     assert [r["chunk"] for r in straight_rows] == list(range(1, 7)) and straight["steps"] == 6 * STEPS_PER_CHUNK
@@ -161,6 +162,7 @@ def test_tensorboard_event_files_hold_the_loss_scale_of_every_row(tmp_path):
     assert "summary/final_loss" in scalars
 
 
+@pytest.mark.slow  # starts wandb's service: 23 s
 def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
