@@ -249,7 +249,7 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path):
 )
 def test_bad_values_are_refused_in_one_line(tmp_path, capsys, argv, words):
     if words is None:  # a huge step count: the chunk search is O(sqrt n), so the config is answered at once
-        from genesis_jax.algos.ppo.train import chunk_size
+        from genesis_jax.algos.base import chunk_size
 
         started = time.perf_counter()
         assert chunk_size(10**15 // 4096, None) > 0 and time.perf_counter() - started < 5
