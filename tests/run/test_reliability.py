@@ -150,6 +150,7 @@ def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(t
     assert bool(ts["halted"]) and float(ts["loss_scale"]["loss_scale"]) >= 2.0**-14
 
 
+@pytest.mark.slow  # a PPO run to divergence: 19-27 s
 def test_python_api_raises_divergence_error_with_summary():
     config = PPOConfig(precision="fp16", total_steps=51200, inject_nonfinite=0.3)
     with pytest.raises(DivergenceError) as info:
