@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
-from genesis_jax.reliability import DivergenceGuard
-from genesis_jax.session import Session
+from genesis_jax import DynamicLossScale, TrainState, train_step
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.run.session import Session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +43,15 @@ def make_chunk(config: Config):
         pred = model.apply(params, batch[0]).astype(jnp.float32)  # the loss in float32
         return jnp.mean((pred - batch[1]) ** 2), None
 
-    state = TrainState.create(
-        model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(config.lr), DynamicLossScale(), precision="fp16"
+    state = TrainState.create(  # wraps adam in amp.skip_nonfinite: clipping, skip counts, the guard
+        params=model.init(jax.random.PRNGKey(1), x[:1]),
+        tx=optax.adam(config.lr),
+        loss_scale=DynamicLossScale(),
+        precision="fp16",
+        max_grad_norm=1.0,
+        guard=config.divergence_guard(),
     )
-    update = functools.partial(mixed_precision_update, loss_fn=loss_fn, guard=config.divergence_guard())
+    update = functools.partial(train_step, loss_fn=loss_fn)
 
     @jax.jit
     def chunk(state):  # 100 updates in one compiled call: state -> (state, metrics)

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from genesis_jax import DynamicLossScale, MixedPrecisionTrainer, NoOpLossScale, amp
+from genesis_jax import DynamicLossScale, NoOpLossScale, amp
 from genesis_jax.nets import MLP, ActorCritic
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -303,16 +303,17 @@ def test_genesis_networks_get_their_float32_heads_from_the_rules():
     ]
 
 
-def test_mixed_precision_trainer_leaves_the_callers_arrays_usable():
+def test_the_jitted_train_step_leaves_the_callers_arrays_usable():
     model, (x, y) = make_model(jnp.float16), regression()
     params = model.init(jax.random.PRNGKey(1), x)
-    trainer = MixedPrecisionTrainer(lambda p, batch: mse(model)(p, *batch), params, optax.adam(1e-3))
-    before = trainer.params
-    trainer.step((x, y))
-    trainer.step((x, y))
+    state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision="fp16", max_grad_norm=1.0)
+    step = jax.jit(lambda s, batch: amp.train_step(s, batch, lambda p, b: (mse(model)(p, *b), None)))
+    before = state.params
+    state, _ = step(state, (x, y))
+    state, _ = step(state, (x, y))
     model.apply(params, x)  # the caller's params are still alive
-    model.apply(before, x)  # and so is what trainer.params returned before the steps
-    assert trainer.stats()["training_steps"] == 2
+    model.apply(before, x)  # and so is what state.params was before the steps
+    assert amp.stats(state)["training_steps"] == 2
 
 
 @pytest.mark.slow  # a 4-device subprocess: 11 s
@@ -400,6 +401,78 @@ def test_the_mixed_precision_example_differs_from_the_fp32_one_in_at_most_15_lin
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
     assert len([line for line in changed if line.startswith("+")]) <= 15
+
+
+def test_skip_state_finds_the_counts_inside_chain_and_inject_hyperparams():
+    params, nan = {"w": jnp.ones(3)}, {"w": jnp.full(3, jnp.nan)}
+    chained = optax.chain(optax.add_decayed_weights(1e-4), amp.skip_nonfinite(optax.adam(1e-3)))
+    injected = optax.inject_hyperparams(lambda learning_rate: amp.skip_nonfinite(optax.adam(learning_rate)))(
+        learning_rate=1e-3
+    )
+    nested = optax.chain(optax.identity(), injected)
+    for tx in (chained, injected, nested):
+        state = tx.init(params)
+        assert isinstance(amp.skip_state(state), amp.SkipNonFiniteState)
+        assert int(amp.skip_state(state).skipped) == 0
+        updates, state = tx.update(nan, state, params)
+        assert np.asarray(optax.apply_updates(params, updates)["w"]).tolist() == [1.0, 1.0, 1.0]
+        assert int(amp.skip_state(state).skipped) == 1 and int(amp.skip_state(state).consecutive_skips) == 1
+
+
+@pytest.mark.parametrize(
+    "tx", [optax.adam(1e-3), optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))], ids=["adam", "chain"]
+)
+def test_skip_state_without_skip_nonfinite_is_a_value_error(tx):
+    with pytest.raises(ValueError, match="no skip_nonfinite state"):
+        amp.skip_state(tx.init({"w": jnp.ones(3)}))
+
+
+def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32():
+    seen = []
+
+    def forward(params, x):  # no dtype anywhere: it computes in whatever it is given
+        seen.append((params["w"].dtype, x.dtype))
+        return jnp.tanh(x @ params["w"])
+
+    params, x = {"w": jnp.full((3, 2), 0.1)}, jnp.ones((4, 3))
+    apply = amp.autocast(forward, "fp16")
+    out = apply(params, x)
+    assert seen == [(jnp.float16, jnp.float16)]
+    assert out.dtype == jnp.float32 and params["w"].dtype == jnp.float32
+    assert dot_dtypes(apply, params, x) == [jnp.float16]  # the matmul itself runs in float16
+    np.testing.assert_allclose(out, forward(params, x), rtol=4 * 2.0**-11)  # a few float16 roundings
+    # a Flax module built without dtype= is cast the same way
+    dense = nn.Dense(2)
+    dense_params = dense.init(jax.random.PRNGKey(0), x)
+    assert dot_dtypes(amp.autocast(dense.apply, "fp16"), dense_params, x) == [jnp.float16]
+    assert amp.autocast(dense.apply, "fp16")(dense_params, x).dtype == jnp.float32
+
+
+def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
+    code = textwrap.dedent("""
+        import pkgutil, sys
+        import genesis_jax.amp
+        loaded = sorted(m for m in sys.modules if m == "genesis_jax" or m.startswith("genesis_jax."))
+        # after the snapshot: walk_packages imports every subpackage it lists
+        everything = sorted(m.name for m in pkgutil.walk_packages(sys.modules["genesis_jax"].__path__, "genesis_jax."))
+        print(repr((everything, loaded)))
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    everything, loaded = eval(out.stdout.strip().splitlines()[-1])
+    amp_modules = {m for m in everything if m.startswith("genesis_jax.amp.")}
+    assert len(everything) > 30 and {"genesis_jax.amp.state", "genesis_jax.amp.grads"} <= amp_modules
+    others = sorted(set(everything) - amp_modules - {"genesis_jax.amp"})
+    # the package itself (its lazy __init__) and the amp subpackage; none of the others
+    assert not set(loaded) & set(others), sorted(set(loaded) & set(others))
+    assert set(loaded) <= {"genesis_jax", "genesis_jax.amp", *amp_modules}, loaded
 
 
 def test_a_float16_loss_is_warned_about_because_its_gradient_overflows():

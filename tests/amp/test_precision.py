@@ -3,7 +3,7 @@ import logging
 import jax.numpy as jnp
 import pytest
 
-from genesis_jax.precision import PRECISION_NAMES, get_policy, get_precision, resolve_precision_name
+from genesis_jax.amp.policy import PRECISION_NAMES, get_policy, get_precision, resolve_precision_name
 
 
 @pytest.mark.parametrize(

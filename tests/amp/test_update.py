@@ -6,24 +6,28 @@ import numpy as np
 import optax
 import pytest
 
-from genesis_jax import (
-    DynamicLossScale,
-    MixedPrecisionTrainer,
-    NoOpLossScale,
-    TrainState,
-    mixed_precision_update,
-    stats,
-)
-from genesis_jax.precision import get_precision
+from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, amp, stats, train_step
+from genesis_jax.amp.policy import get_precision
 from tests.support.helpers import mlp_loss, regression_problem
 
 
-def make_state(dtype=jnp.float16, scaler=None, precision="fp16"):
+def make_state(dtype=jnp.float16, scaler=None, precision="fp16", tx=None, max_grad_norm=1.0, guard=None):
     x, y = regression_problem()
     model, loss_fn = mlp_loss(dtype)
     params = model.init(jax.random.PRNGKey(1), x)
-    state = TrainState.create(params, optax.adam(1e-3), scaler or DynamicLossScale(), precision=precision)
+    state = TrainState.create(
+        params=params,
+        tx=tx or optax.adam(1e-3),
+        loss_scale=scaler or DynamicLossScale(),
+        precision=precision,
+        max_grad_norm=max_grad_norm,
+        guard=guard,
+    )
     return state, loss_fn, (x, y)
+
+
+def inner_opt_state(state):
+    return amp.skip_state(state.opt_state).inner_state
 
 
 def inject_at(target_step, value):
@@ -37,11 +41,11 @@ def inject_at(target_step, value):
 @pytest.mark.parametrize("value", [jnp.inf, jnp.nan, -jnp.inf])
 def test_nonfinite_step_leaves_state_bit_identical(value):
     state, loss_fn, batch = make_state()
-    update = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, grad_transform=inject_at(1, value)))
+    update = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=inject_at(1, value)))
     state, _ = update(state, batch)
-    before = jax.device_get((state.params, state.opt_state))
+    before = jax.device_get((state.params, inner_opt_state(state)))
     after_state, metrics = update(state, batch)
-    after = jax.device_get((after_state.params, after_state.opt_state))
+    after = jax.device_get((after_state.params, inner_opt_state(after_state)))
     assert not bool(metrics["grads_finite"])
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), before, after)
     assert int(after_state.skipped) == 1 and int(after_state.step) == 2
@@ -54,12 +58,10 @@ def test_nonfinite_step_leaves_state_bit_identical(value):
 
 def test_clipping_acts_on_unscaled_gradients():
     # With scale 2^10 a clip on the scaled gradients would shrink them 1024x more.
-    state32, loss_fn, batch = make_state(jnp.float32, NoOpLossScale(), "fp32")
-    tx = optax.sgd(1.0)
-    s_plain = state32.replace(tx=tx, opt_state=tx.init(state32.params))
+    s_plain, loss_fn, batch = make_state(jnp.float32, NoOpLossScale(), "fp32", tx=optax.sgd(1.0), max_grad_norm=0.1)
     s_scaled = s_plain.replace(loss_scale=DynamicLossScale(init_scale=2.0**10))
-    out_plain, m_plain = mixed_precision_update(s_plain, batch, loss_fn, max_grad_norm=0.1)
-    out_scaled, m_scaled = mixed_precision_update(s_scaled, batch, loss_fn, max_grad_norm=0.1)
+    out_plain, m_plain = train_step(s_plain, batch, loss_fn)
+    out_scaled, m_scaled = train_step(s_scaled, batch, loss_fn)
     np.testing.assert_allclose(float(m_plain["grad_norm"]), float(m_scaled["grad_norm"]), rtol=1e-5)
     assert float(m_plain["grad_norm"]) > 0.1  # clipping was active
     delta = optax.tree.norm(jax.tree.map(lambda a, b: a - b, out_scaled.params, s_scaled.params))
@@ -74,7 +76,7 @@ def test_jitted_step_compiles_once():
         traces.append(1)
         return loss_fn(p, b)
 
-    update = jax.jit(functools.partial(mixed_precision_update, loss_fn=counting_loss))
+    update = jax.jit(functools.partial(train_step, loss_fn=counting_loss))
     for _ in range(5):
         state, _ = update(state, batch)
     assert len(traces) == 1
@@ -83,7 +85,7 @@ def test_jitted_step_compiles_once():
 
 def test_stats_counts():
     state, loss_fn, batch = make_state(scaler=DynamicLossScale(init_scale=2.0**40))
-    update = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn))
+    update = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
     for _ in range(6):
         state, m = update(state, batch)
     s = stats(state)
@@ -99,11 +101,12 @@ def train_loss(precision, steps=300):
     prec = get_precision(precision)
     model, loss_fn = mlp_loss(prec.compute_dtype)
     params = model.init(jax.random.PRNGKey(1), x)
-    trainer = MixedPrecisionTrainer(loss_fn, params, optax.adam(3e-3), prec, has_aux=True)
+    state = TrainState.create(params=params, tx=optax.adam(3e-3), precision=prec, max_grad_norm=1.0)
+    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
     for _ in range(steps):
-        trainer.step((x, y))
-    final = float(loss_fn(jax.tree.map(lambda p: p.astype(jnp.float32), trainer.params), (x, y))[0])
-    return final, trainer.stats()
+        state, _ = step(state, (x, y))
+    final = float(loss_fn(jax.tree.map(lambda p: p.astype(jnp.float32), state.params), (x, y))[0])
+    return final, stats(state)
 
 
 def test_fp16_training_reaches_fp32_loss():
@@ -120,7 +123,79 @@ def test_fp16_full_keeps_dtypes_through_steps():
     x, y = regression_problem()
     model, loss_fn = mlp_loss(jnp.float16)
     params = model.init(jax.random.PRNGKey(1), x)
-    trainer = MixedPrecisionTrainer(loss_fn, params, optax.adam(1e-3), prec, has_aux=True)
+    state = TrainState.create(params=params, tx=optax.adam(1e-3), precision=prec, max_grad_norm=1.0)
+    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
     for _ in range(3):
-        trainer.step((x, y))
-    assert {leaf.dtype for leaf in jax.tree.leaves(trainer.params)} == {jnp.dtype(jnp.float16)}
+        state, _ = step(state, (x, y))
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float16)}
+
+
+# --- TrainState.create and apply_gradients ---------------------------------------------------
+
+
+def test_create_wraps_a_plain_optimizer_in_skip_nonfinite():
+    params = {"w": jnp.ones(3)}
+    state = TrainState.create(params=params, tx=optax.adam(1e-3))
+    assert isinstance(state.opt_state, amp.SkipNonFiniteState)
+    assert amp.skip_state(state.opt_state) is state.opt_state
+    plain = optax.adam(1e-3).init(params)
+    assert jax.tree.structure(state.opt_state.inner_state) == jax.tree.structure(plain)
+    assert int(state.skipped) == 0 and int(state.skip_streak) == 0 and not bool(state.halted)
+    # an already-wrapped optimizer is kept as it is: one SkipNonFiniteState, not two
+    wrapped = TrainState.create(params=params, tx=amp.skip_nonfinite(optax.adam(1e-3), max_grad_norm=1.0))
+    assert not isinstance(wrapped.opt_state.inner_state, amp.SkipNonFiniteState)
+    assert jax.tree.structure(wrapped.opt_state) == jax.tree.structure(state.opt_state)
+
+
+@pytest.mark.parametrize(
+    "option", [{"max_grad_norm": 1.0}, {"guard": amp.DivergenceGuard()}, {"advance_schedule_on_skip": True}]
+)
+def test_create_refuses_skip_options_for_an_already_wrapped_optimizer(option):
+    with pytest.raises(ValueError, match="already wrapped in skip_nonfinite"):
+        TrainState.create(params={"w": jnp.ones(3)}, tx=amp.skip_nonfinite(optax.adam(1e-3)), **option)
+
+
+def test_apply_gradients_with_a_nonfinite_decision_changes_nothing_but_the_skip_count():
+    state, loss_fn, batch = make_state()
+    state, _ = jax.jit(functools.partial(train_step, loss_fn=loss_fn))(state, batch)  # non-zero Adam moments
+    params = jax.tree.map(lambda p: p.at[..., 0].set(-0.0), state.params)  # -0.0 must stay -0.0
+    state = state.replace(params=params)
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, jnp.nan, jnp.float32), state.params)
+    new = jax.jit(lambda s, g: s.apply_gradients(grads=g, grads_finite=jnp.asarray(False)))(state, grads)
+    before = jax.tree.leaves((state.params, inner_opt_state(state)))
+    after = jax.tree.leaves((new.params, inner_opt_state(new)))
+    assert len(before) == len(after)
+    for a, b in zip(before, after):
+        assert np.asarray(a).dtype == np.asarray(b).dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert int(new.skipped) == int(state.skipped) + 1 and int(new.skip_streak) == int(state.skip_streak) + 1
+    assert float(new.loss_scale.loss_scale) == float(state.loss_scale.loss_scale)  # no scaler passed: kept
+
+
+def test_a_guard_trip_halts_the_state_for_good():
+    """Three skips in a row trip a guard of two; afterwards step, params, the optimizer state,
+    the scaler and the counts no longer change, clean gradients included."""
+    state, loss_fn, batch = make_state(guard=amp.DivergenceGuard(max_consecutive_skips=2))
+    clean = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    poisoned = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=lambda g, s: nan_like(g)))
+    for _ in range(3):
+        state, _ = clean(state, batch)
+    halted_at = None
+    for i in range(3):
+        state, metrics = poisoned(state, batch)
+        if bool(metrics["halted"]) and halted_at is None:
+            halted_at = i
+    assert halted_at == 2 and bool(state.halted)
+    assert int(state.step) == 6 and int(state.skipped) == 3 and int(state.skip_streak) == 3
+    frozen = jax.device_get(state)
+    for step in (clean, poisoned, clean):
+        state, metrics = step(state, batch)
+        assert bool(metrics["halted"])
+    after = jax.device_get(state)
+    for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(after)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert int(state.step) == 6 and int(state.skipped) == 3 and int(state.skip_streak) == 3
+    assert float(state.loss_scale.loss_scale) == float(frozen.loss_scale.loss_scale)
+
+
+def nan_like(tree):
+    return jax.tree.map(lambda g: jnp.full_like(g, jnp.nan), tree)

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from genesis_jax.loss_scale import DynamicLossScale
+from genesis_jax.amp.loss_scale import DynamicLossScale
+from genesis_jax.amp.state import TrainState, train_step
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.mlp import MLP
 from genesis_jax.nets.world_model import WorldModel
-from genesis_jax.update import TrainState, mixed_precision_update
 
 
 def _torch():
@@ -305,10 +305,11 @@ def jax_training(
     hidden=(64, 64),
     optimizer: str = "optax",
 ):
-    """The same work through `mixed_precision_update`; `optimizer` 'optax' (optax.adam) or
+    """The same work through `amp.train_step` (clipping by `skip_nonfinite`, which
+    `TrainState.create` wraps around the optimizer); `optimizer` 'optax' (optax.adam) or
     'torch-style' (`torch_style_adam`)."""
-    from genesis_jax.loss_scale import NoOpLossScale
-    from genesis_jax.precision import get_precision
+    from genesis_jax.amp.loss_scale import NoOpLossScale
+    from genesis_jax.amp.policy import get_precision
 
     prec = get_precision(precision)
     model = MLP(features=(*hidden, 1), dtype=prec.compute_dtype)
@@ -324,12 +325,8 @@ def jax_training(
 
     scaler = DynamicLossScale(init_scale) if prec.loss_scaling == "dynamic" else NoOpLossScale()
     tx = optax.adam(lr, eps=1e-8) if optimizer == "optax" else torch_style_adam(lr, eps=1e-8)
-    state = TrainState.create(init_params, tx, scaler, precision=prec)
-    step = jax.jit(
-        functools.partial(
-            mixed_precision_update, loss_fn=loss_fn, max_grad_norm=max_grad_norm, grad_transform=grad_transform
-        )
-    )
+    state = TrainState.create(params=init_params, tx=tx, loss_scale=scaler, precision=prec, max_grad_norm=max_grad_norm)
+    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=grad_transform))
     losses, skipped = [], []
     for i in range(len(x)):
         state, m = step(state, (jnp.asarray(x[i]), jnp.asarray(y[i])))
@@ -378,8 +375,8 @@ def torch_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=
 
 
 def jax_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, hidden=(64, 64)):
-    from genesis_jax.ppo.loss import ppo_loss
-    from genesis_jax.ppo.transition import Minibatch
+    from genesis_jax.algos.ppo.loss import ppo_loss
+    from genesis_jax.algos.ppo.transition import Minibatch
 
     action_dim = np.asarray(params["params"]["actor_head"]["kernel"]).shape[-1]
     net = ActorCritic(action_dim=action_dim, hidden=hidden)
@@ -422,7 +419,7 @@ def torch_world_model_loss_and_grads(params, batch, width, depth):
 
 
 def jax_world_model_loss_and_grads(params, batch, width, depth):
-    from genesis_jax.world_model.train import make_loss_fn
+    from genesis_jax.algos.world_model.train import make_loss_fn
 
     model = WorldModel(obs_dim=batch["obs"].shape[-1], action_dim=batch["action"].shape[-1], width=width, depth=depth)
     loss_fn = make_loss_fn(model)

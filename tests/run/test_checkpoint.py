@@ -21,13 +21,20 @@ def make_state(hidden=(32, 32), scaler=None, precision="fp16", seed=1):
             init_scale=512.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=17, min_scale=2.0
         )
     )
-    state = TrainState.create(params, optax.adam(1e-3), scaler, jax.random.PRNGKey(seed + 7), precision=precision)
+    state = TrainState.create(params=params, tx=optax.adam(1e-3), loss_scale=scaler, precision=precision)
     # move every counter away from its default
+    inner = jax.tree.map(
+        lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x + 2, state.opt_state.inner_state
+    )
     return state.replace(
         step=jnp.asarray(41, jnp.int32),
-        skipped=jnp.asarray(3, jnp.int32),
         loss_scale=state.loss_scale.adjust(jnp.asarray(True)),
-        opt_state=jax.tree.map(lambda x: x + 0.5 if jnp.issubdtype(x.dtype, jnp.floating) else x + 2, state.opt_state),
+        opt_state=state.opt_state._replace(
+            inner_state=inner,
+            skipped=jnp.asarray(3, jnp.int32),
+            consecutive_skips=jnp.asarray(2, jnp.int32),
+            halted=jnp.asarray(True),
+        ),
     )
 
 

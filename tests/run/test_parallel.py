@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import pytest
 
-from genesis_jax.checkpoint import CheckpointStore
-from genesis_jax.launch import free_port
-from genesis_jax.ppo import PPOConfig
-from genesis_jax.ppo import train as train_ppo
+from genesis_jax.algos.ppo import PPOConfig
+from genesis_jax.algos.ppo import train as train_ppo
+from genesis_jax.run.checkpoint import CheckpointStore
+from genesis_jax.run.launch import free_port
 from tests.support.parallel_worker import checksum
 from tests.support.processes import cpu_env, result_of, run_python, start_python
 

@@ -15,10 +15,11 @@ import numpy as np
 import optax
 import pytest
 
-from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
-from genesis_jax.reliability import DivergenceError, DivergenceGuard, FaultInjection, TrainingInterrupted
-from genesis_jax.runs import RunDirectoryError
-from genesis_jax.session import Session
+from genesis_jax import DynamicLossScale, TrainState, train_step
+from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
+from genesis_jax.run.run_dir import RunDirectoryError
+from genesis_jax.run.session import Session
+from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
 from tests.support.helpers import mlp_loss, regression_problem
 
 STEPS_PER_CHUNK = 5
@@ -45,15 +46,15 @@ def make_regression(config: RegressionConfig):
     x, y = regression_problem(n=128)
     model, loss_fn = mlp_loss(jnp.float16)
     state = TrainState.create(
-        model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(config.lr), DynamicLossScale(), precision="fp16"
+        params=model.init(jax.random.PRNGKey(1), x[:1]),
+        tx=optax.adam(config.lr),
+        loss_scale=DynamicLossScale(),
+        precision="fp16",
+        max_grad_norm=1.0,
+        guard=config.divergence_guard(),
     )
     faults = FaultInjection(nonfinite_rate=config.nonfinite_rate)
-    update = functools.partial(
-        mixed_precision_update,
-        loss_fn=loss_fn,
-        guard=config.divergence_guard(),
-        grad_transform=faults.grad_transform if config.nonfinite_rate else None,
-    )
+    update = functools.partial(train_step, loss_fn=loss_fn, faults=faults if config.nonfinite_rate else None)
 
     @jax.jit
     def chunk(state):
@@ -187,7 +188,7 @@ def test_the_cli_refuses_writers_without_out(capsys):
 
 
 def test_a_writer_that_cannot_start_leaves_the_old_run_in_place_and_unlocked(tmp_path, monkeypatch):
-    from genesis_jax import metric_writers
+    from genesis_jax.run import writers as metric_writers
 
     run = tmp_path / "run"
     train_regression(RegressionConfig(chunks=2), str(run))

@@ -12,8 +12,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
-from genesis_jax.parallel import DATA_AXIS, host_array, initialize_distributed, make_mesh, replicated
+from genesis_jax import DynamicLossScale, TrainState, train_step
+from genesis_jax.run.parallel import DATA_AXIS, host_array, initialize_distributed, make_mesh, replicated
 from tests.support.helpers import mlp_loss, regression_problem
 
 
@@ -24,10 +24,14 @@ def main() -> dict:
     mine = slice(128 * jax.process_index(), 128 * (jax.process_index() + 1))  # this process's half of the batch
     model, loss_fn = mlp_loss(np.float16)
     state = TrainState.create(
-        model.init(jax.random.PRNGKey(1), x[:1]), optax.adam(1e-3), DynamicLossScale(), precision="fp16"
+        params=model.init(jax.random.PRNGKey(1), x[:1]),
+        tx=optax.adam(1e-3),
+        loss_scale=DynamicLossScale(),
+        precision="fp16",
+        max_grad_norm=1.0,
     )
     state = jax.device_put(state, replicated(mesh))
-    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
+    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
     seen = []
     for i in range(3):
         local_x = x[mine].copy()

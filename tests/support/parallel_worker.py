@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from genesis_jax import DynamicLossScale, TrainState, mixed_precision_update
-from genesis_jax.parallel import make_mesh, replicas_agree, replicated, sharded
-from genesis_jax.ppo import PPOConfig
-from genesis_jax.ppo import train as train_ppo
-from genesis_jax.world_model import WorldModelConfig
-from genesis_jax.world_model import train as train_wm
+from genesis_jax import DynamicLossScale, TrainState, train_step
+from genesis_jax.algos.ppo import PPOConfig
+from genesis_jax.algos.ppo import train as train_ppo
+from genesis_jax.algos.world_model import WorldModelConfig
+from genesis_jax.algos.world_model import train as train_wm
+from genesis_jax.run.parallel import make_mesh, replicas_agree, replicated, sharded
 from tests.support.helpers import mlp_loss, regression_problem
 
 
@@ -65,11 +65,13 @@ def inject_one_shard():
     x = x.at[128:130].set(jnp.inf)  # rows 128..191 live on device 2
     model, loss_fn = mlp_loss(jnp.float16)
     params = model.init(jax.random.PRNGKey(1), x[:1])
-    state = TrainState.create(params, optax.adam(1e-3), DynamicLossScale(), precision="fp16")
+    state = TrainState.create(
+        params=params, tx=optax.adam(1e-3), loss_scale=DynamicLossScale(), precision="fp16", max_grad_norm=1.0
+    )
     state = jax.device_put(state, replicated(mesh))
     batch = jax.device_put((x, y), sharded(mesh))
     holder = [i for i, s in enumerate(batch[0].addressable_shards) if not np.all(np.isfinite(np.asarray(s.data)))]
-    step = jax.jit(functools.partial(mixed_precision_update, loss_fn=loss_fn, max_grad_norm=1.0))
+    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
     new, metrics = step(state, batch)
     clean, clean_metrics = step(new, jax.device_put((jnp.nan_to_num(x, posinf=0.0), y), sharded(mesh)))
     same = jax.tree.leaves(
