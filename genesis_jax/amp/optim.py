@@ -29,7 +29,15 @@ from genesis_jax.amp.guard import DivergenceGuard
 class SkipNonFiniteState(NamedTuple):
     """`inner_state`: the wrapped optimizer's state, unchanged by a skipped step.
     `skipped`: steps skipped so far. `consecutive_skips`: skips since the last step taken.
-    `halted`: the divergence guard stopped training; every later update is skipped uncounted."""
+    `halted`: the divergence guard stopped training; every later update is skipped uncounted.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> state = amp.skip_nonfinite(optax.sgd(0.1)).init({"w": jnp.ones(2)})
+        >>> int(state.skipped), int(state.consecutive_skips), bool(state.halted)
+        (0, 0, False)
+    """
 
     inner_state: Any
     skipped: jax.Array
@@ -43,6 +51,14 @@ def skip_state(opt_state) -> SkipNonFiniteState:
 
     Raises:
         ValueError: when there is none (the optimizer was not wrapped in `skip_nonfinite`).
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> opt = optax.chain(optax.add_decayed_weights(1e-4), amp.skip_nonfinite(optax.adam(1e-3)))
+        >>> opt_state = opt.init({"w": jnp.ones(2)})
+        >>> int(amp.skip_state(opt_state).skipped)
+        0
     """
     found = [
         node
@@ -61,7 +77,16 @@ def advance_schedules(opt_state):
     """`opt_state` with the count of every learning-rate schedule in it (optax's
     `scale_by_schedule`, `inject_hyperparams`) advanced by one, and nothing else changed:
     what a skipped step does to PyTorch's LR schedulers, which step once per iteration
-    while a skipped `optimizer.step()` leaves Adam's own step count alone."""
+    while a skipped `optimizer.step()` leaves Adam's own step count alone.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1.0, 0.0, 10))
+        >>> state = tx.init({"w": jnp.ones(2)})
+        >>> int(state.count), int(amp.advance_schedules(state).count)
+        (0, 1)
+    """
 
     def advance(node):
         if isinstance(node, _SCHEDULE_STATES):
@@ -76,7 +101,19 @@ def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, para
     of -0.0 and `inner_state` itself. Adding -0.0 leaves every float bit-identical, +0.0
     and -0.0 included, so `optax.apply_updates` keeps the params too. Under `jit` the skip
     branch costs no optimizer work (`lax.cond`); under `vmap` a `cond` on a batched
-    predicate becomes a select, so both branches run and the cost is one optimizer step."""
+    predicate becomes a select, so both branches run and the cost is one optimizer step.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> sgd, params = optax.sgd(0.5), {"w": jnp.ones(2)}
+        >>> updates, _ = amp.step_if_finite(sgd, params, sgd.init(params), params, jnp.array(True))
+        >>> updates["w"]
+        Array([-0.5, -0.5], dtype=float32)
+        >>> updates, _ = amp.step_if_finite(sgd, params, sgd.init(params), params, jnp.array(False))
+        >>> updates["w"]
+        Array([-0., -0.], dtype=float32)
+    """
 
     def step():
         return inner.update(grads, inner_state, params, **extra_args)
@@ -138,6 +175,19 @@ def skip_nonfinite(
 
     Returns:
         An optax `GradientTransformationExtraArgs` whose state is a `SkipNonFiniteState`.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> params, grads = {"w": jnp.ones(2)}, {"w": jnp.array([3.0, 4.0])}
+        >>> tx = amp.skip_nonfinite(optax.sgd(1.0), max_grad_norm=1.0)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update(grads, state, params)   # clipped to norm 1
+        >>> [round(float(u), 3) for u in updates["w"]]
+        [-0.6, -0.8]
+        >>> updates, state = tx.update(grads, state, params, grads_finite=jnp.array(False))
+        >>> updates["w"], int(state.skipped), int(state.consecutive_skips)
+        (Array([-0., -0.], dtype=float32), 1, 1)
     """
     check_max_grad_norm(max_grad_norm)
     if guard is not None and not isinstance(guard, DivergenceGuard):
@@ -179,9 +229,14 @@ def skip_nonfinite(
 
 
 def is_skip_nonfinite(tx) -> bool:
-    """Whether `tx`'s state is a `SkipNonFiniteState` (it was built by `skip_nonfinite`)."""
+    """Whether `tx`'s state holds a `SkipNonFiniteState` anywhere (`skip_nonfinite` is in it,
+    outermost or inside `optax.chain`, `inject_hyperparams` and the like)."""
     try:
         shape = jax.eval_shape(tx.init, {"p": jnp.zeros(1)})
     except Exception:  # an optimizer that cannot init on a toy tree: wrap it
         return False
-    return isinstance(shape, SkipNonFiniteState)
+    try:
+        skip_state(shape)
+    except ValueError:
+        return False
+    return True

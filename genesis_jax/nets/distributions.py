@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
-_LOG_2PI = jnp.log(2.0 * jnp.pi)
+_LOG_2PI = math.log(2.0 * math.pi)  # a Python float: importing this module must not start JAX
 
 
 def noise(key, shape, action_dim: int, continuous: bool):

@@ -199,3 +199,17 @@ def test_a_guard_trip_halts_the_state_for_good():
 
 def nan_like(tree):
     return jax.tree.map(lambda g: jnp.full_like(g, jnp.nan), tree)
+
+
+def test_create_finds_skip_nonfinite_inside_other_wrappers():
+    """A `skip_nonfinite` inside `inject_hyperparams` is found: not wrapped twice, its guard fires."""
+    inner = lambda learning_rate: amp.skip_nonfinite(  # noqa: E731
+        optax.adam(learning_rate), guard=amp.DivergenceGuard(max_consecutive_skips=2)
+    )
+    tx = optax.inject_hyperparams(inner)(learning_rate=1e-3)
+    with pytest.raises(ValueError, match="already wrapped"):
+        amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx, max_grad_norm=1.0)
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx)
+    for _ in range(5):
+        state = state.apply_gradients(grads={"w": jnp.full(3, jnp.nan)})
+    assert bool(state.halted) and int(state.skipped) == 3 and int(state.skip_streak) == 3

@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from genesis_jax.cli import _box_message, main, parse_train_args, train_config
-from genesis_jax.run.parallel import ParallelConfig
 from genesis_jax.algos.ppo import PPOConfig
-from genesis_jax.run.config import MixedPrecisionConfig
 from genesis_jax.algos.world_model import WorldModelConfig
+from genesis_jax.cli import _box_message, main, parse_train_args, train_config
+from genesis_jax.run.config import MixedPrecisionConfig
+from genesis_jax.run.parallel import ParallelConfig
 
 CONFIGS = {"ppo": PPOConfig, "world-model": WorldModelConfig}
 
@@ -153,3 +153,19 @@ def test_a_negative_guard_value_is_not_taken_for_off(capsys):
 )
 def test_tyros_error_box_becomes_its_message(box):
     assert _box_message(box) == "Error parsing --x: invalid literal"
+
+
+def test_parsing_a_train_command_does_not_start_jax():
+    """`jax.distributed.initialize` must run before any JAX computation, and the CLI joins other
+    processes only after parsing: no module the parse imports may compute at import time."""
+    from tests.support.processes import run_python
+
+    code = (
+        "import jax._src.xla_bridge as xb\n"
+        "from genesis_jax.cli import parse_train_args\n"
+        "for name in ('ppo', 'world-model'):\n"
+        "    parse_train_args(name, [])\n"
+        "print('backends started:', bool(xb._backends))\n"
+    )
+    out = run_python(["-c", code])
+    assert out.returncode == 0 and out.stdout.strip() == "backends started: False", out.stderr[-2000:]
