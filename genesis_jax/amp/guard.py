@@ -21,12 +21,29 @@ import jax
 import jax.numpy as jnp
 
 DEFAULT_GUARD_MIN_SCALE = 2.0**-14
+"""`DivergenceGuard`'s default scale floor, 2^-14: a skip that takes the scale below it halts."""
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
+"""`DivergenceGuard`'s default limit of skipped updates in a row."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FaultInjection:
-    """Seeded faults for tests and for tuning a scaler; pure functions of the step count."""
+    """Seeded faults for tests and for tuning a scaler; pure functions of the step count.
+
+    `nonfinite_rate`: the fraction of optimizer steps whose gradients `poison_grads` makes
+    infinite (chosen by `seed` and the step). `loss_spike_steps`: the steps whose loss
+    `spike_loss` multiplies by `loss_spike_factor`. `amp.train_step(..., faults=...)`
+    applies both.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> faults = amp.FaultInjection(nonfinite_rate=1.0, loss_spike_steps=(3,), loss_spike_factor=100.0)
+        >>> faults.poison_grads({"w": jnp.ones(2)}, step=0)
+        {'w': Array([inf, inf], dtype=float32)}
+        >>> float(faults.spike_loss(jnp.float32(2.0), step=3)), float(faults.spike_loss(jnp.float32(2.0), step=2))
+        (200.0, 2.0)
+    """
 
     nonfinite_rate: float = 0.0
     loss_spike_steps: tuple[int, ...] = ()
@@ -74,7 +91,21 @@ class FaultInjection:
 @dataclasses.dataclass(frozen=True)
 class DivergenceGuard:
     """When to give up: a skip that would bring the scale below `min_scale`, or more than
-    `max_consecutive_skips` skips in a row. `None` turns either check off."""
+    `max_consecutive_skips` skips in a row. `None` turns either check off.
+
+    Give it to `TrainState.create(guard=...)` or `skip_nonfinite(guard=...)`: when it trips,
+    the state halts, and every later update is skipped, so the params keep their last good values.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> guard = amp.DivergenceGuard(min_scale=None, max_consecutive_skips=1)
+        >>> state = amp.TrainState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), guard=guard)
+        >>> for _ in range(2):   # two non-finite steps in a row: over the limit of 1
+        ...     state = state.apply_gradients(grads={"w": jnp.full(2, jnp.nan)})
+        >>> int(state.skipped), bool(state.halted), state.params["w"]
+        (2, True, Array([1., 1.], dtype=float32))
+    """
 
     min_scale: float | None = DEFAULT_GUARD_MIN_SCALE
     max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
@@ -101,8 +132,12 @@ class DivergenceGuard:
         one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
         if self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips:
             cause = f"{skip_streak} consecutive updates had non-finite gradients (limit {self.max_consecutive_skips})"
-        else:
+        elif self.min_scale is not None:
             cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
+        else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)
+            cause = (
+                f"the state was already halted by the divergence guard (scale {scale:g}, {skip_streak} skips in a row)"
+            )
         if dynamic_scale:
             advice = (
                 "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "

@@ -1,9 +1,8 @@
 """A training loop of one's own on `genesis_jax.amp`: the precision rules' warning for modules
 no rule matches, `autocast` for networks without a dtype field, several seeds under `vmap`,
-the PureJaxRL-style example pair's size, and the README's own-loop code blocks."""
+the PureJaxRL-style example pair's size (docs/own-loop.md's code blocks run through the docs runner)."""
 
 import difflib
-import re
 import runpy
 import warnings
 from pathlib import Path
@@ -152,7 +151,7 @@ def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
     # Each skip halved the scale from 2^16; no growth in 151 steps.
     assert s["current_scale"] == 2.0 ** (16 - s["overflow_steps"])
 
-    # The alternative the README warns against: policy= casts the whole loss to float16.
+    # The alternative docs/own-loop.md warns against: policy= casts the whole loss to float16.
     with pytest.warns(UserWarning, match="the loss is float16"):
         amp.value_and_grad(lambda p, x, y: jnp.mean((mlp(p, x)[:, 0] - y) ** 2), policy="fp16")(
             amp.DynamicLossScale(), params, x, y
@@ -198,33 +197,6 @@ def test_the_fp16_example_changes_at_most_12_lines_of_the_fp32_one():
     assert any("state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale)" in c for c in changed)
     assert any("amp.TrainState" in c for c in changed)
     assert "tx.update(" not in fp16
-
-
-def _own_loop_blocks() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Use it in your own code\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    # They run in order in one namespace, as a reader would paste them; the Session block is
-    # a sketch of examples/session_loop.py (which its own tests run).
-    return [b for b in blocks if not b.startswith("with Session(")]
-
-
-def test_the_readme_own_loop_code_blocks_run(capsys):
-    blocks = _own_loop_blocks()
-    assert len(blocks) == 6 and "from genesis_jax import amp" in blocks[0]
-    imports = {line for b in blocks for line in b.splitlines() if re.match(r"(import|from) ", line)}
-    assert all("genesis_jax" not in line or line == "from genesis_jax import amp" for line in imports)
-    namespace: dict = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no block warns (no unmatched rules, no float16 loss)
-        for block in blocks:
-            exec(compile(block, "README.md", "exec"), namespace)
-    out = capsys.readouterr().out
-    assert "'precision': 'fp16'" in out
-    assert "1 32768.0" in out  # the first step at 2^16 overflowed, as the comment says
-    assert "float32 float32" in out
-    assert "[0 0 1 0] [1024. 1024.  512. 1024.]" in out
-    assert int(namespace["state"].step) == 0 and bool(namespace["state"].halted) is False
 
 
 def test_the_demo_runs_on_the_train_state():

@@ -424,3 +424,13 @@ def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
     assert snapshot(run) == before
+
+
+def test_the_guard_explains_a_halt_its_own_limits_do_not_cover():
+    """A run the guard stopped, resumed with the floor turned off: the message says the state
+    was halted before, instead of failing to format the missing floor."""
+    from genesis_jax.amp import DivergenceGuard
+
+    text = DivergenceGuard(min_scale=None).explain(6.1e-05, 3, 85)
+    assert "halted by the divergence guard before" in text and "step 85" in text
+    assert "below the floor" in DivergenceGuard().explain(6.1e-05, 3, 85)
