@@ -136,7 +136,7 @@ class DivergenceGuard:
             cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
         else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)
             cause = (
-                f"the state was already halted by the divergence guard (scale {scale:g}, {skip_streak} skips in a row)"
+                f"the state was halted by the divergence guard before (scale {scale:g}, {skip_streak} skips in a row)"
             )
         if dynamic_scale:
             advice = (
