@@ -3,6 +3,8 @@ return kept, whole numbers for small counts."""
 
 import re
 
+import pytest
+
 from genesis_jax.algos.ppo import PPO, PPOConfig
 from genesis_jax.algos.world_model import WorldModelConfig
 from genesis_jax.algos.world_model import train as train_world_model
@@ -12,6 +14,7 @@ def _last_postfix(stderr: str) -> str:
     return stderr.replace("\r", "\n").strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # an 8192-step PPO run: 23-32 s
 def test_ppo_bar_counts_the_skips_so_far(capsys):
     # Non-finite gradients on a third of the steps (the scale floored at 1): several updates skip, in several chunks.
     config = PPOConfig(
@@ -33,6 +36,7 @@ def test_ppo_bar_keeps_the_newest_known_return():
     assert algo.postfix({"episode_return": None})["ret"] == "21.5"  # an update without an episode end keeps it
 
 
+@pytest.mark.slow  # a world-model run: 17-24 s
 def test_world_model_bar_shows_whole_epochs(capsys):
     train_world_model(WorldModelConfig(precision="fp32", epochs=2, num_sequences=64, batch_size=256), progress=True)
     err = capsys.readouterr().err

@@ -199,6 +199,7 @@ def test_the_fp16_example_changes_at_most_12_lines_of_the_fp32_one():
     assert "tx.update(" not in fp16
 
 
+@pytest.mark.slow  # the demo's training: 14-26 s
 def test_the_demo_runs_on_the_train_state():
     from genesis_jax.demo import run_demo
 

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
+from genesis_jax.algos.ppo import PPOConfig
+from genesis_jax.cli import main
 from genesis_jax.run import run_dir as runs
 from genesis_jax.run.checkpoint import CheckpointStore
-from genesis_jax.cli import main
-from genesis_jax.algos.ppo import PPOConfig
 from tests.support.processes import start_python, wait_until
 
 SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
@@ -101,6 +101,7 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leave
     assert not (run / ".lock").exists() and metric_updates(run) == list(range(1, 5))
 
 
+@pytest.mark.slow  # small_run fixture, a CLI PPO run: 9-58 s
 @pytest.mark.parametrize(
     "bad",
     [
@@ -144,6 +145,7 @@ def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, t
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "ppo.png", "summary.json"]
 
 
+@pytest.mark.slow  # small_run fixture (9-58 s)
 def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp_path, capsys):
     run = copy_of(small_run, tmp_path)
     step = CheckpointStore(run / "checkpoints").latest_step()
