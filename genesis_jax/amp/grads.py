@@ -43,6 +43,15 @@ class ScaledGradients(NamedTuple):
     grads: the unscaled float32 gradients (non-finite where `grads_finite` is False).
     grads_finite: a scalar bool, the same on every replica of `axis_name`.
     loss_scale: the scaler adjusted by `grads_finite`, for the next step.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> grad_fn = amp.value_and_grad(lambda w, x: jnp.sum(w * x))
+        >>> out = grad_fn(amp.DynamicLossScale(), jnp.float32(2.0), jnp.float32(3.0))
+        >>> float(out.value), float(out.grads), bool(out.grads_finite), float(out.loss_scale.loss_scale)
+        (6.0, 3.0, True, 65536.0)
+        >>> loss, grads, finite, scaler = out   # or unpack it
     """
 
     value: Any
@@ -53,7 +62,17 @@ class ScaledGradients(NamedTuple):
 
 def resolve_policy(policy) -> jmp.Policy | None:
     """A `jmp.Policy` from one, a `Precision`, a precision name ('fp16', ...), a jmp policy
-    string ('params=float32,compute=float16,output=float32'), or None (no casting)."""
+    string ('params=float32,compute=float16,output=float32'), or None (no casting).
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> amp.resolve_policy("bf16").compute_dtype.dtype
+        dtype(bfloat16)
+        >>> amp.resolve_policy(amp.get_precision("fp16")).compute_dtype.dtype
+        dtype('float16')
+        >>> amp.resolve_policy(None) is None   # no casting
+        True
+    """
     if policy is None or isinstance(policy, jmp.Policy):
         return policy
     if isinstance(policy, Precision):
@@ -93,7 +112,15 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
     With a `policy`, params and every floating argument are cast to its compute dtype
     before `loss_fn` (for plain functions; Flax modules built with `dtype=` cast at each
     matmul and need none). The loss is cast to float32 before it is scaled, so the
-    scaled loss never rounds through half precision.
+    scaled loss never rounds through half precision. `value_and_grad` builds on it.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> grad_fn = amp.scaled_loss_grad(lambda w, x: w * x)
+        >>> scaled_grads, (loss, aux) = grad_fn(amp.StaticLossScale(8.0), jnp.float32(2.0), jnp.float32(3.0))
+        >>> float(scaled_grads), float(loss), aux   # the gradient is still multiplied by the scale
+        (24.0, 6.0, None)
     """
     policy = resolve_policy(policy)
 
@@ -114,7 +141,14 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
 def float32_loss(loss) -> jax.Array:
     """The loss as float32, with a warning (at trace time) when it was computed in float16:
     its gradient starts as the loss scale itself, which overflows float16 above 65504, so
-    every step with a scale of 2^16 would be skipped. Cast before the reduction instead."""
+    every step with a scale of 2^16 would be skipped. Cast before the reduction instead.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> amp.float32_loss(jnp.bfloat16(0.5)).dtype   # a float16 loss would warn too
+        dtype('float32')
+    """
     loss = jnp.asarray(loss)
     if loss.dtype == jnp.float16:
         warnings.warn(
@@ -132,6 +166,14 @@ def unscale(scaled_grads, loss_scale: LossScale):
     inf or NaN anywhere makes the norm non-finite, so one scalar decides for all gradients
     (finite gradients whose norm overflows float32, above ~1e19, count as non-finite too).
     Clipping belongs to the optimizer: `skip_nonfinite(max_grad_norm=...)`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> scaled = {"w": jnp.array([3.0, 4.0]) * 1024}
+        >>> grads, norm, finite = amp.unscale(scaled, amp.StaticLossScale(1024.0))
+        >>> grads["w"], float(norm), bool(finite)
+        (Array([3., 4.], dtype=float32), 5.0, True)
     """
     inv_scale = jnp.reciprocal(loss_scale.loss_scale)
     grads = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_grads)
@@ -180,6 +222,19 @@ def value_and_grad(
         value (`(loss, aux)` with `has_aux`), float32 unscaled gradients, the finite decision
         and the scaler already adjusted for the next step. `fn.with_norm(...)` returns
         `(that, the unscaled gradients' global norm)`: the norm the decision was taken on.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> def loss_fn(w, x):   # float32 loss
+        ...     return jnp.mean(jnp.square(x * w))
+        >>> grad_fn = jax.jit(amp.value_and_grad(loss_fn))
+        >>> loss, grads, finite, scaler = grad_fn(amp.DynamicLossScale(), jnp.float32(1.0), jnp.arange(4.0))
+        >>> float(loss), float(grads), bool(finite), float(scaler.loss_scale)
+        (3.5, 7.0, True, 65536.0)
+        >>> loss, grads, finite, scaler = grad_fn(scaler, jnp.float32(1.0), jnp.full(4, 1e30))   # overflows
+        >>> bool(finite), float(scaler.loss_scale)   # skip this step; the scale backs off
+        (False, 32768.0)
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")

@@ -63,7 +63,15 @@ class _LossScaleBase:
 
 @jax.tree_util.register_pytree_node_class
 class NoOpLossScale(_LossScaleBase):
-    """No scaling: the scale is 1 and `adjust` changes nothing."""
+    """No scaling: the scale is 1 and `adjust` changes nothing (fp32, bf16).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> s = amp.NoOpLossScale()
+        >>> float(s.loss_scale), s.unscale(jnp.float16(3.0)).dtype   # unscale still gives float32
+        (1.0, dtype('float32'))
+    """
 
     _fields = ("loss_scale",)
 
@@ -83,7 +91,15 @@ class NoOpLossScale(_LossScaleBase):
 
 @jax.tree_util.register_pytree_node_class
 class StaticLossScale(_LossScaleBase):
-    """A fixed scale; non-finite steps are still skipped by the update step."""
+    """A fixed scale; non-finite steps are still skipped by the update step.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> s = amp.StaticLossScale(128.0)
+        >>> float(s.scale(jnp.float32(2.0))), float(s.adjust(jnp.array(False)).loss_scale)
+        (256.0, 128.0)
+    """
 
     _fields = ("loss_scale",)
 
@@ -100,7 +116,9 @@ class StaticLossScale(_LossScaleBase):
 SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # 2^-126, float32's smallest normal number
 # PyTorch GradScaler's defaults: every config, scaler and command takes them from here.
 DEFAULT_INIT_SCALE = 2.0**16
+"""GradScaler's `init_scale`: the first scale of a `DynamicLossScale`, 2^16."""
 DEFAULT_GROWTH_INTERVAL = 2000
+"""GradScaler's `growth_interval`: finite steps in a row before the scale doubles."""
 
 
 @jax.tree_util.register_pytree_node_class
@@ -117,6 +135,17 @@ class DynamicLossScale(_LossScaleBase):
     number (2^-126): XLA's CPU backend flushes denormals to zero, and a scale of 0 would
     make every later step 0/0 and skip it forever. For every scale of at least 2^-126 the
     trajectory is GradScaler's, step for step.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> s = amp.DynamicLossScale(init_scale=8.0, growth_interval=2)
+        >>> s = s.adjust(jnp.array(True)).adjust(jnp.array(True))   # 2 finite steps: grow x2
+        >>> float(s.loss_scale)
+        16.0
+        >>> s = s.adjust(jnp.array(False))                           # an overflow: back off x0.5
+        >>> float(s.loss_scale), int(s.growth_tracker)
+        (8.0, 0)
     """
 
     _fields = ("loss_scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval", "min_scale")
@@ -172,6 +201,7 @@ def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
+"""Any of the three scalers (a type alias, for annotations)."""
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
@@ -207,7 +237,15 @@ def make_loss_scale(
     min_scale: float | None = None,
 ) -> LossScale:
     """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'.
-    `growth_interval` and `min_scale` concern the dynamic kind only."""
+    `growth_interval` and `min_scale` concern the dynamic kind only.
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> amp.make_loss_scale("static", init_scale=1024.0)
+        StaticLossScale(loss_scale=1024.0)
+        >>> type(amp.make_loss_scale("dynamic", min_scale=1.0)).__name__
+        'DynamicLossScale'
+    """
     check_loss_scale_args(kind, init_scale, growth_interval, min_scale)
     if kind == "dynamic":
         return DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
@@ -217,7 +255,16 @@ def make_loss_scale(
 
 
 def all_finite(tree) -> jax.Array:
-    """True when every element of every leaf is finite (a scalar bool)."""
+    """True when every element of every leaf is finite (a scalar bool).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> bool(amp.all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.nan])}))
+        False
+        >>> bool(amp.all_finite({}))
+        True
+    """
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.asarray(True)

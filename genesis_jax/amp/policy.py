@@ -36,6 +36,8 @@ _NAMED_POLICIES = {
     "fp16-full": ("params=float16,compute=float16,output=float32", "dynamic"),
 }
 PRECISION_NAMES = tuple(_NAMED_POLICIES) + ("auto",)
+"""The precision names `get_precision` accepts: fp32, bf16, fp16, fp16-full and auto (fp16 on a
+GPU, fp32 elsewhere); a jmp policy string is accepted too."""
 
 _TRUE_WORDS = ("true", "1", "yes")
 _FALSE_WORDS = ("false", "0", "no")
@@ -43,7 +45,14 @@ _FALSE_WORDS = ("false", "0", "no")
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
-    """A resolved precision: its name, the jmp policy and the default loss scaling."""
+    """A resolved precision: its name, the jmp policy and the default loss scaling.
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> p = amp.get_precision("bf16")
+        >>> p.name, p.compute_dtype.dtype, p.param_dtype.dtype, p.loss_scaling, p.is_half
+        ('bf16', dtype(bfloat16), dtype('float32'), 'none', True)
+    """
 
     name: str
     policy: jmp.Policy
@@ -100,6 +109,14 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
 
     Raises:
         ValueError: for anything else, naming the accepted values.
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> p = amp.get_precision("fp16")
+        >>> p.compute_dtype.dtype, p.loss_scaling
+        (dtype('float16'), 'dynamic')
+        >>> amp.get_precision("params=float32,compute=bfloat16,output=float32").loss_scaling
+        'none'
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_accepted()}")
@@ -135,12 +152,32 @@ def _checked_loss_scaling(scaling: str, given: str | None) -> str:
 
 
 def get_policy(name: str) -> jmp.Policy:
-    """The `jmp.Policy` for a precision name or jmp policy string."""
+    """The `jmp.Policy` for a precision name or jmp policy string.
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> policy = amp.get_policy("fp16")
+        >>> policy.param_dtype.dtype, policy.compute_dtype.dtype, policy.output_dtype.dtype
+        (dtype('float32'), dtype('float16'), dtype('float32'))
+    """
     return get_precision(name).policy
 
 
 def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """Chooses the precision name: explicit argument > GENESIS_PRECISION > ENABLE_FP16_TRAINING > fp32."""
+    """Chooses the precision name: explicit argument > GENESIS_PRECISION > ENABLE_FP16_TRAINING > fp32.
+
+    `environ` defaults to `os.environ`. An `ENABLE_FP16_TRAINING` other than true / 1 / yes
+    (fp16) or false / 0 / no (fp32) is a `ValueError`.
+
+    Examples:
+        >>> from genesis_jax import amp
+        >>> amp.resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "true"})
+        'fp16'
+        >>> amp.resolve_precision_name("bf16", environ={"GENESIS_PRECISION": "fp16"})
+        'bf16'
+        >>> amp.resolve_precision_name(environ={})
+        'fp32'
+    """
     if explicit is not None:
         return explicit
     env = os.environ if environ is None else environ

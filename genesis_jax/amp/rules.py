@@ -52,7 +52,15 @@ import jax.numpy as jnp
 @dataclasses.dataclass(frozen=True)
 class PrecisionRule:
     """Modules matching `match` (a Module class, a tuple of them, or a name pattern)
-    compute in `dtype`."""
+    compute in `dtype`.
+
+    Examples:
+        >>> import flax.linen as nn, jax.numpy as jnp
+        >>> from genesis_jax import amp
+        >>> rule = amp.PrecisionRule(nn.Dense)   # by class; "*head" or "critic/*" match by name
+        >>> rule.matches(nn.Dense(1)), rule.matches(nn.LayerNorm()), rule.dtype is jnp.float32
+        (True, False, True)
+    """
 
     match: type | tuple[type, ...] | str
     dtype: jnp.dtype = jnp.float32
@@ -72,6 +80,8 @@ FLOAT32_RULES: tuple[PrecisionRule, ...] = (
     PrecisionRule("*logits"),
     PrecisionRule(nn.Embed),
 )
+"""The default rules: norms (LayerNorm, RMSNorm, GroupNorm, BatchNorm), embeddings and
+modules named `*head` or `*logits` compute in float32."""
 
 
 def _cast_floating(tree, dtype):
@@ -142,13 +152,38 @@ def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: in
 def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
     """Within the block, every Flax module call matching one of `rules` runs in its dtype.
 
-    Warns (once per block, at trace time) when modules were called in it but none matched."""
+    Warns (once per block, at trace time) when modules were called in it but none matched.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, flax.linen as nn
+        >>> from genesis_jax import amp
+        >>> net, x = nn.Dense(2, dtype=jnp.float16), jnp.ones((1, 3))
+        >>> params = net.init(jax.random.PRNGKey(0), x)
+        >>> with amp.precision_rules([amp.PrecisionRule(nn.Dense)]):   # every Dense in float32
+        ...     net.apply(params, x).dtype
+        dtype('float32')
+    """
     return _rules_block(rules)
 
 
 def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT32_RULES):
     """Decorator for a Module method: its body (and every submodule it calls) runs under
-    `precision_rules(rules)`, so the module obeys the rules however it is applied."""
+    `precision_rules(rules)`, so the module obeys the rules however it is applied.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, flax.linen as nn
+        >>> from genesis_jax import amp
+        >>> class Policy(nn.Module):
+        ...     @amp.with_precision_rules   # FLOAT32_RULES: "*head" computes in float32
+        ...     @nn.compact
+        ...     def __call__(self, x):
+        ...         h = nn.Dense(4, dtype=jnp.float16)(x)
+        ...         return h, nn.Dense(2, dtype=jnp.float16, name="actor_head")(h)
+        >>> net, x = Policy(), jnp.ones((1, 3))
+        >>> hidden, logits = net.apply(net.init(jax.random.PRNGKey(0), x), x)
+        >>> hidden.dtype, logits.dtype
+        (dtype('float16'), dtype('float32'))
+    """
     if method is None:
         return functools.partial(with_precision_rules, rules=rules)
 

@@ -50,6 +50,13 @@ class TrainState(train_state.TrainState):
 
     Fields beyond Flax's: `loss_scale` (a scaler pytree) and `precision` (its name, static:
     checkpoints record it). `step` counts updates attempted while not halted.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision="fp16")
+        >>> type(state.loss_scale).__name__, state.precision, int(state.skipped), bool(state.halted)
+        ('DynamicLossScale', 'fp16', 0, False)
     """
 
     loss_scale: LossScale = struct.field(default_factory=NoOpLossScale)
@@ -79,7 +86,11 @@ class TrainState(train_state.TrainState):
             loss_scale: the scaler; None: the precision's own (`DynamicLossScale` for fp16,
                 none for fp32 and bf16), or no scaling without a precision.
             precision: a precision name or `Precision`; None: parameters as given, "fp32".
-            max_grad_norm, guard, advance_schedule_on_skip: `skip_nonfinite`'s.
+            max_grad_norm: `skip_nonfinite`'s: clip the unscaled global norm (None: no clipping).
+            guard: `skip_nonfinite`'s: a `DivergenceGuard` that halts the state (None: none).
+            advance_schedule_on_skip: `skip_nonfinite`'s: whether a skipped step advances
+                learning-rate schedules.
+            **kwargs: other fields, as in Flax.
         """
         prec = get_precision(precision) if isinstance(precision, str) else precision
         if prec is not None:
@@ -168,6 +179,18 @@ def train_step(
     Returns:
         (the new state, metrics: loss, grad_norm (unscaled, before clipping), grads_finite,
         loss_scale, halted, aux).
+
+    Examples:
+        >>> import functools, jax, jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> def loss_fn(params, batch):
+        ...     x, y = batch
+        ...     return jnp.mean((x @ params["w"] - y) ** 2), {}
+        >>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+        >>> step = jax.jit(functools.partial(amp.train_step, loss_fn=loss_fn))
+        >>> state, metrics = step(state, (jnp.ones((4, 3)), jnp.zeros(4)))
+        >>> float(metrics["loss"]), bool(metrics["grads_finite"]), int(state.step)
+        (9.0, True, 1)
     """
 
     def loss_with_faults(params, batch):
@@ -199,7 +222,14 @@ def train_step(
 
 
 def stats(state: TrainState) -> dict:
-    """Host-side summary: training_steps, overflow_steps, overflow_rate, current_scale, precision."""
+    """Host-side summary: training_steps, overflow_steps, overflow_rate, current_scale, precision.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
+        {'training_steps': 0, 'overflow_steps': 0, 'overflow_rate': 0.0, 'current_scale': 65536.0, 'precision': 'fp16'}
+    """
     steps = int(state.step)
     overflow = int(state.skipped)
     return {

@@ -1,0 +1,117 @@
+"""The documentation site (mkdocs.yml, docs/): the API reference covers `genesis_jax.amp`,
+every public amp function and class shows an example, and the pages' code blocks are
+written so that both pytest-markdown-docs (which runs them, docs/conftest.py) and Material
+(which renders them) read them; the README's code blocks run here, by the same rules.
+`mkdocs build --strict` itself runs in CI (.ci/run)."""
+
+import inspect
+import pathlib
+import re
+import tomllib
+
+import griffe
+import pytest
+from markdown_it import MarkdownIt
+from pytest_markdown_docs.plugin import FenceSyntax, extract_fence_tests
+
+from genesis_jax import amp
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+README = REPO / "README.md"
+
+# Names of amp.__all__ that hold a value, not a function or class: a `>>>` example cannot
+# live in their docstring (Python keeps none for a value), so they are exempt from it; they
+# carry an attribute docstring (the string after the assignment), which the reference shows.
+NO_EXAMPLE = {
+    "PRECISION_NAMES",
+    "DEFAULT_INIT_SCALE",
+    "DEFAULT_GROWTH_INTERVAL",
+    "LossScale",  # a type alias (a union of the three scalers)
+    "FLOAT32_RULES",
+    "DEFAULT_GUARD_MIN_SCALE",
+    "DEFAULT_MAX_CONSECUTIVE_SKIPS",
+}
+
+
+def test_every_public_amp_name_is_in_the_reference():
+    page = (DOCS / "reference" / "amp.md").read_text()
+    listed = re.findall(r"^::: genesis_jax\.amp\.(\w+)$", page, re.M)
+    assert sorted(listed) == sorted(amp.__all__), "docs/reference/amp.md lists other names than amp.__all__"
+
+
+@pytest.mark.parametrize("name", sorted(set(amp.__all__) - NO_EXAMPLE))
+def test_every_public_amp_function_and_class_has_an_example(name):
+    doc = inspect.getdoc(getattr(amp, name)) or ""
+    assert ">>>" in doc, f"amp.{name}'s docstring has no `>>>` example (--doctest-modules runs them)"
+
+
+def test_the_exemptions_are_values_with_attribute_docstrings():
+    # The exemption list stays minimal: a function or class in it would lose its example check.
+    for name in NO_EXAMPLE:
+        obj = getattr(amp, name)
+        assert not (inspect.isfunction(obj) or inspect.isclass(obj)), f"amp.{name} is not a value: remove it"
+    package = griffe.load("genesis_jax.amp", search_paths=[str(REPO)])
+    for name in NO_EXAMPLE:
+        assert package[name].docstring is not None, f"amp.{name} needs an attribute docstring"
+
+
+def _fences(text: str):
+    return [t for t in MarkdownIt("commonmark").parse(text) if t.type == "fence"]
+
+
+@pytest.mark.parametrize("page", PAGES + [README], ids=lambda p: str(p.relative_to(REPO)))
+def test_code_block_options_are_in_the_form_material_renders(page):
+    # pymdownx.superfences reads "```python notest" as no fence at all (the block shows as
+    # text, silently); "```{.python notest}" renders, and pytest-markdown-docs reads it.
+    for fence in _fences(page.read_text("utf8")):
+        words = fence.info.split()
+        extra = [w for w in words[1:] if "=" not in w]  # key="value" options (title=...) are fine
+        assert not (words and not words[0].startswith("{") and extra), (
+            f"{page.name}:{fence.map[0] + 1}: write ```{{.{words[0]} {' '.join(extra)}}}, not ```{fence.info}"
+        )
+
+
+def _readme_blocks():
+    text = README.read_text("utf8")
+    return list(extract_fence_tests(MarkdownIt("commonmark"), text, 0, README, fence_syntax=FenceSyntax.superfences))
+
+
+@pytest.mark.parametrize("block", _readme_blocks(), ids=lambda b: f"README.md:{b.start_line}")
+def test_the_readme_code_blocks_run(block):
+    # As docs/conftest.py runs the pages' blocks: each from an empty namespace ({.python
+    # continuation}: after the previous one), with tracebacks at the README's own lines.
+    exec(compile(block.source, str(README), "exec"), {"__name__": "__main__"})
+
+
+def test_the_suite_collects_the_docs_code_blocks():
+    options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "docs" in options["testpaths"]  # docs/conftest.py collects the pages' blocks
+    blocks = [
+        f
+        for page in PAGES
+        for f in _fences(page.read_text("utf8"))
+        if f.info.strip("{} ").lstrip(".").split()[:1] in (["python"], ["py"], ["python3"])
+    ]
+    assert blocks, "no ```python block in docs/: is the docs directory there?"
+
+
+def test_the_cli_page_names_every_command():
+    from genesis_jax.algos import REGISTRY
+    from genesis_jax.cli import build_parser
+
+    page = (DOCS / "reference" / "cli.md").read_text()
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command in commands:
+        if command == "train":
+            for workload in REGISTRY:
+                assert f"`genesis-jax train {workload}`" in page
+        else:
+            assert f"`genesis-jax {command}`" in page
+
+
+def test_every_page_is_in_the_navigation():
+    nav = (REPO / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    for page in PAGES:
+        assert f": {page.relative_to(DOCS).as_posix()}\n" in nav + "\n", f"{page} is not in mkdocs.yml's nav"
