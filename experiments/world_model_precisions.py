@@ -14,8 +14,8 @@ import sys
 import jax
 from _report import emit
 
-from genesis_jax.run.checkpoint import package_versions
 from genesis_jax.algos.world_model import WorldModelConfig, train
+from genesis_jax.run.checkpoint import package_versions
 
 COLUMNS = (
     "precision",

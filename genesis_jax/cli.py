@@ -401,8 +401,6 @@ def _system_failure(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-
-
 def _parse(argv: list[str]):
     """(argparse namespace, train groups or None): a train workload's options go to tyro."""
     if len(argv) >= 2 and argv[0] == "train" and argv[1] in ALGORITHMS:
