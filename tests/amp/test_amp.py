@@ -164,6 +164,7 @@ def test_the_policy_casts_plain_functions_to_the_compute_dtype():
     assert grads["w"].dtype == jnp.float32 and value.dtype == jnp.float32
 
 
+@pytest.mark.slow  # 12 s; vmap stays in the fast lane through test_own_loop's per-seed test
 def test_pieces_work_under_vmap_over_seeds():
     """Two seeds in one vmapped step: one seed's batch overflows, the other's does not; each
     takes its own decision and keeps its own scaler."""
