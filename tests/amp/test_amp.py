@@ -4,8 +4,6 @@ and the PureJaxRL-style example pair."""
 
 import pathlib
 import runpy
-import subprocess
-import sys
 import textwrap
 
 import flax.linen as nn
@@ -17,6 +15,7 @@ import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, amp
 from genesis_jax.nets import MLP, ActorCritic
+from tests.support.processes import run_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -354,13 +353,7 @@ def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
         assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
         print("ok")
     """)
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
-    )
+    out = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
@@ -458,14 +451,7 @@ def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
         everything = sorted(m.name for m in pkgutil.walk_packages(sys.modules["genesis_jax"].__path__, "genesis_jax."))
         print(repr((everything, loaded)))
     """)
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
-    )
+    out = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     everything, loaded = eval(out.stdout.strip().splitlines()[-1])
     amp_modules = {m for m in everything if m.startswith("genesis_jax.amp.")}

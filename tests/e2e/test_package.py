@@ -1,7 +1,6 @@
 """The installed package stands alone: every module imports without torch being loaded."""
 
-import subprocess
-import sys
+from tests.support.processes import run_python
 
 CHECK = """
 import importlib, pkgutil, sys
@@ -15,13 +14,7 @@ print(len(names), loaded)
 
 
 def test_importing_every_module_of_the_package_never_imports_torch():
-    out = subprocess.run(
-        [sys.executable, "-c", CHECK],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"JAX_PLATFORMS": "cpu", "PATH": ""},
-    )
+    out = run_python(["-c", CHECK], env={"JAX_PLATFORMS": "cpu", "PATH": ""}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     count, loaded = out.stdout.split(" ", 1)
     assert int(count) > 30 and loaded.strip() == "[]"
