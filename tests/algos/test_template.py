@@ -1,4 +1,4 @@
-"""The algorithm template gives a new algorithm (tests/algos/toy_algorithm.py, 90 lines with
+"""The algorithm template gives a new algorithm (tests/algos/toy_algorithm.py, 100 lines with
 its config) the CLI, the Session, checkpoints and resume, seeds under vmap and bench rows."""
 
 import json
