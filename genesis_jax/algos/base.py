@@ -33,7 +33,7 @@ from typing import Any, Callable, ClassVar
 import jax
 import numpy as np
 
-from genesis_jax.amp import TrainState
+from genesis_jax.amp import TrainState, train_step
 from genesis_jax.run import plots, probes
 from genesis_jax.run.checkpoint import at_path
 from genesis_jax.run.parallel import replicated, start_distributed
@@ -154,8 +154,6 @@ class Algorithm:
 
     def train_step(self, train_state: TrainState, batch, loss_fn, axis_name=None):
         """`amp.train_step` with this run's fault injection and gradient hook."""
-        from genesis_jax.amp import train_step
-
         return train_step(
             train_state, batch, loss_fn, axis_name=axis_name, faults=self.faults, grad_transform=self.grad_transform
         )
@@ -213,12 +211,16 @@ class Algorithm:
         }
 
     def _progress(self, session: Session) -> Callable[[dict], dict]:
+        counted = {"rows": 0, "skipped": 0}  # the skips so far, added up once per row
+
         def postfix(row: dict) -> dict:
-            skipped = sum(int(np.sum(r.get("skipped", 0))) for r in session.rows)  # so far, not this row's
+            new_rows = session.rows[counted["rows"] :]  # those restored on resume, then each chunk's
+            counted["skipped"] += sum(int(np.sum(r.get("skipped", 0))) for r in new_rows)
+            counted["rows"] = len(session.rows)
             return {
                 **self.postfix(row),
                 "scale": f"{row['loss_scale']:g}",
-                "skipped": skipped,
+                "skipped": counted["skipped"],
                 "sps": f"{session.steps_per_second(self.unit_size * self.num_seeds):.0f}",
             }
 

@@ -160,16 +160,17 @@ class WorldModelTrainer(Algorithm):
     def rows(self, m, done: int) -> list[dict]:
         now = time.perf_counter()
         elapsed, self.last_row_time = now - self.last_row_time, now
-        n = len(np.atleast_1d(m["train_loss"]))
+        m = {k: np.atleast_1d(np.asarray(v)) for k, v in m.items()}  # [epochs in this chunk]
+        n = len(m["train_loss"])
         return [
             {
                 "epoch": done + i + 1,
-                "train_loss": float(np.atleast_1d(m["train_loss"])[i]),
-                "eval_loss": float(np.atleast_1d(m["eval_loss"])[i]),
-                "loss_scale": float(np.atleast_1d(m["loss_scale"])[i]),
-                "skipped": int(np.atleast_1d(m["skipped"])[i]),
+                "train_loss": float(m["train_loss"][i]),
+                "eval_loss": float(m["eval_loss"][i]),
+                "loss_scale": float(m["loss_scale"][i]),
+                "skipped": int(m["skipped"][i]),
                 "steps_per_second": self.batches_per_epoch * n / elapsed,
-                "halted": bool(np.atleast_1d(m["halted"])[i]),
+                "halted": bool(m["halted"][i]),
             }
             for i in range(n)
         ]
