@@ -1,0 +1,180 @@
+"""Replay buffers: a thin layer over flashbax's item buffer that stores transitions compactly.
+
+What is stored, per leaf of the example transition:
+
+- bool and uint8 leaves (MinAtar's 0/1 frames, Atari's pixels, done flags) as uint8;
+- floating leaves (continuous observations, rewards) as `storage_dtype`: float32 by default;
+  float16 or bfloat16 halves their memory (the compute dtype of a mixed-precision run; the
+  values are rounded once, on the way in);
+- integer leaves (discrete actions) as int32.
+
+`sample` hands bool and floating leaves back in `sample_dtype` (float32 by default: what a
+network and a TD target read; None: each leaf's own dtype, an exact round trip), uint8 leaves
+as uint8 (a torso scales pixels itself) and integers as int32. The buffer's state is a pytree
+of arrays (flashbax's `TrajectoryBufferState`): it lives inside an algorithm's state, is
+checkpointed with it, and `buffer_bytes` measures it, without allocating, via `jax.eval_shape`.
+
+>>> import jax, jax.numpy as jnp
+>>> example = {"obs": jnp.zeros((10, 10, 4), bool), "action": jnp.int32(0), "reward": jnp.float32(0)}
+>>> replay = make_replay(example, capacity=1000, batch_size=32)
+>>> buffer_bytes(jax.eval_shape(replay.init))  # 1000 x (400 uint8 + 4 int32 + 4 float32) + counters
+408005
+>>> state = replay.init()
+>>> batch = jax.tree.map(lambda x: jnp.ones((8, *x.shape), x.dtype), example)  # 8 transitions
+>>> state = replay.add(state, batch)
+>>> int(replay.size(state)), bool(replay.can_sample(state))
+(8, False)
+>>> sample = replay.sample(state, jax.random.PRNGKey(0))  # from the 8 filled slots only
+>>> sample["obs"].dtype, sample["obs"].shape, sample["action"].dtype
+(dtype('float32'), (32, 10, 10, 4), dtype('int32'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import flashbax
+import jax
+import jax.numpy as jnp
+
+
+def storage_dtype_for(dtype, storage_dtype=jnp.float32):
+    """The dtype a leaf of `dtype` is stored in: uint8 for bool and uint8, `storage_dtype`
+    for floats, int32 for other integers.
+
+    >>> storage_dtype_for(jnp.bool_), storage_dtype_for(jnp.float64), storage_dtype_for(jnp.int64)
+    (dtype('uint8'), dtype('float32'), dtype('int32'))
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_ or dtype == jnp.uint8:
+        return jnp.dtype(jnp.uint8)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.dtype(storage_dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.dtype(jnp.int32)
+    raise ValueError(f"a replay buffer stores bool, integer and float leaves, not {dtype}")
+
+
+def sampled_dtype_for(dtype, sample_dtype=jnp.float32):
+    """The dtype `sample` returns for a leaf added as `dtype` (see the module's docstring)."""
+    dtype = jnp.dtype(dtype)
+    if sample_dtype is None:
+        return dtype
+    if dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.floating):
+        return jnp.dtype(sample_dtype)
+    return storage_dtype_for(dtype)
+
+
+def buffer_bytes(state) -> int:
+    """Bytes of a buffer state's arrays (or of `jax.eval_shape`'s shapes of one: nothing
+    allocated), all seeds' buffers together where the state is stacked over seeds."""
+    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A uniform replay buffer of `capacity` transitions, sampling `batch_size` at a time.
+    Its functions are pure (jit-able); the state they pass around is a pytree of arrays."""
+
+    buffer: Any  # flashbax's item buffer
+    added: Any  # the example's dtypes, per leaf
+    capacity: int
+    batch_size: int
+    sample_dtype: Any
+
+    def init(self):
+        """An empty buffer state."""
+        return self.buffer.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.stored), self.added))
+
+    def add(self, state, batch):
+        """`batch`: transitions with a leading batch axis, in the example's structure."""
+        compact = jax.tree.map(lambda x, s: x.astype(s.stored), batch, self.added)
+        return self.buffer.add(state, compact)
+
+    def sample(self, state, key):
+        """`batch_size` transitions drawn uniformly from the filled slots."""
+        stored = self.buffer.sample(state, key).experience
+        return jax.tree.map(lambda x, s: x.astype(sampled_dtype_for(s.dtype, self.sample_dtype)), stored, self.added)
+
+    def can_sample(self, state):
+        """True once the buffer holds at least `batch_size` transitions."""
+        return self.buffer.can_sample(state)
+
+    def size(self, state):
+        """Transitions held (int32)."""
+        return jnp.where(state.is_full, self.capacity, state.current_index).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    shape: tuple
+    dtype: Any
+    stored: Any
+
+
+def make_replay(example, capacity: int, batch_size: int, *, storage_dtype=jnp.float32, sample_dtype=jnp.float32):
+    """A `Replay` for transitions shaped like `example` (one transition, no batch axis);
+    `storage_dtype` is what floating leaves are stored in, `sample_dtype` what `sample`
+    returns them (and bool leaves) in. Checks the sizes first (`check_replay_sizes`)."""
+    check_replay_sizes(capacity, batch_size)
+    added = jax.tree.map(
+        lambda x: _Leaf(
+            tuple(jnp.shape(x)), jnp.dtype(jnp.asarray(x).dtype), storage_dtype_for(x.dtype, storage_dtype)
+        ),
+        example,
+    )
+    buffer = flashbax.make_item_buffer(
+        max_length=capacity, min_length=batch_size, sample_batch_size=batch_size, add_batches=True
+    )
+    return Replay(buffer, added, capacity, batch_size, sample_dtype)
+
+
+def check_replay_sizes(capacity: int, batch_size: int, nbytes: int | None = None, available: int | None = None):
+    """One clear sentence for sizes that cannot work: a buffer smaller than a batch, or one
+    larger than the memory available (`nbytes` and `available` in bytes, where known).
+
+    >>> check_replay_sizes(100, 128)
+    Traceback (most recent call last):
+    ...
+    ValueError: buffer-size 100 is smaller than batch-size 128; the buffer must hold at least one batch
+    """
+    if capacity < batch_size:
+        raise ValueError(
+            f"buffer-size {capacity} is smaller than batch-size {batch_size}; the buffer must hold at least one batch"
+        )
+    if nbytes is not None and available is not None and nbytes > available:
+        raise ValueError(
+            f"the replay buffer needs {nbytes / 2**30:.2f} GiB ({nbytes} bytes) but only "
+            f"{available / 2**30:.2f} GiB ({available} bytes) of memory is available; "
+            "lower buffer-size (or num-seeds), or store floats in a narrower storage dtype"
+        )
+
+
+def available_memory_bytes() -> int | None:
+    """Memory free for a new buffer on the default device: an accelerator's limit less what
+    is in use, where it reports them; else the host's available memory (Linux MemAvailable)."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
+        return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else None
+
+
+__all__ = [
+    "Replay",
+    "available_memory_bytes",
+    "buffer_bytes",
+    "check_replay_sizes",
+    "make_replay",
+    "sampled_dtype_for",
+    "storage_dtype_for",
+]
