@@ -12,6 +12,8 @@ It imports nothing else from genesis_jax. A loop of your own needs this and noth
 - `skip_nonfinite`: an optax wrapper that skips non-finite steps, clips, counts skips and
   halts on divergence (`DivergenceGuard`); `skip_state` finds its counts in any state;
 - `TrainState`: Flax's `TrainState` with a loss scaler; `train_step` composes the two;
+- several optimizers under one scaler, as PyTorch shares a `GradScaler`: `shared_scale_step`
+  per optimizer, then one `update_shared_scale` and `share_scale` per iteration;
 - `precision_rules` / `FLOAT32_RULES`: chosen Flax modules (norms, heads) in float32;
 - `FaultInjection`: seeded non-finite gradients and loss spikes for tests.
 
@@ -47,6 +49,7 @@ from genesis_jax.amp.loss_scale import (
     all_finite,
     make_loss_scale,
 )
+from genesis_jax.amp.multi import share_scale, shared_scale_step, update_shared_scale
 from genesis_jax.amp.optim import (
     SkipNonFiniteState,
     advance_schedules,
@@ -98,6 +101,10 @@ __all__ = [
     "TrainState",
     "stats",
     "train_step",
+    # several optimizers under one loss scaler
+    "share_scale",
+    "shared_scale_step",
+    "update_shared_scale",
     # float32 islands
     "FLOAT32_RULES",
     "PrecisionRule",

@@ -1,0 +1,227 @@
+"""Several optimizers under one loss scaler (amp.shared_scale_step, update_shared_scale,
+share_scale): each optimizer skips on its own gradients, the scale backs off once per
+iteration and grows only after iterations clean for all, as with one torch GradScaler."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from genesis_jax import amp
+
+INF = float("inf")
+
+
+def linear_loss(params, batch):
+    """Least squares; `factor` (1 or inf) forces a non-finite loss and gradients."""
+    x, y, factor = batch
+    return factor * jnp.mean((x @ params["w"] + params["b"] - y) ** 2), {"factor": factor}
+
+
+def problem(seed):
+    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (16, 3))
+    y = x @ jax.random.normal(kw, (3, 1))
+    return x, y
+
+
+def new_state(tx, seed):
+    params = {"w": jnp.full((3, 1), 0.1 * (seed + 1)), "b": jnp.zeros(1)}
+    return amp.TrainState.create(params=params, tx=tx, precision="fp16")
+
+
+@jax.jit
+def iteration(actor, critic, scaler, actor_factor, critic_factor):
+    """torch: scale(loss).backward() for each, step(actor_opt), step(critic_opt), update()."""
+    (xa, ya), (xc, yc) = problem(0), problem(1)
+    actor, a = amp.shared_scale_step(actor, (xa, ya, actor_factor), linear_loss, scaler)
+    critic, c = amp.shared_scale_step(critic, (xc, yc, critic_factor), linear_loss, scaler)
+    scaler = amp.update_shared_scale(scaler, [a["grads_finite"], c["grads_finite"]])
+    actor, critic = amp.share_scale((actor, critic), scaler)
+    return actor, critic, scaler, a, c
+
+
+def optimizer_view(state):
+    """What a skipped step must leave bit-identical: params and the optimizer's own state."""
+    return jax.device_get((state.params, amp.skip_state(state.opt_state).inner_state))
+
+
+def assert_bit_identical(before, after):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        assert np.array_equal(a, b)
+
+
+def torch_rule(schedule, init_scale, growth_interval):
+    """GradScaler's (scale, growth tracker) after each iteration, one update() per iteration:
+    back off x0.5 when any optimizer saw a non-finite gradient, else count and grow x2."""
+    scale, tracker, out = init_scale, 0, []
+    for flags in schedule:
+        if all(flags):
+            tracker += 1
+            if tracker == growth_interval:
+                scale, tracker = scale * 2.0, 0
+        else:
+            scale, tracker = scale * 0.5, 0
+        out.append((scale, tracker))
+    return out
+
+
+def test_critic_overflow_steps_the_actor_and_leaves_the_critic_bit_identical():
+    lr = 0.05
+    actor, critic = new_state(optax.sgd(lr), 0), new_state(optax.adam(1e-2), 1)
+    scaler = amp.DynamicLossScale(init_scale=2.0**10, growth_interval=3)
+    actor, critic, scaler, _, _ = iteration(actor, critic, scaler, 1.0, 1.0)  # Adam's moments now non-zero
+    critic_before, actor_params = optimizer_view(critic), jax.device_get(actor.params)
+
+    actor, critic, new_scaler, a, c = iteration(actor, critic, scaler, 1.0, INF)
+
+    assert bool(a["grads_finite"]) and not bool(c["grads_finite"])
+    assert_bit_identical(critic_before, optimizer_view(critic))
+    # The actor took a plain SGD step on its unscaled gradients (an independent jax.grad).
+    grads = jax.grad(lambda p: linear_loss(p, (*problem(0), 1.0))[0])(actor_params)
+    expected = jax.tree.map(lambda p, g: p - lr * g, actor_params, grads)
+    jax.tree.map(lambda e, p: np.testing.assert_allclose(p, e, rtol=1e-6, atol=1e-7), expected, actor.params)
+    assert not np.array_equal(actor.params["w"], actor_params["w"])
+    assert (int(actor.skipped), int(critic.skipped)) == (0, 1)
+    assert (int(actor.step), int(critic.step)) == (2, 2)  # updates attempted, as train_step counts them
+    assert float(new_scaler.loss_scale) == float(scaler.loss_scale) / 2 and int(new_scaler.growth_tracker) == 0
+    # Each step used the iteration's scale; both states now carry the next one.
+    assert float(a["loss_scale"]) == float(c["loss_scale"]) == float(scaler.loss_scale)
+    for state in (actor, critic):
+        assert float(state.loss_scale.loss_scale) == float(new_scaler.loss_scale)
+        assert int(state.loss_scale.growth_tracker) == 0
+
+
+# (actor finite, critic finite) per iteration: the critic alone overflows, then both at once,
+# then the actor alone; the critic overflows every other iteration while the actor stays clean,
+# so that no growth_interval of 3 iterations is clean for both; then clean runs that grow.
+SCHEDULE = [
+    (True, True),
+    (True, True),
+    (True, True),  # 3 clean: grows
+    (True, False),
+    (False, False),  # both overflow: one backoff
+    (True, True),
+    (False, True),
+    (True, True),
+    (True, False),
+    (True, True),
+    (True, False),
+    (True, True),
+    (True, True),
+    (True, True),  # grows
+    (True, True),
+]
+
+
+@pytest.mark.parametrize("actor_tx", ["sgd", "adam"])
+def test_scale_and_skip_counts_follow_one_gradscaler_over_an_overflow_schedule(actor_tx):
+    growth_interval, init_scale = 3, 2.0**10
+    actor = new_state(optax.sgd(0.05) if actor_tx == "sgd" else optax.adam(1e-2), 0)
+    critic = new_state(optax.adam(1e-2), 1)
+    scaler = amp.DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval)
+    expected = torch_rule(SCHEDULE, init_scale, growth_interval)
+    for i, (actor_ok, critic_ok) in enumerate(SCHEDULE):
+        before = {"actor": optimizer_view(actor), "critic": optimizer_view(critic)}
+        scale_before = float(scaler.loss_scale)
+        actor, critic, scaler, a, c = iteration(
+            actor, critic, scaler, 1.0 if actor_ok else INF, 1.0 if critic_ok else INF
+        )
+        assert (bool(a["grads_finite"]), bool(c["grads_finite"])) == (actor_ok, critic_ok), i
+        assert (float(scaler.loss_scale), int(scaler.growth_tracker)) == expected[i], i
+        assert float(a["loss_scale"]) == float(c["loss_scale"]) == scale_before, i
+        if not (actor_ok or critic_ok):
+            assert float(scaler.loss_scale) == scale_before / 2, i  # once, not once per optimizer
+        for name, state, ok in (("actor", actor, actor_ok), ("critic", critic, critic_ok)):
+            after = optimizer_view(state)
+            if ok:
+                assert not np.array_equal(after[0]["w"], before[name][0]["w"]), (i, name)
+            else:
+                assert_bit_identical(before[name], after)
+            assert float(state.loss_scale.loss_scale) == float(scaler.loss_scale), (i, name)
+    assert int(actor.skipped) == sum(not a for a, _ in SCHEDULE) == 2
+    assert int(critic.skipped) == sum(not c for _, c in SCHEDULE) == 4
+    assert int(actor.step) == int(critic.step) == len(SCHEDULE)
+    # The actor alone was clean for 5 iterations in a row (7..11), yet the scale did not grow there.
+    scales = [s for s, _ in expected]
+    assert scales[6:12] == sorted(scales[6:12], reverse=True)
+    assert float(scaler.loss_scale) == init_scale / 8  # up x2 twice, down x0.5 five times (once for both)
+
+
+def test_one_optimizer_under_the_shared_api_is_train_step():
+    """With one optimizer, shared_scale_step + update_shared_scale + share_scale is train_step."""
+    x, y = problem(2)
+    state = new_state(optax.adam(1e-2), 0).replace(loss_scale=amp.DynamicLossScale(2.0**4, growth_interval=2))
+    factors = [1.0, 1.0, INF, 1.0, 1.0, 1.0, INF, INF, 1.0]
+
+    @jax.jit
+    def shared(state, factor):
+        stepped, m = amp.shared_scale_step(state, (x, y, factor), linear_loss, state.loss_scale)
+        return amp.share_scale(stepped, amp.update_shared_scale(state.loss_scale, [m["grads_finite"]]))
+
+    single = jax.jit(functools.partial(amp.train_step, loss_fn=linear_loss))
+    ours, theirs = state, state
+    for factor in factors:
+        ours = shared(ours, factor)
+        theirs, _ = single(theirs, (x, y, factor))
+        assert float(ours.loss_scale.loss_scale) == float(theirs.loss_scale.loss_scale)
+        assert int(ours.loss_scale.growth_tracker) == int(theirs.loss_scale.growth_tracker)
+        assert (int(ours.skipped), int(ours.step)) == (int(theirs.skipped), int(theirs.step))
+        jax.tree.map(lambda o, t: np.testing.assert_allclose(o, t, rtol=1e-6, atol=1e-7), ours.params, theirs.params)
+    assert int(ours.skipped) == 3
+
+
+def test_the_given_scale_scales_the_loss_and_the_state_scaler_is_left_alone():
+    # The scaled gradients are scale * 1e16: their float32 norm (a sum of squares, which
+    # decides "finite") is finite at a scale of 2^8 and overflows at 2^16.
+    def loss_fn(params, batch):
+        return 1e16 * jnp.sum(params["w"]), {}
+
+    state = amp.TrainState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(1e-20), precision="fp16")
+    own = jax.device_get(state.loss_scale)
+    assert float(own.loss_scale) == 2.0**16
+    stepped, metrics = amp.shared_scale_step(state, None, loss_fn, amp.DynamicLossScale(init_scale=2.0**8))
+    assert bool(metrics["grads_finite"]) and float(metrics["loss_scale"]) == 2.0**8
+    assert int(stepped.skipped) == 0 and not np.array_equal(stepped.params["w"], state.params["w"])
+    assert_bit_identical(own, stepped.loss_scale)  # not adjusted, not replaced
+    _, metrics = amp.shared_scale_step(state, None, loss_fn, state.loss_scale)  # its own 2^16 overflows
+    assert not bool(metrics["grads_finite"])
+
+
+def test_share_scale_reaches_every_state_in_a_tree_and_keeps_other_leaves():
+    states = {"critic": new_state(optax.adam(1e-3), 0), "actor": new_state(optax.sgd(0.1), 1), "tau": jnp.float32(5e-3)}
+    scaler = amp.DynamicLossScale(init_scale=32.0).adjust(jnp.array(True))
+    shared = amp.share_scale(states, scaler)
+    for name in ("critic", "actor"):
+        assert_bit_identical(scaler, shared[name].loss_scale)
+        assert_bit_identical(states[name].params, shared[name].params)
+    assert shared["tau"] is states["tau"]
+    assert amp.stats(shared["actor"])["current_scale"] == 32.0
+
+
+def test_update_shared_scale_takes_any_tree_of_decisions():
+    scaler = amp.DynamicLossScale(init_scale=8.0, growth_interval=1)
+    three = {"critic": jnp.array(True), "actor": jnp.array(True), "temperature": np.bool_(False)}
+    assert float(amp.update_shared_scale(scaler, three).loss_scale) == 4.0
+    assert float(amp.update_shared_scale(scaler, (True, True, True)).loss_scale) == 16.0
+
+
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda s: amp.update_shared_scale(s, []), ValueError, "got none"),
+        (lambda s: amp.update_shared_scale(s, [jnp.array([True, False])]), ValueError, "scalar bools"),
+        (lambda s: amp.update_shared_scale(s, [jnp.float32(1.0)]), ValueError, "dtype float32"),
+        (lambda s: amp.update_shared_scale(2.0, [True]), TypeError, "loss_scale must be"),
+        (lambda s: amp.share_scale({"a": 1}, s), ValueError, "at least one amp.TrainState"),
+        (lambda s: amp.share_scale(new_state(optax.sgd(0.1), 0), 1024.0), TypeError, "got 1024.0"),
+        (lambda s: amp.shared_scale_step({"w": 1}, None, linear_loss, s), TypeError, "state must be an amp.TrainState"),
+        (lambda s: amp.shared_scale_step(new_state(optax.sgd(0.1), 0), None, linear_loss, None), TypeError, "None"),
+    ],
+)
+def test_bad_input_names_the_bad_value(call, error, words):
+    with pytest.raises(error, match=words):
+        call(amp.DynamicLossScale())
