@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp import TrainState, train_step
@@ -72,6 +73,62 @@ def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> in
     small = [d for d in range(1, math.isqrt(total) + 1) if total % d == 0]  # O(sqrt n), not O(n)
     divisors = small + [total // d for d in small]
     return min(divisors, key=lambda d: (abs(d - ideal), d))
+
+
+SEED_AXIS = "seed"  # the vmap axis of seeds trained together
+
+
+def _stop_when_every_seed_halted(chunk):
+    """Seeds are independent runs: one seed's divergence guard freezes that seed alone, and
+    the run stops only when every seed has halted. The chunk's `halted` metric ([seeds,
+    positions]) becomes "every seed halted" (what the Session stops on); each seed's own
+    flag moves to `halted_per_seed`."""
+
+    def wrapped(state, data):
+        state, metrics = chunk(state, data)
+        if isinstance(metrics, dict) and "halted" in metrics:
+            per_seed = metrics["halted"]
+            metrics = {
+                **metrics,
+                "halted_per_seed": per_seed,
+                "halted": jnp.broadcast_to(per_seed.all(0), per_seed.shape),
+            }
+        return state, metrics
+
+    return wrapped
+
+
+# Per-seed columns the template adds to an N-seed run's rows: metric -> column.
+_PER_SEED_COLUMNS = {
+    "loss_scale": "loss_scale_per_seed",
+    "skipped": "skipped_per_seed",
+    "halted_per_seed": "halted_per_seed",
+}
+
+
+def add_seed_columns(rows: list[dict], metrics, num_seeds: int) -> list[dict]:
+    """Each seed's loss scale, skips and halt flag in the rows of an N-seed run (the
+    algorithm's own rows average or sum over seeds)."""
+    if num_seeds == 1 or not isinstance(metrics, dict):
+        return rows
+    for key, column in _PER_SEED_COLUMNS.items():
+        values = np.asarray(metrics.get(key, np.empty(0)))
+        if values.shape != (num_seeds, len(rows)):  # metrics not one per row and seed: not a row column
+            continue
+        for row, per_seed in zip(rows, values.T.tolist()):
+            row[column] = per_seed
+    return rows
+
+
+# Summary fields measured while training: a resume with nothing left to run keeps the run's own.
+MEASURED = (
+    "steps_per_second",
+    "compile_seconds",
+    "wall_seconds",
+    "train_step_bytes",
+    "compiled_temp_bytes",
+    "peak_device_bytes",
+)
 
 
 def _largest_divisor_at_most(total: int, limit: int) -> int:
@@ -149,13 +206,28 @@ class Algorithm:
         return getattr(self.config, "num_seeds", 1)
 
     def seed_keys(self):
-        base = jax.random.PRNGKey(self.config.seed)
-        return jax.random.split(base, self.num_seeds) if self.num_seeds > 1 else base
+        """Seed k of an N-seed run starts from PRNGKey(seed + k), as a 1-seed run with
+        --seed seed+k does: any seed of a study can be rerun alone."""
+        if self.num_seeds == 1:
+            return jax.random.PRNGKey(self.config.seed)
+        return jax.vmap(jax.random.PRNGKey)(self.config.seed + np.arange(self.num_seeds))
+
+    def seed_faults(self):
+        """This seed's fault injection: under the seeds' vmap, seeded by seed + k (the fault
+        steps a 1-seed run of that seed would get), so one seed's faults are its own."""
+        if self.faults is None or self.num_seeds == 1:
+            return self.faults
+        return dataclasses.replace(self.faults, seed=self.config.seed + jax.lax.axis_index(SEED_AXIS))
 
     def train_step(self, train_state: TrainState, batch, loss_fn, axis_name=None):
         """`amp.train_step` with this run's fault injection and gradient hook."""
         return train_step(
-            train_state, batch, loss_fn, axis_name=axis_name, faults=self.faults, grad_transform=self.grad_transform
+            train_state,
+            batch,
+            loss_fn,
+            axis_name=axis_name,
+            faults=self.seed_faults(),
+            grad_transform=self.grad_transform,
         )
 
     def compile_chunk(self, state, per_chunk: int):
@@ -166,7 +238,7 @@ class Algorithm:
             return jax.lax.scan(lambda s, _: self.update(s, data), state, None, per_chunk)
 
         if self.num_seeds > 1:
-            chunk = jax.vmap(chunk, in_axes=(0, None))
+            chunk = _stop_when_every_seed_halted(jax.vmap(chunk, in_axes=(0, None), axis_name=SEED_AXIS))
         mesh = self.config.mesh()
         if mesh is None:
             jitted = jax.jit(chunk, donate_argnums=0)
@@ -192,8 +264,18 @@ class Algorithm:
         steps_per_seed = np.atleast_1d(np.asarray(ts.step))
         total_updates = int(np.sum(steps_per_seed))
         skipped = int(np.sum(np.asarray(ts.skipped)))
-        faults = self.config.fault_injection(self.config.seed)
+        seeds = self.config.seed + np.arange(len(steps_per_seed))  # seed k's faults are seeded by seed + k
+        injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
+        per_seed = {}
+        if self.num_seeds > 1:
+            per_seed = {
+                "seeds": seeds.tolist(),
+                "skipped_updates_per_seed": np.asarray(ts.skipped).tolist(),
+                "loss_scale_per_seed": np.asarray(ts.loss_scale.loss_scale, float).tolist(),
+                "halted_per_seed": np.asarray(ts.halted).tolist(),
+                "injected_nonfinite_per_seed": injected,
+            }
         return {
             "precision": self.config.train_precision().name,
             "seed": self.config.seed,
@@ -205,9 +287,10 @@ class Algorithm:
             "skipped_updates": skipped,
             "total_updates": total_updates,
             "overflow_rate": skipped / total_updates if total_updates else 0.0,
-            "injected_nonfinite": sum(faults.count_nonfinite(int(n)) for n in steps_per_seed),
+            "injected_nonfinite": sum(injected),
             "iterations": len(rows),
             "device": probes.device_name(),
+            **per_seed,
         }
 
     def _progress(self, session: Session) -> Callable[[dict], dict]:
@@ -274,13 +357,17 @@ class Algorithm:
         with session:
             state = session.restore(self.initial_state())
             start = time.perf_counter()
-            call = self.compile_chunk(state, per_chunk)
+            # A finished run resumed has nothing left to run: nothing to compile.
+            call = self.compile_chunk(state, per_chunk) if session.position < session.total else None
             compile_seconds = time.perf_counter() - start
-            state = session.run(state, call, self.rows, per_chunk)
+            to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
+            state = session.run(state, call, to_rows, per_chunk)
             summary = {
                 **self.common_summary(session.rows, state, session, compile_seconds),
                 **self.summary(session.rows, state),
             }
+            if not session.timing.positions_run:  # nothing ran here: what the run measured when it ran stays
+                summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
             plot = lambda rows, path: self.plot(rows, path / self.plot_file)  # noqa: E731
             summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
         return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

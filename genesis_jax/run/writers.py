@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import time
 from typing import Callable, Protocol
 
 
@@ -29,15 +30,23 @@ class MetricWriter(Protocol):
 
 
 def scalars(row: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
-    """The row's finite numbers (booleans as 0/1), without the `skip` keys."""
+    """The row's finite numbers (booleans as 0/1), without the `skip` keys; a seed's value
+    of an N-seed run's `NAME_per_seed` list becomes `NAME/seed_K` (K: 0 to N-1)."""
     out = {}
     for key, value in row.items():
+        if key.endswith(_PER_SEED) and isinstance(value, (list, tuple)):
+            name = key[: -len(_PER_SEED)]
+            out.update({f"{name}/{k}": v for k, v in scalars({f"seed_{k}": v for k, v in enumerate(value)}).items()})
+            continue
         if key in skip or isinstance(value, (str, list, tuple, dict)) or value is None:
             continue
         value = float(value)
         if math.isfinite(value):
             out[key] = value
     return out
+
+
+_PER_SEED = "_per_seed"
 
 
 class JsonlWriter:
@@ -59,6 +68,10 @@ class JsonlWriter:
 class TensorBoardWriter:
     """TensorBoard event files in `log_dir` (tensorboardX: `pip install genesis-jax[tensorboard]`).
 
+    The event file opens at the first row, with tensorboardX's `purge_step` at that row's
+    position: a resumed run (first row: the resumed position + 1) hides the rows an earlier
+    process logged from there on, so TensorBoard shows each position once.
+
     Args:
         log_dir: the directory TensorBoard reads (a run's `tensorboard/`).
         step_key: the rows' position field, used as TensorBoard's step.
@@ -71,23 +84,38 @@ class TensorBoardWriter:
         except ImportError as err:
             raise ImportError("--tensorboard needs tensorboardX: pip install 'genesis-jax[tensorboard]'") from err
         self.step_key, self.prefix = step_key, prefix
-        self._writer = SummaryWriter(logdir=os.fspath(log_dir))
+        # tensorboardX names its file by the second: a resume within the same second would
+        # truncate the earlier file. The nanoseconds keep the names apart, in order.
+        self._open = lambda purge_step: SummaryWriter(
+            logdir=os.fspath(log_dir), purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
+        )
+        self._writer = None
+
+    def _opened(self, purge_step: int | None = None):
+        if self._writer is None:
+            self._writer = self._open(purge_step)
+        return self._writer
 
     def write(self, rows: list[dict]) -> None:
+        if not rows:
+            return
+        writer = self._opened(purge_step=int(rows[0][self.step_key]))
         for row in rows:
             step = int(row[self.step_key])
             for key, value in scalars(row, skip=(self.step_key,)).items():
-                self._writer.add_scalar(self.prefix + key, value, step)
-        self._writer.flush()
+                writer.add_scalar(self.prefix + key, value, step)
+        writer.flush()
 
     def write_summary(self, summary: dict) -> None:
+        writer = self._opened()
         for key, value in scalars(summary).items():
-            self._writer.add_scalar("summary/" + key, value, 0)
-        self._writer.add_text("summary/precision", str(summary.get("precision")), 0)
-        self._writer.flush()
+            writer.add_scalar("summary/" + key, value, 0)
+        writer.add_text("summary/precision", str(summary.get("precision")), 0)
+        writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class WandbWriter:
