@@ -70,7 +70,9 @@ def test_a_halted_seed_freezes_while_the_others_train_on():
 
 
 def test_per_seed_columns_become_per_seed_tags():
-    tags = scalars({"update": 1, "loss_scale_per_seed": [2.0, 4.0], "episode_return_per_seed": [None, 3.0]}, ("update",))
+    tags = scalars(
+        {"update": 1, "loss_scale_per_seed": [2.0, 4.0], "episode_return_per_seed": [None, 3.0]}, ("update",)
+    )
     assert tags == {"loss_scale/seed_0": 2.0, "loss_scale/seed_1": 4.0, "episode_return/seed_1": 3.0}
 
 
