@@ -19,6 +19,13 @@ class RunDirectoryError(ValueError):
     """An output directory that may not be used as asked."""
 
 
+def _is_row(value, key: str | None) -> bool:
+    """A metric row: a JSON object with an integer position `key` (None: any object)."""
+    if not isinstance(value, dict):
+        return False
+    return key is None or (isinstance(value.get(key), int) and not isinstance(value.get(key), bool))
+
+
 def jsonable(value):
     """`value` with every non-finite float (nested ones included) as None: JSON has no NaN."""
     if isinstance(value, float):
@@ -86,6 +93,13 @@ class RunDirectory:
         self.resume, self.overwrite = resume, overwrite
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"output path {self.path} exists and is not a directory")
+        aside = self.path / self.ASIDE
+        if aside.exists() and not resume:
+            # A killed --overwrite left the run it replaced there: never delete it unasked.
+            raise RunDirectoryError(
+                f"{aside} holds the run an earlier --overwrite set aside and did not finish replacing; "
+                f"move its files back into {self.path} to keep that run, or delete {aside}, then run again"
+            )
         holds_run = any((self.path / name).exists() for name in _RUN_FILES)
         if holds_run and not (resume or overwrite):
             raise RunDirectoryError(
@@ -93,8 +107,11 @@ class RunDirectory:
                 "pass --resume to continue it or --overwrite to replace it"
             )
         if resume and not (self.path / "checkpoints").exists():
+            if self.read_summary() is not None:
+                raise self.no_checkpoint_error()
             raise RunDirectoryError(f"nothing to resume in {self.path}: it has no checkpoints/")
         self._lock_file = None
+        self.set_aside = False  # whether this run moved an old one into .replaced/
 
     def open(self) -> "RunDirectory":
         """Locks the directory and, with `overwrite`, sets the old run aside."""
@@ -102,11 +119,10 @@ class RunDirectory:
         self._lock()
         if self.overwrite:
             aside = self.path / self.ASIDE
-            if aside.exists():  # left by an earlier overwrite that was killed: the older run
-                shutil.rmtree(aside)
             moved = [name for name in _RUN_FILES if (self.path / name).exists()]
             if moved:
-                aside.mkdir()
+                aside.mkdir()  # the constructor refused an existing one: it is never deleted unasked
+                self.set_aside = True
                 for name in moved:
                     os.replace(self.path / name, aside / name)
         return self
@@ -152,11 +168,12 @@ class RunDirectory:
         self._lock_file = f
 
     def close(self, succeeded: bool) -> None:
-        """Ends the run: drops the set-aside old run (`succeeded`) or puts it back, and unlocks."""
+        """Ends the run: drops the old run this one set aside (`succeeded`) or puts it back, and
+        unlocks. A `.replaced/` this run did not make (a resume after a killed overwrite) stays."""
         if self._lock_file is None:
             return
         aside = self.path / self.ASIDE
-        if aside.exists():
+        if self.set_aside and aside.exists():
             if succeeded:
                 shutil.rmtree(aside)
             else:
@@ -169,6 +186,7 @@ class RunDirectory:
                 for moved in aside.iterdir():
                     os.replace(moved, self.path / moved.name)
                 aside.rmdir()
+            self.set_aside = False
         (self.path / self.LOCK).unlink(missing_ok=True)
         self._lock_file.close()
         self._lock_file = None
@@ -188,29 +206,82 @@ class RunDirectory:
             f.flush()
             os.fsync(f.fileno())
 
-    def read_metrics(self, up_to_update: int, key: str = "update", rewrite: bool = True) -> list[dict]:
-        """Rows up to a resumed checkpoint (none where there is none); later rows, written
-        after it, are dropped, so no update is ever logged twice. A torn last line (a
-        process killed while writing it) is dropped with a warning."""
+    def read_metrics(self, key: str | None = "update", warn: bool = True) -> list[dict]:
+        """The rows of metrics.jsonl (none where it is missing). A torn last line (a process
+        killed while writing it: no newline, not JSON) is left out, with a warning if `warn`;
+        any other line that is not a row (not UTF-8, not JSON, not an object with an integer
+        `key`; None: any object) is refused in one sentence naming the file and the line."""
         if not self.metrics_file.exists():
             return []
-        lines = [line for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        data = self.metrics_file.read_bytes()
+        lines = data.split(b"\n")
         rows = []
-        for i, line in enumerate(lines):
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i < len(lines) - 1:
-                    raise RunDirectoryError(f"{self.metrics_file} is damaged at line {i + 1}") from None
-                if rewrite:
-                    logging.getLogger("genesis_jax").warning("dropping the torn last line of %s", self.metrics_file)
-        rows = [r for r in rows if r[key] <= up_to_update]
-        if not rewrite:
-            return rows
-        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(_dumps(row) + "\n" for row in rows))
-        os.replace(tmp, self.metrics_file)
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                if number == len(lines) and not data.endswith(b"\n"):  # the unterminated last line
+                    if warn:
+                        logging.getLogger("genesis_jax").warning("dropping the torn last line of %s", self.metrics_file)
+                    break
+                what = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else "is not JSON"
+                raise RunDirectoryError(f"{self.metrics_file} is damaged: line {number} {what}") from None
+            if not _is_row(row, key):
+                raise RunDirectoryError(
+                    f"{self.metrics_file} is damaged: line {number} is not a metric row "
+                    f"(a JSON object with an integer {key!r})"
+                )
+            rows.append(row)
         return rows
+
+    def keep_metrics(self, count: int) -> None:
+        """Cuts metrics.jsonl to its first `count` rows, byte for byte (atomically), where it
+        holds more or a torn line: rows logged after a resumed checkpoint are logged again."""
+        if not self.metrics_file.exists():
+            return
+        data = self.metrics_file.read_bytes()
+        kept, end = 0, 0
+        for line in data.splitlines(keepends=True):
+            if kept == count:
+                break
+            end += len(line)
+            kept += bool(line.strip())
+        if end == len(data):
+            return
+        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(data[:end])
+        os.replace(tmp, self.metrics_file)
+
+    def read_summary(self) -> dict | None:
+        """summary.json as a dict; None where there is none; {} where it cannot be read."""
+        try:
+            summary = json.loads((self.path / "summary.json").read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+        return summary if isinstance(summary, dict) else {}
+
+    def contents(self) -> str:
+        """What the directory holds, in words: 'N metric rows and a summary of a finished run'."""
+        try:
+            rows = f"{len(self.read_metrics(None, warn=False))} metric rows"
+        except RunDirectoryError:
+            rows = "a damaged metrics.jsonl"
+        summary = self.read_summary()
+        if summary is None:
+            return rows
+        stopped = summary.get("stopped", "?")
+        how = {None: "a finished run", "diverged": "a run the divergence guard stopped", "failed": "a failed run"}
+        return f"{rows} and a summary of {how.get(stopped, f'a run stopped by {stopped}')}"
+
+    def no_checkpoint_error(self) -> RunDirectoryError:
+        return RunDirectoryError(
+            f"{self.path} holds {self.contents()} but no checkpoint; resume cannot continue it: "
+            "use --overwrite to start over, or a new directory"
+        )
 
     def write_summary(self, summary: dict, config: dict) -> None:
         tmp = self.path / "summary.json.tmp"

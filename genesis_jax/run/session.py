@@ -26,7 +26,9 @@ on every stop so their collectives stay in step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import signal
 import sys
 import time
@@ -134,11 +136,22 @@ class Session:
         self.timing = Timing()
         self.wall_start = time.perf_counter()
         self._last_save = 0
+        self._saved = False  # whether this session saved a checkpoint
+        self._signals: StopSignals | None = None
+        self.previous_summary: dict = {}  # on resume: the summary.json found in the directory
+        self._summary: dict | None = None  # the summary `finish` wrote
 
     # -- the run directory ------------------------------------------------------------------
 
     def __enter__(self) -> "Session":
-        parallel.barrier("genesis-session-checked")
+        # From here to the end a signal only sets a flag the loop reads: a SIGTERM while the
+        # old run is set aside or the chunk compiles still ends in a clean stop.
+        self._signals = StopSignals().__enter__()
+        try:
+            parallel.barrier("genesis-session-checked")
+        except BaseException:
+            self._signals.__exit__(*sys.exc_info())
+            raise
         if self.run_dir is None:
             return self
         try:
@@ -157,36 +170,101 @@ class Session:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        # A guard stop or a signal is a clean end: the run's files are complete.
+        clean = exc_type is None or issubclass(exc_type, (DivergenceError, TrainingInterrupted))
         try:
             if self.store is not None:
                 self.store.close()
             for writer in self.writers:
                 writer.close()
         finally:
-            if self.run_dir is not None and self.primary:
-                # A guard stop or a signal is a clean end: the run's files are complete.
-                clean = exc_type is None or issubclass(exc_type, (DivergenceError, TrainingInterrupted))
-                self.run_dir.close(clean)
+            try:
+                if self.run_dir is not None and self.primary:
+                    if not clean:
+                        self._write_failure(exc_type, exc)
+                    # An old run set aside by --overwrite goes only once the new one saved a checkpoint.
+                    self.run_dir.close(clean and self._saved)
+            finally:
+                if self._signals is not None:
+                    self._signals.__exit__()
+                    self._signals = None
+
+    def _write_failure(self, exc_type, exc) -> None:
+        """A fresh summary.json for a run that failed after training something: where it
+        got to (`iterations`) and why (`error`); `stopped` is "failed"."""
+        if not self.timing.positions_run:
+            return  # nothing new trained: the directory keeps the summary it had
+        detail = str(exc).strip().splitlines()[0][:300] if exc is not None and str(exc).strip() else ""
+        summary = {
+            **(self._summary or {"config_changes": self.config_changes}),
+            "stopped": "failed",
+            "error": f"{exc_type.__name__}: {detail}" if detail else exc_type.__name__,
+            "iterations": len(self.rows),
+        }
+        try:
+            self.run_dir.write_summary(summary, self.config.to_dict() if self.config is not None else {})
+        except Exception as err:  # a full disk, say: the original error is the one to report
+            logging.getLogger("genesis_jax").warning("could not write the failed run's summary: %s", err)
 
     @property
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
     def restore(self, state):
-        """With `resume`: the newest complete checkpoint's state, its position, and the metric
-        rows up to it (later ones, logged after it, are dropped: no row twice). Without a
-        complete checkpoint the run starts cleanly from `state`; without `resume`, `state`."""
+        """With `resume`: the newest complete checkpoint at or before the last intact metric
+        row (so no row goes missing), its state, its position, and the metric rows up to it
+        (later ones, logged after it, are dropped: no row twice). A run killed before its
+        first checkpoint starts cleanly from `state`; without `resume`, `state`. Refused in
+        one sentence: a run with a summary but no checkpoint, checkpoints without the rows
+        they follow, and a `total` below the positions already run."""
         if self.store is None or not self.resume:
             return state
-        if self.store.latest_step() is not None:
-            state, meta = self.store.restore(state, kind=self.kind, train_state_path=self.train_state_path)
+        rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)
+        step = self._resume_step(self.store.all_steps(), rows)
+        self.previous_summary = self.run_dir.read_summary() or {}
+        if step is not None:
+            state, meta = self.store.restore(state, step=step, kind=self.kind, train_state_path=self.train_state_path)
             self.position = int(meta[self.meta_key])
             if self.config is not None:
                 self.config_changes = runs.check_config_changes(meta, self.config, self.allow_config_change)
-        # Of several processes, one trims metrics.jsonl; the others only read it.
-        self.rows = self.run_dir.read_metrics(self.position, key=self.position_key, rewrite=self.primary)
+        self.rows = [row for row in rows if row[self.position_key] <= self.position]
+        if self.primary:  # of several processes, one trims metrics.jsonl; the others only read it
+            self.run_dir.keep_metrics(len(self.rows))
         self._last_save = self.position
         return state
+
+    def _resume_step(self, steps: list[int], rows: list[dict]) -> int | None:
+        """The checkpoint step to resume from (None: start cleanly), or a refusal."""
+        key, where = self.position_key, self.run_dir.path
+        last_row = rows[-1][key] if rows else 0
+        done = max([last_row, *steps])
+        if done > self.total:
+            raise runs.RunDirectoryError(
+                f"{where} has run {self._amount(done)} already, more than the {self._amount(self.total)} "
+                f"asked for; ask for at least {self._amount(done)} to continue it"
+            )
+        if not steps:
+            if self.run_dir.read_summary() is not None:  # an ended run whose checkpoints are gone
+                raise self.run_dir.no_checkpoint_error()
+            return None  # killed before its first checkpoint: its rows are logged again
+        usable = [s for s in steps if s <= last_row]
+        if not usable:
+            metrics = self.run_dir.metrics_file
+            holds = f"holds rows up to {key} {last_row}" if rows else "is empty" if metrics.exists() else "is missing"
+            raise runs.RunDirectoryError(
+                f"{metrics} {holds} but the oldest checkpoint in {where} is at {key} "
+                f"{min(steps)}: resuming would leave {key}s without a row; "
+                "use --overwrite to start over, or a new directory"
+            )
+        return max(usable)
+
+    def _amount(self, positions: int) -> str:
+        """`positions` in the run's units: '8 updates (4096 steps)', or '3 epochs'."""
+        plural = lambda n, name: f"{n} {name}" + ("" if n == 1 else "s")  # noqa: E731
+        text = plural(positions, self.position_key)
+        if self.unit_size != 1:
+            text += f" ({plural(positions * self.unit_size, self.unit)})"
+        return text
 
     def save(self, state, meta: dict | None = None) -> None:
         """A checkpoint of `state` at the current position (every process takes part)."""
@@ -197,6 +275,7 @@ class Session:
             full_meta["config"] = self.config.to_dict()
         self.store.save(self.position, state, full_meta, force=True, train_state_path=self.train_state_path)
         self._last_save = self.position
+        self._saved = True
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -217,9 +296,13 @@ class Session:
             self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
         )
         try:
-            with StopSignals() as signals:
+            with self._stop_signals() as signals:
+                # A signal before the loop (while the chunk compiled): stop before the first chunk.
+                early = self.position < self.total and parallel.any_process(signals.received is not None)
+                if early:
+                    self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
                 dispatched = time.perf_counter()
-                pending = step(state) if self.position < self.total else None
+                pending = step(state) if self.position < self.total and not early else None
                 while pending is not None:
                     state, metrics = pending
                     pending = None
@@ -257,6 +340,10 @@ class Session:
             bar.close()
         return state
 
+    def _stop_signals(self):
+        """The session's handlers, installed since `__enter__`; a run outside `with` installs its own."""
+        return contextlib.nullcontext(self._signals) if self._signals is not None else StopSignals()
+
     def _log(self, rows: list[dict], bar) -> None:
         self.rows.extend(rows)
         for writer in self.writers:
@@ -272,7 +359,9 @@ class Session:
         raises `DivergenceError` or `TrainingInterrupted` where the run stopped early; returns
         the summary otherwise. `train_state` (a `TrainState`) names the guard's cause."""
         summary = {**summary, "stopped": self.stopped, "config_changes": self.config_changes}
-        if self.run_dir is not None and self.primary:
+        untouched = self.stopped not in (None, "diverged") and not self.timing.positions_run
+        if self.run_dir is not None and self.primary and not untouched:
+            self._summary = summary
             self.run_dir.write_summary(summary, self.config.to_dict() if self.config is not None else {})
             for writer in self.writers:
                 writer.write_summary(summary)
@@ -284,6 +373,14 @@ class Session:
             if train_state is not None and self.config is not None:
                 report = halted_report(train_state, self.config.divergence_guard())
             raise DivergenceError((report or "training diverged") + where, summary)
+        if untouched:  # stopped before the first chunk: nothing new to save, the directory as it was
+            kept = f"; {self.path} is left as it was" if self.run_dir else ""
+            raise TrainingInterrupted(
+                f"{self.stopped} received before training began ({self.position_key} {self.position} of "
+                f"{self.total}): nothing was trained{kept}",
+                getattr(signal, self.stopped),
+                summary,
+            )
         if self.stopped is not None:
             hint = f"; continue with --resume --out {self.path}" if self.run_dir else ""
             raise TrainingInterrupted(

@@ -1,0 +1,375 @@
+"""A run's records are never replaced or lost. Resume refuses what it cannot continue whole
+(naming what the directory holds), starts from a checkpoint that no metric row is missing
+after, refuses a damaged metrics line by file and line number, keeps a finished run's summary
+and refuses a shorter run; SIGINT / SIGTERM are handled from the moment a Session touches its
+directory; TensorBoard shows each position once after a resume; a run that fails mid-way
+writes a summary saying so. Each test checks the one-line message and the bytes on disk."""
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+import signal
+import struct
+
+import jax.numpy as jnp
+import pytest
+
+from genesis_jax import algos
+from genesis_jax.cli import main
+from genesis_jax.run.run_dir import RunDirectoryError
+from genesis_jax.run.session import Session
+from genesis_jax.run.signals import TrainingInterrupted
+from tests.algos.toy_algorithm import Toy, ToyConfig
+from tests.support.processes import start_python, wait_until
+
+
+def snapshot(path: pathlib.Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def toy_loss(chunk: int) -> float:
+    """The toy's loss at `chunk`: w starts at 8 and halves every chunk (exact in float32)."""
+    return 8.0 * 0.5 ** (chunk - 1)
+
+
+def toy(out, total, *, calls=None, fail_at=None, signal_first=False, checkpoint_every=1, **options):
+    """A toy run of `total` chunks under a Session (the loop of session.py's docstring, with a
+    checkpoint every chunk). `calls` collects the chunks run; the chunk call `fail_at` raises a
+    full disk's OSError; `signal_first` sends SIGTERM right after the Session opened (while a
+    real trainer would compile)."""
+    calls = [] if calls is None else calls
+
+    def step(state):
+        calls.append(len(calls) + 1)
+        if len(calls) == fail_at:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return {"w": state["w"] * 0.5}, {"loss": state["w"]}
+
+    def to_rows(metrics, done):
+        return [{"chunk": done + 1, "loss": float(metrics["loss"])}]
+
+    options = {"progress": False, "checkpoint_every": checkpoint_every, **options}
+    with Session(str(out), kind="toy", total=total, position_key="chunk", unit="chunk", **options) as session:
+        if signal_first:
+            os.kill(os.getpid(), signal.SIGTERM)
+        state = session.restore({"w": jnp.float32(8.0)})
+        state = session.run(state, step, to_rows)
+        return session.finish({"final_loss": session.rows[-1]["loss"] if session.rows else None})
+
+
+def metric_chunks(run: pathlib.Path) -> list[int]:
+    return [json.loads(line)["chunk"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """`genesis-jax train toy`: the template's toy algorithm on the command line."""
+    monkeypatch.setitem(algos.REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
+
+
+TOY = ["train", "toy", "--precision", "fp16", "--total-steps", "32", "--no-progress"]
+
+
+# --- resume never replaces an ended run, nor leaves a row missing ----------------------------
+
+
+@pytest.mark.parametrize("gone", ["emptied", "removed"])
+def test_resume_refuses_an_ended_run_whose_checkpoints_are_gone(tmp_path, gone):
+    run = tmp_path / "run"
+    toy(run, 3)
+    if gone == "removed":
+        shutil.rmtree(run / "checkpoints")
+    else:
+        for step in (run / "checkpoints").iterdir():
+            shutil.rmtree(step)
+    before = snapshot(run)
+    with pytest.raises(RunDirectoryError) as refused:
+        toy(run, 3, resume=True)
+    assert str(refused.value) == (
+        f"{run} holds 3 metric rows and a summary of a finished run but no checkpoint; "
+        "resume cannot continue it: use --overwrite to start over, or a new directory"
+    )
+    assert snapshot(run) == before
+
+
+@pytest.mark.slow  # a PPO and a world-model run through the CLI: about 20 s
+def test_ppo_and_the_world_model_refuse_alike_a_resume_whose_metrics_are_gone(tmp_path, capsys):
+    workloads = {
+        "ppo": (["train", "ppo", "--precision", "fp16", "--total-steps", "2048"], "--total-steps", 4096, "update", 4),
+        "world-model": (
+            ["train", "world-model", "--epochs", "1", "--num-sequences", "64", "--batch-size", "256", "--width", "16"],
+            "--epochs",
+            2,
+            "epoch",
+            1,
+        ),
+    }
+    for name, (argv, longer, value, key, done) in workloads.items():
+        run = tmp_path / name
+        assert main([*argv, "--no-progress", "--out", str(run)]) == 0
+        capsys.readouterr()
+        if name == "ppo":  # a shorter run than the one already done: refused, naming both
+            before = snapshot(run)
+            assert main([*argv, "--total-steps", "1024", "--no-progress", "--out", str(run), "--resume"]) == 2
+            assert one_line_error(capsys) == (
+                f"genesis-jax: error: {run} has run 4 updates (2048 steps) already, more than the 2 updates "
+                "(1024 steps) asked for; ask for at least 4 updates (2048 steps) to continue it"
+            )
+            assert snapshot(run) == before
+        (run / "metrics.jsonl").unlink()
+        before = snapshot(run)
+        assert main([*argv, longer, str(value), "--no-progress", "--out", str(run), "--resume"]) == 2
+        assert one_line_error(capsys) == (
+            f"genesis-jax: error: {run}/metrics.jsonl is missing but the oldest checkpoint in {run} is at {key} "
+            f"{done}: resuming would leave {key}s without a row; use --overwrite to start over, or a new directory"
+        )
+        assert snapshot(run) == before
+
+
+def test_a_torn_last_row_resumes_from_the_checkpoint_before_it_so_no_row_is_missing(tmp_path, caplog):
+    run = tmp_path / "run"
+    toy(run, 4)  # checkpoints at chunks 2, 3 and 4 (the newest 3 kept)
+    whole = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(whole[:-8])  # chunk 4's row torn: killed while writing it
+    calls = []
+    with caplog.at_level("WARNING", logger="genesis_jax"):
+        summary = toy(run, 4, resume=True, calls=calls)
+    assert "torn last line" in caplog.text
+    assert calls == [1]  # chunk 4 alone, again, from the checkpoint of chunk 3
+    assert (run / "metrics.jsonl").read_bytes() == whole  # every row back, byte for byte
+    assert summary["final_loss"] == toy_loss(4)
+
+
+def test_a_torn_row_with_no_checkpoint_before_it_is_refused(tmp_path):
+    run = tmp_path / "run"
+    toy(run, 4, max_to_keep=1)  # the checkpoint of chunk 4 alone
+    whole = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(whole[:-8])
+    before = snapshot(run)
+    with pytest.raises(RunDirectoryError) as refused:
+        toy(run, 4, resume=True, max_to_keep=1)
+    assert str(refused.value) == (
+        f"{run}/metrics.jsonl holds rows up to chunk 3 but the oldest checkpoint in {run} is at chunk 4: "
+        "resuming would leave chunks without a row; use --overwrite to start over, or a new directory"
+    )
+    assert snapshot(run) == before  # the torn line too: nothing trimmed before the refusal
+
+
+@pytest.mark.parametrize(
+    "line, content, words",
+    [
+        (2, b"[1, 2]", "is not a metric row (a JSON object with an integer 'chunk')"),
+        (2, b'"a string"', "is not a metric row (a JSON object with an integer 'chunk')"),
+        (2, b'{"loss": 4.0}', "is not a metric row (a JSON object with an integer 'chunk')"),
+        (2, b'{"chunk": "2", "loss": 4.0}', "is not a metric row (a JSON object with an integer 'chunk')"),
+        (2, b'{"chunk": 2, "loss": \xff\xfe}', "is not UTF-8 text"),
+        (2, b'{"chunk": 2, "lo', "is not JSON"),
+        (3, b'{"chunk": 3, "loss": 2.0}\xc3', "is not UTF-8 text"),  # the last line, whole (newline-ended)
+    ],
+)
+def test_a_line_that_is_not_a_metric_row_is_refused_naming_the_file_and_line(tmp_path, line, content, words):
+    run = tmp_path / "run"
+    toy(run, 3)
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    lines[line - 1] = content + b"\n"
+    (run / "metrics.jsonl").write_bytes(b"".join(lines))
+    before = snapshot(run)
+    with pytest.raises(RunDirectoryError) as refused:
+        toy(run, 5, resume=True)
+    assert str(refused.value) == f"{run}/metrics.jsonl is damaged: line {line} {words}"
+    assert snapshot(run) == before
+
+
+def test_non_utf8_metrics_are_one_line_with_exit_status_2_on_the_command_line(registered, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([*TOY, "--out", str(run)]) == 0
+    capsys.readouterr()
+    with open(run / "metrics.jsonl", "r+b") as f:
+        f.seek(5)
+        f.write(b"\xff")
+    before = snapshot(run)
+    assert main([*TOY, "--total-steps", "64", "--out", str(run), "--resume"]) == 2
+    assert one_line_error(capsys) == f"genesis-jax: error: {run}/metrics.jsonl is damaged: line 1 is not UTF-8 text"
+    assert snapshot(run) == before
+
+
+# --- a finished run resumed; a shorter one refused --------------------------------------------
+
+
+def test_resuming_a_finished_run_compiles_nothing_and_keeps_its_summary(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    config = ToyConfig(precision="fp16", total_steps=32)
+    Toy.train(config, str(run), progress=False)
+    first = json.loads((run / "summary.json").read_text())
+    compiled = []
+    original = Toy.compile_chunk
+    monkeypatch.setattr(Toy, "compile_chunk", lambda self, *a: compiled.append(1) or original(self, *a))
+    resumed = Toy.train(config, str(run), progress=False, resume=True)
+    assert compiled == []
+    again = json.loads((run / "summary.json").read_text())
+    assert again == first  # speed, compile time and memory as measured when the run ran, not null
+    assert first["steps_per_second"] > 0 and first["compile_seconds"] > 0 and first["train_step_bytes"] > 0
+    assert resumed.summary["steps_per_second"] == first["steps_per_second"]
+
+
+def test_a_shorter_run_than_the_one_done_is_refused_naming_both(registered, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([*TOY, "--out", str(run)]) == 0
+    capsys.readouterr()
+    before = snapshot(run)
+    assert main([*TOY, "--total-steps", "16", "--out", str(run), "--resume"]) == 2
+    assert one_line_error(capsys) == (
+        f"genesis-jax: error: {run} has run 32 updates already, more than the 16 updates asked for; "
+        "ask for at least 32 updates to continue it"
+    )
+    assert snapshot(run) == before
+
+
+# --- signals for the Session's whole life; a set-aside run is never deleted unasked ----------
+
+
+@pytest.fixture
+def sigterm_reaching_the_test(monkeypatch):
+    """A SIGTERM that no Session handled lands here (recorded), instead of ending pytest."""
+    reached = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: reached.append(signum))
+    yield reached
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_before_the_first_chunk_of_an_overwrite_puts_the_old_run_back(tmp_path, sigterm_reaching_the_test):
+    run = tmp_path / "run"
+    toy(run, 3)
+    before = snapshot(run)
+    with pytest.raises(TrainingInterrupted) as stop:
+        toy(run, 3, overwrite=True, signal_first=True)
+    assert sigterm_reaching_the_test == []  # the Session's handler took it
+    assert stop.value.signum == signal.SIGTERM
+    assert str(stop.value) == (
+        f"SIGTERM received before training began (chunk 0 of 3): nothing was trained; {run} is left as it was"
+    )
+    assert snapshot(run) == before
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]
+
+
+# Runs the CLI with the chunk's compilation held for 3 s, after writing a marker.
+SLOW_COMPILE = """
+import os, sys, time
+from genesis_jax import algos
+from genesis_jax.algos.base import Algorithm
+algos.REGISTRY["toy"] = ("tests.algos.toy_algorithm", "a toy regression")
+compile_chunk = Algorithm.compile_chunk
+def slow_compile(self, state, per_chunk):
+    open(os.environ["COMPILING"], "w").close()
+    time.sleep(3)
+    return compile_chunk(self, state, per_chunk)
+Algorithm.compile_chunk = slow_compile
+from genesis_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a CLI subprocess held 3 s in its compilation: about 12 s
+def test_sigterm_while_an_overwrite_compiles_exits_143_in_one_line_with_the_old_run_back(registered, tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "compiling"
+    assert main([*TOY, "--out", str(run)]) == 0
+    before = snapshot(run)
+    proc = start_python(
+        ["-c", SLOW_COMPILE, *TOY, "--overwrite", "--out", str(run)],
+        {**os.environ, "JAX_PLATFORMS": "cpu", "COMPILING": str(marker)},
+    )
+    wait_until(marker.exists, proc, timeout=180)
+    assert (run / ".replaced").is_dir()  # the old run is set aside while the new one compiles
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip().splitlines() == [
+        f"genesis-jax: SIGTERM received before training began (update 0 of 32): nothing was trained; "
+        f"{run} is left as it was"
+    ]
+    assert snapshot(run) == before and not (run / ".replaced").exists()
+
+
+def test_an_overwrite_never_deletes_the_run_a_killed_overwrite_set_aside(tmp_path):
+    run = tmp_path / "run"
+    toy(run, 3)
+    # What an --overwrite killed with SIGKILL while it compiled leaves: the old run in
+    # .replaced/, the new run's empty checkpoints/.
+    (run / ".replaced").mkdir()
+    for name in ("checkpoints", "metrics.jsonl", "summary.json"):
+        os.replace(run / name, run / ".replaced" / name)
+    (run / "checkpoints").mkdir()
+    before = snapshot(run)
+    for options in ({"overwrite": True}, {}):
+        with pytest.raises(RunDirectoryError) as refused:
+            toy(run, 3, **options)
+        assert str(refused.value) == (
+            f"{run}/.replaced holds the run an earlier --overwrite set aside and did not finish replacing; "
+            f"move its files back into {run} to keep that run, or delete {run}/.replaced, then run again"
+        )
+        assert snapshot(run) == before
+    toy(run, 2, resume=True)  # the killed run, continued: it had no checkpoint, so from chunk 1
+    assert metric_chunks(run) == [1, 2]
+    assert {k: v for k, v in snapshot(run).items() if k.startswith(".replaced")} == {
+        k: v for k, v in before.items() if k.startswith(".replaced")
+    }
+
+
+# --- TensorBoard after a resume; the summary of a failed run ---------------------------------
+
+
+def tensorboard_scalars(log_dir: pathlib.Path, purge: bool) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files in `log_dir` (file-name order), read from the TFRecord
+    framing with tensorboardX's Event message. With `purge`, as TensorBoard shows them: a
+    SessionLog START event at step s (tensorboardX's `purge_step`) hides the earlier events
+    at steps >= s."""
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(log_dir.iterdir()):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            if purge and event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                scalars = {tag: [(s, v) for s, v in values if s < event.step] for tag, values in scalars.items()}
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_tensorboard_shows_each_position_once_after_a_resume(tmp_path):
+    run = tmp_path / "run"
+    toy(run, 4, checkpoint_every=2, writers=("tensorboard",))
+    shutil.rmtree(run / "checkpoints" / "4")  # as if killed after logging chunk 4, before its save
+    toy(run, 4, checkpoint_every=2, writers=("tensorboard",), resume=True)  # chunks 3 and 4 again
+    events = run / "tensorboard"
+    assert len(list(events.iterdir())) == 2  # the first process's file is kept, not overwritten
+    assert [s for s, _ in tensorboard_scalars(events, purge=False)["train/loss"]] == [1, 2, 3, 4, 3, 4]
+    assert tensorboard_scalars(events, purge=True)["train/loss"] == [(c, toy_loss(c)) for c in (1, 2, 3, 4)]
+
+
+def test_a_run_that_fails_midway_writes_a_summary_saying_so(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match="No space left on device"):
+        toy(run, 4, fail_at=4)  # chunks 1 to 3 ran and were saved; the 4th fails
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"] == "failed" and summary["iterations"] == 3
+    assert summary["error"] == f"OSError: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"
+    assert metric_chunks(run) == [1, 2, 3]
+    before = snapshot(run)
+    with pytest.raises(OSError):
+        toy(run, 4, resume=True, fail_at=1)  # fails before training anything: nothing changes
+    assert snapshot(run) == before
+    assert toy(run, 4, resume=True)["stopped"] is None  # from the checkpoint of chunk 3
+    assert metric_chunks(run) == [1, 2, 3, 4]
+    assert json.loads((run / "summary.json").read_text())["final_loss"] == toy_loss(4)
