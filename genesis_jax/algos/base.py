@@ -362,6 +362,8 @@ class Algorithm:
             compile_seconds = time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
             state = session.run(state, call, to_rows, per_chunk)
+            if session.stopped and not session.timing.positions_run:
+                session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = {
                 **self.common_summary(session.rows, state, session, compile_seconds),
                 **self.summary(session.rows, state),
