@@ -77,14 +77,15 @@ def _trainer(workload: str):
     return algorithm.fields, algorithm.config_class, algorithm
 
 
-def _defaults(cls, config_defaults: dict):
-    """`cls` holding the trainer config's defaults for its fields (the precision from the environment)."""
+def _defaults(cls, config_defaults: dict, precision_given: bool = False):
+    """`cls` holding the trainer config's defaults for its fields (the precision from the
+    environment, unless --precision is given: then the variables are not read at all)."""
     from genesis_jax.amp.policy import resolve_precision_name
 
     if cls is RunOptions:
         return cls()
     values = {name: config_defaults[name] for name in _field_names(cls)}
-    if "precision" not in values:
+    if "precision" not in values or precision_given:
         return cls(**values)
     values["precision"] = resolve_precision_name(None)
     try:
@@ -136,9 +137,10 @@ def parse_train_args(workload: str, argv: Sequence[str]):
         frozen=True,
     )
     config_defaults = _values(config_cls())
-    default = command_cls(**{name: _defaults(cls, config_defaults) for name, (cls, _) in groups.items()})
     prog = f"genesis-jax train {workload}"
     argv, notes = _old_spellings(list(argv))
+    given = any(arg == "--precision" or arg.startswith("--precision=") for arg in argv)
+    default = command_cls(**{name: _defaults(cls, config_defaults, given) for name, (cls, _) in groups.items()})
     for note in notes:
         print(f"genesis-jax: warning: {note}", file=sys.stderr)
     parsed = _tyro_one_line_errors(
@@ -321,16 +323,19 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
 
 
 def _run_collect(args) -> int:
-    import os
+    from genesis_jax.algos.world_model.data import (
+        check_collect_args,
+        check_output_path,
+        collect_dataset,
+        save_dataset,
+    )
+    from genesis_jax.envs.registry import resolve_env
 
-    from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
-
-    if os.path.exists(args.out):
-        raise ValueError(f"{args.out} exists; choose another path")
-    if not args.out.endswith(".npz"):
-        raise ValueError(f"dataset path must end in .npz, got {args.out!r}")
-    if args.num_sequences < 1 or args.sequence_length < 1:
-        raise ValueError("num-sequences and sequence-length must be positive integers")
+    # Everything that can be refused is, before a policy loads or a step is collected.
+    check_output_path(args.out)
+    check_collect_args(args.env, args.num_sequences, args.sequence_length, args.seed)
+    spec = resolve_env(args.env, args.env_backend)
+    check_collect_args(args.env, args.num_sequences, args.sequence_length, args.seed, spec)
     policy, name = None, "random policy"
     if args.policy != "random":  # a trained agent acts: the world model's data takes any act(key, obs)
         from genesis_jax.algos.ppo import load_policy

@@ -44,6 +44,25 @@ from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterr
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 
 
+def check_checkpointable(state) -> None:
+    """Refuses, before the loop, a state no checkpoint can hold: checkpoints store named arrays
+    (a dict, a dataclass or a flax struct of arrays and numbers), not a bare array or scalar."""
+    from flax import serialization
+
+    tree = serialization.to_state_dict(state)
+    if not isinstance(tree, dict):
+        raise ValueError(
+            f"a Session with an output directory checkpoints its state, which must be a dict, dataclass or flax "
+            f"struct of arrays; got a bare {type(state).__name__}: wrap it, such as {{'params': state}}"
+        )
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool)):
+            raise ValueError(
+                f"the Session's state holds a {type(leaf).__name__} at {jax.tree_util.keystr(path)}; "
+                "a checkpoint holds arrays and numbers only"
+            )
+
+
 def _until_halt(rows: list[dict]) -> list[dict]:
     """Rows up to and including the one where the divergence guard stopped training."""
     for i, row in enumerate(rows):
@@ -217,6 +236,8 @@ class Session:
         first checkpoint starts cleanly from `state`; without `resume`, `state`. Refused in
         one sentence: a run with a summary but no checkpoint, checkpoints without the rows
         they follow, and a `total` below the positions already run."""
+        if self.store is not None:
+            check_checkpointable(state)  # fails now, not at the first save
         if self.store is None or not self.resume:
             return state
         rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)

@@ -1,0 +1,250 @@
+"""SAC on the algorithm template: twin critics with Polyak targets, a tanh-Gaussian actor and a
+learned temperature; three optimizers under one loss scaler (`amp.shared_scale_step`: the
+iteration's scale backs off once if any gradient was not finite); replay in flashbax."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax.experimental import io_callback
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.algos.sac.config import SACConfig, SACFields
+from genesis_jax.amp import TrainState, share_scale, shared_scale_step, update_shared_scale
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
+from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.registry import resolve_env
+from genesis_jax.nets.dense import Dense
+from genesis_jax.nets.torsos import ResidualMLP
+from genesis_jax.run import plots
+from genesis_jax.run.parallel import constrain
+
+OPTIMIZERS = ("critic", "actor", "alpha")
+COUNTS = ("updates", "episodes", "critic_skipped", "actor_skipped", "alpha_skipped", "skipped")  # skipped: all three
+LOSSES = ("critic_loss", "actor_loss", "alpha_loss", "alpha", "q_mean", "entropy")
+# next_obs: the pre-reset observation where an episode ended; terminated, not truncated: a time limit bootstraps.
+Transition = collections.namedtuple("Transition", "obs action reward next_obs terminated")
+
+
+class Net(nn.Module):
+    """Inputs concatenated, a torso in `dtype` (ReLU MLP or SimBa's resmlp), a float32 linear head."""
+
+    torso: tuple
+    outputs: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, *inputs):
+        x = jnp.concatenate(inputs, axis=-1)
+        if self.torso[0] == "resmlp":
+            x = ResidualMLP(*self.torso[1:], self.dtype)(x)
+        for width in self.torso[1] if self.torso[0] == "mlp" else ():
+            x = nn.relu(Dense(width, self.dtype)(x))
+        return Dense(self.outputs, self.dtype)(x)
+
+
+# The twin critics as one params tree with a leading axis of 2: one batched matmul per layer.
+TwinQ = nn.vmap(Net, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, axis_size=2)
+
+
+class SACState(struct.PyTreeNode):
+    critic: TrainState  # the twin Qs, one params tree
+    actor: TrainState
+    alpha: TrainState  # params: log(alpha)
+    target: Any  # the target critics' params
+    buffer: Any
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array
+    rng: jax.Array
+    iteration: jax.Array  # environment iterations done
+
+
+def host_step(env: GymnasiumVecEnv):
+    """gymnax's `step` for gymnasium environments, run from the compiled loop by `io_callback`."""
+    n, shape = env.num_envs, env.spec.obs_shape
+    obs, flags = jax.ShapeDtypeStruct((n, *shape), jnp.float32), jax.ShapeDtypeStruct((n,), bool)
+    shapes = (obs, jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, obs)
+    call = lambda a: tuple(np.asarray(x, s.dtype) for x, s in zip(env.step(np.asarray(a)), shapes))  # noqa: E731
+
+    def step(keys, env_state, action):
+        obs, reward, terminated, truncated, final_obs = io_callback(call, shapes, action, ordered=True)
+        return obs, env_state, reward, terminated, truncated, final_obs
+
+    return step
+
+
+class SAC(Algorithm):
+    name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
+    unit, progress_unit = "row", "step"  # a metrics row: `steps_per_row` environment steps
+    train_state_path = ("critic",)  # the template reads the scale there: the one all three share
+
+    def setup(self) -> None:
+        c = self.config
+        spec = resolve_env(c.env, c.env_backend)  # a bad id fails here, before anything is written
+        if not spec.continuous:
+            raise ValueError(f"{c.env} has discrete actions; SAC needs continuous ones: train it with dqn")
+        if spec.backend != "gymnax" and (c.num_seeds > 1 or c.devices > 1):
+            raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+        self.spec, self.total, self.unit_size = spec, c.total_steps // c.steps_per_row, c.steps_per_row
+        dtype = c.train_precision().compute_dtype
+        self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)
+        self.q = lambda params, obs, act: self.critic.apply(params, obs, act)[..., 0]  # [2, batch] float32
+        self.low, self.high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+        self.target_entropy = -spec.action_dim if c.target_entropy is None else c.target_entropy
+        obs, act, f32 = np.zeros(spec.obs_shape, np.float32), np.zeros(spec.action_dim, np.float32), np.float32
+        self.replay = make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
+        needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
+        check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
+        self.host_env = None if spec.backend == "gymnax" else GymnasiumVecEnv(c.env, c.num_envs, c.vectorization)
+        self.env = GymnaxVecEnv(c.env, c.num_envs) if self.host_env is None else None
+        self.env_step = self.env.step if self.host_env is None else host_step(self.host_env)
+        self.env_reset = self.env.reset if self.host_env is None else lambda _: (self.host_env.reset(seed=c.seed), ())
+
+    def init(self, key) -> SACState:
+        c, spec = self.config, self.spec
+        k_critic, k_actor, k_env, rng = jax.random.split(key, 4)
+        obs, act = jnp.zeros((1, *spec.obs_shape)), jnp.zeros((1, spec.action_dim))
+        critic_params = self.critic.init(k_critic, obs, act)
+        env_obs, env_state = self.env_reset(k_env)  # host environments restart from the seed
+        critic = c.create_train_state(critic_params, optax.adam(c.critic_lr))
+        actor = c.create_train_state(self.actor.init(k_actor, obs), optax.adam(c.actor_lr))
+        alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), optax.adam(c.alpha_lr))
+        target = jax.tree.map(jnp.copy, critic_params)  # its own buffers: the state is donated
+        zeros = jnp.zeros(c.num_envs)
+        return SACState(critic, actor, alpha, target, self.replay.init(), env_state, env_obs, zeros, rng, jnp.int32(0))
+
+    def policy(self, params, obs, noise):
+        """(action, float32 log-prob) of tanh(mean + std noise) in the bounds; log(1 - tanh(u)^2) stably."""
+        mean, log_std = jnp.split(self.actor.apply(params, obs), 2, axis=-1)
+        log_std = -5.0 + 3.5 * (jnp.tanh(log_std) + 1.0)  # in [-5, 2], as CleanRL and SBX
+        u, scale = mean + jnp.exp(log_std) * noise, (self.high - self.low) / 2
+        log_normal = -0.5 * jnp.square(noise) - log_std - 0.5 * math.log(2 * math.pi)
+        correction = 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u)) + jnp.log(scale)
+        return jnp.tanh(u) * scale + (self.high + self.low) / 2, jnp.sum(log_normal - correction, axis=-1)
+
+    def gradient_step(self, state: SACState, batch: Transition, key):
+        """Critic, actor (on the critics as just updated, as CleanRL), temperature; one scaler."""
+        c, scale, alpha = self.config, state.critic.loss_scale, jnp.exp(state.alpha.params)
+        next_noise, noise = jax.random.normal(key, (2, *batch.action.shape))
+        next_action, next_logp = self.policy(state.actor.params, batch.next_obs, next_noise)
+        next_q = jnp.min(self.q(state.target, batch.next_obs, next_action), axis=0)
+        target = batch.reward + c.gamma * (1.0 - batch.terminated) * (next_q - alpha * next_logp)
+
+        def critic_loss(params, b):
+            q = self.q(params, b.obs, b.action)
+            return jnp.sum(jnp.mean(jnp.square(q - target), axis=-1)), {"q_mean": jnp.mean(q)}
+
+        def actor_loss(params, obs):
+            action, logp = self.policy(params, obs, noise)
+            return jnp.mean(alpha * logp - jnp.min(self.q(critic.params, obs, action), 0)), jnp.mean(logp)
+
+        hooks = {"faults": self.seed_faults(), "grad_transform": self.grad_transform}  # the critics' step only
+        critic, cm = shared_scale_step(state.critic, batch, critic_loss, scale, **hooks)
+        actor, am = shared_scale_step(state.actor, batch.obs, actor_loss, scale)
+        logp = jax.lax.stop_gradient(am["aux"])
+        alpha_loss = lambda log_alpha, _: (-jnp.exp(log_alpha) * (logp + self.target_entropy), None)  # noqa: E731
+        temperature, tm = shared_scale_step(state.alpha, None, alpha_loss, scale)
+        new_scale = update_shared_scale(scale, [cm["grads_finite"], am["grads_finite"], tm["grads_finite"]])
+        critic, actor, temperature = share_scale((critic, actor, temperature), new_scale)
+        skips = {f"{n}_skipped": (~m["grads_finite"]).astype(jnp.int32) for n, m in zip(OPTIMIZERS, (cm, am, tm))}
+        losses = (cm["loss"], am["loss"], tm["loss"], alpha, cm["aux"]["q_mean"], -logp)
+        metrics = {**dict(zip(LOSSES, losses)), **skips, "skipped": sum(skips.values()), "updates": jnp.int32(1)}
+        target_params = optax.incremental_update(critic.params, state.target, c.tau)
+        return state.replace(critic=critic, actor=actor, alpha=temperature, target=target_params), metrics
+
+    def env_iteration(self, state: SACState, _):
+        """Each env steps (uniform actions before `learning_starts`); then a gradient step if due."""
+        c, (rng, k_act, k_env, k_sample, k_step) = self.config, jax.random.split(state.rng, 5)
+        shape = (c.num_envs, self.spec.action_dim)
+        action, _ = self.policy(state.actor.params, state.obs, jax.random.normal(k_act, shape))
+        uniform = jax.random.uniform(k_act, shape, minval=self.low, maxval=self.high)
+        action = jnp.where(state.iteration * c.num_envs < c.learning_starts, uniform, action)
+        step = self.env_step(jax.random.split(k_env, c.num_envs), state.env_state, action)
+        obs, env_state, reward, terminated, truncated, final_obs = step
+        done, returns = terminated | truncated, state.episode_return + reward
+        buffer = self.replay.add(state.buffer, Transition(state.obs, action, reward, final_obs, terminated))
+        state = state.replace(env_state=env_state, obs=obs, episode_return=jnp.where(done, 0.0, returns), rng=rng)
+        state = state.replace(buffer=buffer, iteration=state.iteration + 1)
+
+        def learn(s):
+            return self.gradient_step(s, constrain(self.replay.sample(s.buffer, k_sample), c.mesh()), k_step)
+
+        idle = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
+        due = state.iteration * c.num_envs >= c.learning_starts
+        state, metrics = jax.lax.cond(due, learn, lambda s: (s, idle), state)
+        return state, {**metrics, "episodes": done.sum(), "return_sum": jnp.where(done, returns, 0.0).sum()}
+
+    def update(self, state: SACState, data):
+        """One metrics row: counts summed, losses averaged over the iterations that learned."""
+        state, m = jax.lax.scan(self.env_iteration, state, None, self.config.steps_per_row // self.config.num_envs)
+        return state, {
+            **{k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)},
+            **{k: jnp.sum(jnp.where(m["updates"] > 0, m[k], 0.0)) / jnp.sum(m["updates"]) for k in LOSSES},
+            "loss_scale": state.critic.loss_scale.loss_scale,
+            "halted": state.critic.halted | state.actor.halted | state.alpha.halted,
+        }
+
+    def close(self) -> None:
+        getattr(self.host_env, "close", lambda: None)()
+
+    def rows(self, metrics: dict, done: int) -> list[dict]:
+        """Counts summed over seeds, the rest averaged; None where no iteration learned."""
+        m = {k: np.asarray(v, np.float64).reshape(self.num_seeds, -1) for k, v in metrics.items()}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = {k: m[k].mean(0) for k in LOSSES + ("loss_scale",)}  # every seed learns on the same rows
+            means["episode_return"] = m["return_sum"].sum(0) / m["episodes"].sum(0)
+        return [
+            {
+                "row": done + i + 1,
+                "step": (done + i + 1) * self.config.steps_per_row,
+                **{k: int(m[k][:, i].sum()) for k in COUNTS},
+                "return_sum": float(m["return_sum"][:, i].sum()),
+                **{k: float(v[i]) if np.isfinite(v[i]) else None for k, v in means.items()},
+                "halted": bool(m["halted"][:, i].any()),
+            }
+            for i in range(m["updates"].shape[1])
+        ]
+
+    def summary(self, rows: list[dict], state: SACState) -> dict:
+        """final_return: the mean return of all seeds' episodes that ended in the last tenth of the rows.
+        skipped_updates, total_updates, overflow_rate: all three optimizers' (the template's: the critics')."""
+        skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
+        attempted = sum(int(np.sum(getattr(state, n).step)) for n in OPTIMIZERS)
+        last = rows[-max(1, len(rows) // 10) :]
+        episodes = sum(r["episodes"] for r in last)
+        return {
+            "env": self.config.env,
+            "env_backend": self.spec.backend,
+            "total_steps": rows[-1]["step"] if rows else 0,
+            "final_return": sum(r["return_sum"] for r in last) / episodes if episodes else float("nan"),
+            "gradient_iterations": int(np.sum(state.critic.step)),
+            "buffer_bytes": buffer_bytes(state.buffer),
+            **skips,
+            "skipped_updates": sum(skips.values()),
+            "total_updates": attempted,
+            "overflow_rate": sum(skips.values()) / max(attempted, 1),
+        }
+
+    def plot(self, rows: list[dict], file) -> None:
+        title = f"SAC {self.config.env} ({self.config.train_precision().name})"
+        plots.plot_curves(rows, "step", ["episode_return", "critic_loss", "actor_loss"], file, title=title)
+
+    def describe(self, s: dict) -> str:
+        skips = "/".join(str(s[f"{n}_skipped"]) for n in OPTIMIZERS)
+        return (
+            f"SAC {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} skipped critic/actor/alpha={skips}"
+        )
+
+
+ALGORITHM = SAC
+train = SAC.train
