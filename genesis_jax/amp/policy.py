@@ -96,6 +96,24 @@ def check_precision(name: str, loss_scaling: str | None = None) -> str:
     return get_precision(name, loss_scaling).loss_scaling
 
 
+# The fp16-full warning's own registry, and one place it is issued from: under Python's default
+# filter it is shown once per process, however many callers resolve 'fp16-full' (a run resolves
+# it several times); a filter such as "always" (pytest.warns) still sees every one.
+_FP16_FULL_REGISTRY: dict = {}
+
+
+def _warn_fp16_full() -> None:
+    warnings.warn_explicit(
+        "precision 'fp16-full' stores parameters and optimizer moments in float16; "
+        "it is less stable than 'fp16' (float32 master weights)",
+        UserWarning,
+        filename=__file__,
+        lineno=_warn_fp16_full.__code__.co_firstlineno,
+        module=__name__,
+        registry=_FP16_FULL_REGISTRY,
+    )
+
+
 def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
     """The `Precision` for a name or jmp policy string.
 
@@ -127,11 +145,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         policy_string, default_scaling = _NAMED_POLICIES[key]
         policy = jmp.get_policy(policy_string)
         if key == "fp16-full":
-            warnings.warn(
-                "precision 'fp16-full' stores parameters and optimizer moments in float16; "
-                "it is less stable than 'fp16' (float32 master weights)",
-                stacklevel=2,
-            )
+            _warn_fp16_full()
     elif "=" in key:
         try:
             policy = jmp.get_policy(key)

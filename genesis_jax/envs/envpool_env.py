@@ -33,14 +33,15 @@ def _import_envpool():
     try:
         import envpool
     except ImportError as err:
-        raise ValueError(f"env backend envpool needs EnvPool (pip install -e '.[envpool]'): {err}") from None
+        # A missing optional package, as every other: one install hint (the CLI: exit 4).
+        raise ImportError("env backend envpool needs envpool: pip install 'genesis-jax[envpool]'") from err
     return envpool
 
 
 def envpool_ids() -> list[str]:
     try:
         return [f"ALE/{name}" for name in _import_envpool().list_all_envs() if name.endswith("-v5")]
-    except ValueError:
+    except ImportError:
         return []
 
 

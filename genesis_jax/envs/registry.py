@@ -3,10 +3,46 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 
 from genesis_jax.envs.spec import EnvSpec  # re-exported: `from genesis_jax.envs.registry import EnvSpec` still works
 
 BACKENDS = ("gymnax", "gymnasium", "envpool")  # envpool: Atari only, and only when asked for
+
+# Environment-id namespaces an optional package registers with gymnasium: namespace ->
+# (the modules it needs, as (module, pip name)), the genesis-jax extra that installs them).
+OPTIONAL_NAMESPACES = {"ALE": ((("ale_py", "ale-py"), ("cv2", "opencv-python-headless")), "atari")}
+# Backends that are an optional package: backend -> ((module, pip name), extra).
+OPTIONAL_BACKENDS = {"envpool": (("envpool", "envpool"), "envpool")}
+
+
+def missing_dependency(what: str, package: str, extra: str) -> ImportError:
+    """The one error for a missing optional package, with its install hint (the CLI: exit 4)."""
+    return ImportError(f"{what} needs {package}: pip install 'genesis-jax[{extra}]'")
+
+
+def _missing(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return True
+    return False
+
+
+def require_packages(env_id: str, backend: str | None) -> None:
+    """Raises `missing_dependency`'s ImportError where `env_id` or `backend` needs an optional
+    package that is not installed (before its id would be reported as unknown)."""
+    if backend in OPTIONAL_BACKENDS:
+        (module, package), extra = OPTIONAL_BACKENDS[backend]
+        if _missing(module):
+            raise missing_dependency(f"env backend {backend}", package, extra)
+        return
+    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
+    if namespace in OPTIONAL_NAMESPACES and backend in (None, "gymnasium"):
+        modules, extra = OPTIONAL_NAMESPACES[namespace]
+        for module, package in modules:
+            if _missing(module):
+                raise missing_dependency(env_id, package, extra)
 
 
 def gymnax_ids() -> list[str]:
@@ -32,8 +68,9 @@ def resolve_backend(env_id: str, backend: str | None = None) -> str:
     """The backend that runs `env_id`: the asked one, else gymnax where it has the id."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown env backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+    require_packages(env_id, backend)
     if backend == "envpool":
-        return backend  # its spec names a missing game or a missing EnvPool
+        return backend  # its spec names a missing game
     known = {"gymnax": env_id in gymnax_ids(), "gymnasium": env_id in gymnasium_ids()}
     if backend is not None:
         if not known[backend]:

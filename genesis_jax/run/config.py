@@ -4,8 +4,12 @@ they become the amp pieces: the scaler, the divergence guard and the fault injec
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Literal, Mapping
+import functools
+import types
+import typing
+from typing import Any, Literal, Mapping
+
+import numpy as np
 
 from genesis_jax.amp.guard import (
     DEFAULT_GUARD_MIN_SCALE,
@@ -33,6 +37,132 @@ RESUMABLE_BASE_FIELDS = (
     "guard_min_scale",
     "max_consecutive_skips",
 )
+
+# -- field checks: every trainer config's types and ranges, in one place ----------------------
+
+INT32_MAX = 2**31 - 1  # JAX's default integer: step counters, scan lengths
+INT64_MAX = 2**63 - 1
+SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits: larger seeds would collide
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # hyperparameters enter float32 programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The values a numeric field accepts: `low` and `high`, each included unless `*_open`;
+    `text` says it in the error message."""
+
+    text: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+
+POSITIVE_INT = Bounds(f"a positive integer (at most {INT32_MAX})", 1, INT32_MAX)
+SEED = Bounds(f"an integer from 0 to {SEED_MAX} (2^32-1: jax.random.PRNGKey keeps 32 bits)", 0, SEED_MAX)
+POSITIVE = Bounds("> 0", 0, low_open=True)
+NON_NEGATIVE = Bounds(">= 0", 0)
+UNIT_INTERVAL = Bounds("in [0, 1]", 0, 1)
+OPEN_UNIT_INTERVAL = Bounds("in (0, 1)", 0, 1, low_open=True, high_open=True)
+_INT32 = Bounds(f"an integer from {-INT32_MAX - 1} to {INT32_MAX} (int32)", -INT32_MAX - 1, INT32_MAX)
+
+
+def flag_name(field: str) -> str:
+    """A field's name as its command-line flag says it (without the dashes)."""
+    return field.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_bounds(cls) -> dict[str, Bounds]:
+    """The `FIELD_BOUNDS` tables of `cls` and its bases, a subclass's entries winning."""
+    bounds: dict[str, Bounds] = {}
+    for klass in reversed(cls.__mro__):
+        bounds.update(klass.__dict__.get("FIELD_BOUNDS", {}))
+    return bounds
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _checked(value, kind, bounds: Bounds | None):
+    """(the value as a plain Python value, None) if it is of `kind`, else (None, what is accepted)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None, None
+        (inner,) = [a for a in args if a is not type(None)]
+        checked, accepted = _checked(value, inner, bounds)
+        return checked, accepted and f"{accepted} or None"
+    if origin is typing.Literal:
+        if isinstance(value, str) and value in args:
+            return value, None
+        return None, "one of " + ", ".join(map(str, args))
+    if origin is tuple:  # tuple[int, ...]
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not all(map(_is_int, value)):
+            return None, "a sequence of integers"
+        if not all(_INT32.holds(v) for v in value):
+            return None, "a sequence of int32 integers"
+        return tuple(int(v) for v in value), None
+    if kind is bool:
+        return (bool(value), None) if isinstance(value, (bool, np.bool_)) else (None, "true or false")
+    if kind is str:
+        return (value, None) if isinstance(value, str) and value.strip() else (None, "a non-empty string")
+    if kind is int:
+        bounds = bounds or _INT32
+        return (int(value), None) if _is_int(value) and bounds.holds(value) else (None, bounds.text)
+    if kind is float:
+        if not _is_number(value) or not abs(value) <= FLOAT32_MAX:
+            return None, "a finite number" + (f" {bounds.text}" if bounds else "")
+        return (float(value), None) if bounds is None or bounds.holds(value) else (None, bounds.text)
+    return value, None  # a type this table does not know: its own check decides
+
+
+def check_fields(config) -> None:
+    """Every field of a config dataclass against its annotation (bool is no int; a float field
+    takes an int; names are strings; a Literal's choices) and the `FIELD_BOUNDS` tables of its
+    classes; each value is stored back as a plain Python value. The first bad field raises a
+    `ValueError` naming the field, the value and what is accepted."""
+    bounds = _field_bounds(type(config))
+    for name, kind in _field_types(type(config)):
+        value = getattr(config, name)
+        checked, accepted = _checked(value, kind, bounds.get(name))
+        if accepted is not None:
+            raise ValueError(f"{flag_name(name)} must be {accepted}, got {value!r}")
+        object.__setattr__(config, name, checked)
+
+
+# The shared fields' bounds (MixedPrecisionConfig's and ParallelConfig's); finer checks (the
+# loss scale's float32 range, the guard's) stay with the amp pieces that use the values.
+SHARED_FIELD_BOUNDS = {
+    "init_loss_scale": POSITIVE,
+    "growth_interval": POSITIVE_INT,
+    "min_loss_scale": POSITIVE,
+    "max_grad_norm": POSITIVE,
+    "guard_min_scale": NON_NEGATIVE,
+    "max_consecutive_skips": POSITIVE_INT,
+    "inject_nonfinite": Bounds("a rate in [0, 1]", 0, 1),
+    "loss_spike_factor": POSITIVE,
+    "devices": POSITIVE_INT,
+    "num_processes": POSITIVE_INT,
+    "process_id": Bounds(f"an integer from 0 to {INT32_MAX}", 0, INT32_MAX),
+    "heartbeat_timeout": POSITIVE_INT,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +197,11 @@ class MixedPrecisionConfig:
     loss_spike_factor: float = 1e6
     """Fault injection: the factor of inject-loss-spike."""
 
+    FIELD_BOUNDS = SHARED_FIELD_BOUNDS  # a subclass adds its own table (see `check_fields`)
+
     def __post_init__(self):
-        for field in dataclasses.fields(self):  # every trainer config's floats, its subclass's too
-            value = getattr(self, field.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{field.name.replace('_', '-')} must be a finite number, got {value!r}")
+        check_fields(self)  # every field's type and range, the subclass's too, before anything else
         object.__setattr__(self, "precision", "fp32" if self.precision is None else self.precision)
-        object.__setattr__(self, "inject_loss_spike", tuple(self.inject_loss_spike))
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"max-grad-norm must be > 0 (None: no clipping), got {self.max_grad_norm!r}")
         # Fail now on an unknown name or bad scaler, guard or fault settings; without touching
         # a device, which would start JAX before the CLI joins other processes.
         scaling = check_precision(self.precision, self.loss_scaling)

@@ -5,11 +5,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-import numpy as np
-
 from genesis_jax.amp.policy import Precision, check_precision, get_precision
 from genesis_jax.nets.torsos import NETWORKS
-from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
+from genesis_jax.run.config import (
+    INT32_MAX,
+    INT64_MAX,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INT,
+    RESUMABLE_BASE_FIELDS,
+    SEED,
+    SEED_MAX,
+    UNIT_INTERVAL,
+    Bounds,
+    MixedPrecisionConfig,
+)
 from genesis_jax.run.parallel import ParallelConfig
 
 
@@ -72,6 +82,10 @@ class PPOFields:
     """Updates per compiled chunk between progress reports. None: about 25 reports per run."""
 
 
+# The counts that must be positive integers.
+_COUNTS = ("num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat", "width", "depth")
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
     """A PPO run: `PPOFields`, and the shared `MixedPrecisionConfig` and `ParallelConfig`
@@ -82,26 +96,22 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
     # What a resume may change without changing what the run is (see `train`).
     RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("total_steps", "updates_per_chunk", "vectorization")
 
+    # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
+    FIELD_BOUNDS = {
+        **{name: POSITIVE_INT for name in _COUNTS},
+        "total_steps": Bounds(f"a positive integer (at most {INT64_MAX})", 1, INT64_MAX),
+        "lr": POSITIVE,
+        "gamma": UNIT_INTERVAL,
+        "gae_lambda": UNIT_INTERVAL,
+        "clip_eps": POSITIVE,
+        "ent_coef": NON_NEGATIVE,
+        "vf_coef": NON_NEGATIVE,
+        "seed": SEED,
+        "updates_per_chunk": POSITIVE_INT,
+    }
+
     def __post_init__(self):
-        super().__post_init__()
-        if isinstance(self.hidden, (str, bytes)) or not all(isinstance(h, (int, np.integer)) for h in self.hidden):
-            raise ValueError(f"hidden must be a sequence of integers such as (64, 64), got {self.hidden!r}")
-        object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
-        positive = (
-            "total_steps",
-            "num_envs",
-            "num_steps",
-            "update_epochs",
-            "num_minibatches",
-            "num_seeds",
-            "action_repeat",
-            "width",
-            "depth",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        super().__post_init__()  # types and ranges of every field first
         if any(h < 1 for h in self.hidden) or not self.hidden:
             raise ValueError(f"hidden sizes must be positive integers, got {self.hidden!r}")
         if self.batch_size % self.num_minibatches:
@@ -112,16 +122,18 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
             raise ValueError(
                 f"total-steps {self.total_steps} is less than one rollout (num-envs x num-steps = {self.batch_size})"
             )
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ValueError(f"gamma and gae-lambda must lie in [0, 1], got {self.gamma}, {self.gae_lambda}")
+        steps_per_update = self.update_epochs * self.num_minibatches
+        if self.num_updates * steps_per_update > INT32_MAX:  # optax and TrainState count steps in int32
+            raise ValueError(
+                f"total-steps {self.total_steps} would take {self.num_updates * steps_per_update} optimizer steps, "
+                f"but the step counters are int32: at most {INT32_MAX // steps_per_update * self.batch_size} "
+                f"total-steps with num-envs x num-steps = {self.batch_size} and update-epochs x num-minibatches = "
+                f"{steps_per_update}"
+            )
+        if self.seed + self.num_seeds - 1 > SEED_MAX:
+            raise ValueError(f"seed + num-seeds - 1 must be at most {SEED_MAX}, got {self.seed + self.num_seeds - 1}")
         if self.network is not None and self.network not in NETWORKS:
             raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
-        if self.vectorization not in ("sync", "async"):
-            raise ValueError(f"vectorization must be sync or async, got {self.vectorization!r}")
-        if self.updates_per_chunk is not None and self.updates_per_chunk < 1:
-            raise ValueError(f"updates-per-chunk must be >= 1, got {self.updates_per_chunk}")
         self.validate_parallel("num-envs", self.num_envs)
         if self.devices > 1 and self.num_seeds > 1:
             raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")

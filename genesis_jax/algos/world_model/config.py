@@ -5,7 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
+from genesis_jax.run.config import (
+    OPEN_UNIT_INTERVAL,
+    POSITIVE,
+    POSITIVE_INT,
+    RESUMABLE_BASE_FIELDS,
+    SEED,
+    MixedPrecisionConfig,
+)
 from genesis_jax.run.parallel import ParallelConfig
 
 
@@ -40,6 +47,10 @@ class WorldModelFields:
     """Seed of the data, the parameters and the fault injection."""
 
 
+# The counts that must be positive integers.
+_COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
     """A world-model run: `WorldModelFields`, and the shared `MixedPrecisionConfig` and
@@ -48,16 +59,16 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
     # What a resume may change without changing what the run is (see `train`).
     RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("epochs",)
 
+    # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
+    FIELD_BOUNDS = {
+        **{name: POSITIVE_INT for name in _COUNTS},
+        "eval_fraction": OPEN_UNIT_INTERVAL,
+        "lr": POSITIVE,
+        "seed": SEED,
+    }
+
     def __post_init__(self):
-        super().__post_init__()
-        for name in ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.core not in ("mlp", "gru"):
-            raise ValueError(f"core must be mlp or gru, got {self.core!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        super().__post_init__()  # types and ranges of every field first
         self.validate_parallel("batch-size", self.batch_size)
         if self.horizon > self.sequence_length:
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")

@@ -23,6 +23,7 @@ from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFie
 from genesis_jax.amp import TrainState
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import plots, probes
+from genesis_jax.run.config import INT32_MAX
 from genesis_jax.run.parallel import constrain
 
 
@@ -31,13 +32,18 @@ class WorldModelState(struct.PyTreeNode):
     rng: jax.Array  # the minibatch shuffles'
 
 
-def load_data(config: WorldModelConfig) -> dict:
+def load_data(config: WorldModelConfig, precision=None) -> dict:
+    """The run's dataset, checked (`data.validate_dataset`) against what a run in `precision`
+    (default: the config's) can train on, before anything is compiled."""
+    precision = precision or config.train_precision()
     if config.data == "synthetic":
-        return wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
-    if config.data.endswith(".npz"):
-        return wm_data.load_dataset(config.data)
-    # An environment id (gymnax or gymnasium): random-policy data; unknown ids fail there.
-    return wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
+        data = wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
+    elif config.data.endswith(".npz"):
+        data = wm_data.load_dataset(config.data)
+    else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
+        data = wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
+    wm_data.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
+    return data
 
 
 def windows(data: dict, horizon: int) -> dict:
@@ -110,7 +116,7 @@ class WorldModelTrainer(Algorithm):
     def setup(self) -> None:
         config = self.config
         self.precision = config.train_precision()
-        self.dataset = load_data(config)
+        self.dataset = load_data(config, self.precision)
         train_seqs, eval_seqs = wm_data.split(self.dataset, config.eval_fraction)
         train_set = {k: jnp.asarray(v) for k, v in windows(train_seqs, config.horizon).items() if k != "floor"}
         eval_samples = windows(eval_seqs, config.horizon)
@@ -122,6 +128,11 @@ class WorldModelTrainer(Algorithm):
         self.batches_per_epoch = self.num_samples // config.batch_size
         if self.batches_per_epoch < 1:
             raise ValueError(f"batch size {config.batch_size} is larger than the {self.num_samples} training samples")
+        if config.epochs * self.batches_per_epoch > INT32_MAX:  # optax and TrainState count steps in int32
+            raise ValueError(
+                f"epochs {config.epochs} x {self.batches_per_epoch} batches per epoch is more optimizer steps than "
+                f"the int32 step counters hold; at most {INT32_MAX // self.batches_per_epoch} epochs with this data"
+            )
         self.total = config.epochs
         self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
         self.loss_fn = make_loss_fn(self.model)
@@ -149,8 +160,12 @@ class WorldModelTrainer(Algorithm):
         skipped_before = ts.skipped
         ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.loss_fn), ts, batches)
         finite = metrics["grads_finite"]
+        applied = jnp.sum(finite)
         return WorldModelState(ts, rng), {
-            "train_loss": jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(jnp.sum(finite), 1),
+            # The mean loss of the steps applied; NaN (null in metrics.jsonl) for an epoch with none.
+            "train_loss": jnp.where(
+                applied > 0, jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(applied, 1), jnp.nan
+            ),
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
             "skipped": ts.skipped - skipped_before,
             "loss_scale": ts.loss_scale.loss_scale,
@@ -191,6 +206,7 @@ class WorldModelTrainer(Algorithm):
             "eval_loss": rows[-1]["eval_loss"],
             "noise_floor": self.noise_floor,
             "epochs": len(rows),
+            "applied_updates": int(np.sum(np.asarray(ts.step)) - np.sum(np.asarray(ts.skipped))),
             "steps_per_second": self.session.steps_per_second(self.batches_per_epoch),
             "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
             "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
@@ -211,10 +227,14 @@ class WorldModelTrainer(Algorithm):
 
     def describe(self, s: dict) -> str:
         floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
+        if s.get("applied_updates") == 0 and s["total_updates"]:  # no loss to show: the model is as initialised
+            losses = f"no update was applied (all {s['total_updates']} skipped: gradients not finite)"
+        else:
+            losses = f"train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor}"
         return (
-            f"world model [{s['precision']}] train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}"
-            f"{floor} steps/s={s['steps_per_second']:.1f} loss_scale={s['loss_scale']:g} "
-            f"skipped={s['skipped_updates']}/{s['total_updates']} activation_bytes={s['activation_bytes']}"
+            f"world model [{s['precision']}] {losses} steps/s={s['steps_per_second']:.1f} "
+            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']} "
+            f"activation_bytes={s['activation_bytes']}"
         )
 
 
