@@ -1,0 +1,157 @@
+"""What a study runs: tasks x precisions as cells, each cell one N-seed run (the seeds
+under vmap in one compiled program) at the same environment steps, in its own run directory.
+
+A finished cell (its summary.json) is never run again, an interrupted one resumes from its
+checkpoint, so a study that stopped part-way continues where it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from genesis_jax.algos import get_algorithm
+from genesis_jax.run.signals import DivergenceError
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task of a study: an algorithm's settings, its budget and its reference return."""
+
+    algo: str
+    settings: dict
+    total_steps: int
+    reference: float | None  # None: the study's own fp32 IQM (said so in the report)
+    reference_source: str
+
+
+_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
+_NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
+TASKS = {
+    "CartPole-v1": Task("ppo", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
+    "Acrobot-v1": Task("ppo", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    **{
+        f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar"}, 1_000_000, None, _NO_REFERENCE)
+        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+    },
+    "CartPole-v1-resmlp1024": Task(
+        "ppo",
+        {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
+        500_000,
+        500.0,
+        f"{_GYMNAX_README}: R 500 (the maximum)",
+    ),
+}
+
+# What each precision of a study means as config fields; fp16-unscaled shows what scaling buys.
+PRECISIONS = {
+    "fp32": {"precision": "fp32"},
+    "bf16": {"precision": "bf16"},
+    "fp16": {"precision": "fp16"},
+    "fp16-unscaled": {"precision": "fp16", "loss_scaling": "none"},
+}
+BASELINE = "fp32"
+
+
+def check_choices(tasks, precisions) -> None:
+    """One line for an unknown task or precision, before anything runs."""
+    for kind, chosen, known in (("task", tasks, TASKS), ("precision", precisions, PRECISIONS)):
+        unknown = [c for c in chosen if c not in known]
+        if unknown:
+            raise ValueError(f"unknown {kind} {unknown[0]!r}; accepted: {', '.join(known)}")
+    if BASELINE not in precisions:
+        raise ValueError(f"a study compares with {BASELINE}: include it in the precisions")
+
+
+def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
+    return out / "cells" / task / precision
+
+
+def read_summary(path: pathlib.Path) -> dict | None:
+    """The cell's summary if it finished (all its steps, not stopped by a signal), else None."""
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    finished = summary.get("stopped") in (None, "diverged") and summary.get("failed") is None
+    return summary if finished else None
+
+
+def read_rows(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def run_cell(out: pathlib.Path, task: str, precision: str, num_seeds: int, seed: int, steps: int, progress: bool):
+    """Trains one cell (resuming it when it has a checkpoint); returns its summary."""
+    spec = TASKS[task]
+    algorithm = get_algorithm(spec.algo)
+    fields = {**spec.settings, **PRECISIONS[precision], "total_steps": steps, "seed": seed, "num_seeds": num_seeds}
+    config = algorithm.config_class(**fields)
+    path = cell_dir(out, task, precision)
+    started = (path / "checkpoints").is_dir() and any((path / "checkpoints").iterdir())
+    options = {"resume": True} if started else {"overwrite": path.exists()}
+    try:
+        result = algorithm.train(config, str(path), checkpoint_every=max(1, steps // 4), progress=progress, **options)
+    except DivergenceError as stop:  # every seed halted: the cell's result is what they reached
+        return stop.summary
+    return result.summary
+
+
+def seed_scores(summary: dict, score: str) -> np.ndarray:
+    """The final score of each seed of a cell."""
+    per_seed = summary.get(f"{score}_per_seed")
+    return np.asarray(per_seed if per_seed is not None else [summary[score]], np.float64)
+
+
+def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, returns[seeds, points]): each seed's mean episode return in `points` equal
+    windows of the run (episodes that ended in the window)."""
+    steps = np.asarray([r["step"] for r in rows])
+    sums = np.asarray([r.get("return_sum_per_seed", [r["return_sum"]]) for r in rows], np.float64)
+    episodes = np.asarray([r.get("episodes_per_seed", [r["episodes"]]) for r in rows], np.float64)
+    windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
+    returns = np.stack(
+        [
+            np.divide(
+                sums[w].sum(0), episodes[w].sum(0), out=np.full(sums.shape[1], np.nan), where=episodes[w].sum(0) > 0
+            )
+            for w in windows
+        ],
+        axis=1,
+    )
+    return np.asarray([steps[w[-1]] for w in windows]), returns
+
+
+def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 10_000) -> float:
+    """The mean return of a uniformly random policy over the first episode of `episodes`
+    environments (measured with gymnax: the study's normalisation floor)."""
+    import jax
+    import jax.numpy as jnp
+
+    from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+
+    vec = GymnaxVecEnv(env, episodes)
+    if vec.spec.continuous:
+        raise ValueError(f"random_return samples discrete actions; {env} has a continuous action space")
+
+    def run(key):
+        _, state = vec.reset(key)
+
+        def step(carry, key):
+            state, total, done = carry
+            act_key, step_key = jax.random.split(key)
+            action = jax.random.randint(act_key, (episodes,), 0, vec.spec.action_dim)
+            _, state, reward, terminated, truncated, _ = vec.step(jax.random.split(step_key, episodes), state, action)
+            return (state, total + jnp.where(done, 0.0, reward), done | terminated | truncated), None
+
+        start = (state, jnp.zeros(episodes), jnp.zeros(episodes, bool))
+        (_, total, done), _ = jax.lax.scan(step, start, jax.random.split(key, max_steps))
+        return total, done
+
+    totals, done = jax.jit(run)(jax.random.PRNGKey(seed))
+    if not bool(jnp.all(done)):
+        raise RuntimeError(f"a random episode of {env} did not end within {max_steps} steps")
+    return float(jnp.mean(totals))

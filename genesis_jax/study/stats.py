@@ -1,0 +1,163 @@
+"""The study's statistics, all from rliable (Agarwal et al., 2021): normalised scores,
+per-task and aggregate interval estimates, probability of improvement, performance profiles,
+and an equivalence verdict per task and precision.
+
+A score matrix is `[runs, tasks]` (runs: seeds), one per precision, as rliable takes it.
+Every function here is pure: numbers in, numbers out; the report draws and writes them.
+
+>>> import numpy as np
+>>> raw = np.array([[10.0, 2.0], [20.0, 4.0]])  # 2 seeds x 2 tasks
+>>> normalise(raw, random=[0.0, 0.0], reference=[20.0, 4.0]).tolist()
+[[0.5, 0.5], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+
+import numpy as np
+from rliable import library as rly
+from rliable import metrics
+
+CONFIDENCE = 0.95
+MARGIN = 0.05  # the equivalence margin, in normalised score (5% of reference - random)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A point estimate and its confidence interval."""
+
+    point: float
+    low: float
+    high: float
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return (self.point, self.low, self.high)
+
+
+def normalise(raw, random, reference) -> np.ndarray:
+    """Min-max normalised scores: 0 is a random policy's return, 1 the reference return
+    (per task, the columns of `raw`)."""
+    raw, random, reference = (np.asarray(x, np.float64) for x in (raw, random, reference))
+    if np.any(reference == random):
+        raise ValueError("a task's reference return equals its random return: it cannot normalise")
+    return (raw - random) / (reference - random)
+
+
+def iqm(scores) -> float:
+    """The interquartile mean over every entry (rliable's)."""
+    return float(metrics.aggregate_iqm(np.asarray(scores)))
+
+
+AGGREGATES = {
+    "IQM": metrics.aggregate_iqm,
+    "Mean": metrics.aggregate_mean,
+    "Median": metrics.aggregate_median,
+    "Optimality gap": metrics.aggregate_optimality_gap,
+}
+
+
+def _rng(seed: int) -> np.random.RandomState:
+    return np.random.RandomState(seed)
+
+
+@contextlib.contextmanager
+def _seeded_global_numpy(seed: int):
+    """rliable 1.2 draws its resamples from numpy's global generator (its random_state is
+    not used): seed it for reproducible intervals, and give the caller's state back after."""
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # arch: random_state is deprecated
+            yield
+    finally:
+        np.random.set_state(saved)
+
+
+def _estimates(score_dict, func, reps: int, seed: int) -> dict[str, list[Estimate]]:
+    """rliable's stratified-bootstrap interval estimates, as one `Estimate` per output of `func`."""
+    with _seeded_global_numpy(seed):
+        points, intervals = rly.get_interval_estimates(
+            score_dict, func, reps=reps, confidence_interval_size=CONFIDENCE, random_state=_rng(seed)
+        )
+    return {
+        key: [Estimate(float(p), float(lo), float(hi)) for p, lo, hi in zip(points[key], *intervals[key])]
+        for key in score_dict
+    }
+
+
+def per_task(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, list[Estimate]]]:
+    """For each precision and each statistic (Mean, Median, IQM over seeds), one `Estimate`
+    per task: rliable on one task's column at a time (a stratified bootstrap over seeds)."""
+    funcs = {
+        "Mean": lambda x: np.array([metrics.aggregate_mean(x)]),
+        "Median": lambda x: np.array([metrics.aggregate_median(x)]),
+        "IQM": lambda x: np.array([metrics.aggregate_iqm(x)]),
+    }
+    num_tasks = next(iter(scores.values())).shape[1]
+    out = {key: {name: [] for name in funcs} for key in scores}
+    for task in range(num_tasks):
+        column = {key: matrix[:, [task]] for key, matrix in scores.items()}
+        for name, func in funcs.items():
+            for key, (estimate,) in _estimates(column, func, reps, seed).items():
+                out[key][name].append(estimate)
+    return out
+
+
+def aggregate(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, Estimate]]:
+    """IQM, mean, median and optimality gap over all tasks and seeds of each precision."""
+    func = lambda x: np.array([f(x) for f in AGGREGATES.values()])  # noqa: E731
+    return {key: dict(zip(AGGREGATES, values)) for key, values in _estimates(scores, func, reps, seed).items()}
+
+
+def probability_of_improvement(
+    scores: dict[str, np.ndarray], baseline: str, reps: int = 2000, seed: int = 0
+) -> dict[str, Estimate]:
+    """P(X > baseline) for every other precision X, averaged over tasks, with its CI
+    (rliable's pairs: each matrix resampled independently)."""
+    pairs = {key: [scores[key], scores[baseline]] for key in scores if key != baseline}
+    func = lambda x, y: np.array([metrics.probability_of_improvement(x, y)])  # noqa: E731
+    return {key: values[0] for key, values in _estimates(pairs, func, reps, seed).items()}
+
+
+def verdict(difference: Estimate, margin: float = MARGIN) -> str:
+    """ "equivalent" when the whole CI of the difference lies within +-margin; "worse" when
+    it lies below 0 and is not within the margin; "better" above 0 likewise; else "not shown"."""
+    if -margin <= difference.low and difference.high <= margin:
+        return "equivalent"
+    if difference.high < 0:
+        return "worse"
+    if difference.low > 0:
+        return "better"
+    return "not shown"
+
+
+def equivalence(
+    scores: dict[str, np.ndarray], baseline: str, reps: int = 2000, seed: int = 0, margin: float = MARGIN
+) -> dict[str, list[tuple[Estimate, str]]]:
+    """Per precision and task: the IQM difference (X - baseline) of normalised scores, its
+    CI (the two precisions' seeds resampled independently), and the `verdict`."""
+    num_tasks = scores[baseline].shape[1]
+    func = lambda x, y: np.array([metrics.aggregate_iqm(x) - metrics.aggregate_iqm(y)])  # noqa: E731
+    out = {key: [] for key in scores if key != baseline}
+    for task in range(num_tasks):
+        pairs = {key: [scores[key][:, [task]], scores[baseline][:, [task]]] for key in out}
+        for key, (difference,) in _estimates(pairs, func, reps, seed).items():
+            out[key].append((difference, verdict(difference, margin)))
+    return out
+
+
+def performance_profiles(scores: dict[str, np.ndarray], taus, reps: int = 2000, seed: int = 0):
+    """rliable's score distributions (the fraction of runs above each tau) with CIs."""
+    with _seeded_global_numpy(seed):
+        return rly.create_performance_profile(scores, np.asarray(taus), reps=reps, confidence_interval_size=CONFIDENCE)
+
+
+def curves(curve_scores: dict[str, np.ndarray], reps: int = 500, seed: int = 0) -> dict[str, list[Estimate]]:
+    """The IQM over seeds at each point of a learning curve (`[runs, points]` per precision);
+    a resample draws whole runs, so a run's points stay together (rliable's curve recipe)."""
+    func = lambda x: np.array([metrics.aggregate_iqm(x[..., i]) for i in range(x.shape[-1])])  # noqa: E731
+    return _estimates({key: np.asarray(c)[:, None, :] for key, c in curve_scores.items()}, func, reps, seed)
