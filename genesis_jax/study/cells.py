@@ -30,11 +30,12 @@ class Task:
 
 _GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
 _NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
+_MINATAR_PPO = {"num_envs": 64, "num_minibatches": 8, "lr": 5e-4}  # PureJaxRL's MinAtar settings
 TASKS = {
     "CartPole-v1": Task("ppo", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
     "Acrobot-v1": Task("ppo", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
     **{
-        f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar"}, 1_000_000, None, _NO_REFERENCE)
+        f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar", **_MINATAR_PPO}, 1_000_000, None, _NO_REFERENCE)
         for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
     },
     "CartPole-v1-resmlp1024": Task(
