@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import jmp
 import optax
 
-from genesis_jax.amp.loss_scale import LossScale
+from genesis_jax.amp.loss_scale import LossScale, check_scaler
 from genesis_jax.amp.policy import Precision, get_precision
 
 AxisName = str | tuple[str, ...] | None
@@ -58,6 +58,24 @@ class ScaledGradients(NamedTuple):
     grads: Any
     grads_finite: jax.Array
     loss_scale: LossScale
+
+
+def _check_loss_fn(loss_fn, has_aux) -> None:
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"has_aux must be True or False, got {has_aux!r}")
+
+
+def _check_grad_args(axis_name, accumulate, grad_transform) -> None:
+    """`value_and_grad`'s other arguments: one sentence naming the bad value."""
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    if axis_name is not None and not (names and all(isinstance(n, str) for n in names)):
+        raise TypeError(f"axis_name must be None, an axis name or a tuple of axis names, got {axis_name!r}")
+    if isinstance(accumulate, bool) or not (isinstance(accumulate, int) and accumulate >= 1):
+        raise ValueError(f"accumulate must be an integer >= 1, got {accumulate!r}")
+    if grad_transform is not None and not callable(grad_transform):
+        raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
 
 
 def resolve_policy(policy) -> jmp.Policy | None:
@@ -96,6 +114,8 @@ def autocast(fn: Callable, policy) -> Callable:
     Wrap the network's apply, not the loss: the loss then reads float32 outputs and stays
     float32, which `value_and_grad` needs (its `policy=` casts every loss argument instead).
     """
+    if not callable(fn):
+        raise TypeError(f"autocast wraps a callable, got {fn!r}")
     policy = resolve_policy(policy)
     if policy is None:
         raise ValueError("autocast needs a policy, such as 'fp16'")
@@ -122,6 +142,7 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
         >>> float(scaled_grads), float(loss), aux   # the gradient is still multiplied by the scale
         (24.0, 6.0, None)
     """
+    _check_loss_fn(loss_fn, has_aux)
     policy = resolve_policy(policy)
 
     def scaled(params, loss_scale, args):
@@ -133,6 +154,7 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
         return loss_scale.scale(loss), (loss, aux)
 
     def fn(loss_scale, params, *args):
+        check_scaler(loss_scale)
         return jax.grad(scaled, has_aux=True)(params, loss_scale, args)
 
     return fn
@@ -175,6 +197,7 @@ def unscale(scaled_grads, loss_scale: LossScale):
         >>> grads["w"], float(norm), bool(finite)
         (Array([3., 4.], dtype=float32), 5.0, True)
     """
+    check_scaler(loss_scale)
     inv_scale = jnp.reciprocal(loss_scale.loss_scale)
     grads = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_grads)
     norm = optax.tree.norm(grads) * inv_scale
@@ -236,12 +259,8 @@ def value_and_grad(
         >>> bool(finite), float(scaler.loss_scale)   # skip this step; the scale backs off
         (False, 32768.0)
     """
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
-    if isinstance(accumulate, bool) or not (isinstance(accumulate, int) and accumulate >= 1):
-        raise ValueError(f"accumulate must be an integer >= 1, got {accumulate!r}")
-    if grad_transform is not None and not callable(grad_transform):
-        raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
+    _check_loss_fn(loss_fn, has_aux)
+    _check_grad_args(axis_name, accumulate, grad_transform)
     grad_fn = scaled_loss_grad(loss_fn, has_aux=has_aux, policy=policy)
 
     def accumulated(loss_scale, params, args):
@@ -254,6 +273,7 @@ def value_and_grad(
         return jax.tree.map(lambda g: g / accumulate, total), (jnp.mean(losses), aux)
 
     def with_norm(loss_scale, params, *args) -> tuple[ScaledGradients, jax.Array]:
+        check_scaler(loss_scale)
         if accumulate == 1:
             scaled_grads, (loss, aux) = grad_fn(loss_scale, params, *args)
         else:

@@ -15,10 +15,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DEFAULT_GUARD_MIN_SCALE = 2.0**-14
 """`DivergenceGuard`'s default scale floor, 2^-14: a skip that takes the scale below it halts."""
@@ -51,12 +51,8 @@ class FaultInjection:
     seed: int = 0
 
     def __post_init__(self):
-        if not 0.0 <= self.nonfinite_rate <= 1.0:
-            raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {self.nonfinite_rate!r}")
-        if any((not isinstance(s, int)) or s < 0 for s in self.loss_spike_steps):
-            raise ValueError(f"inject-loss-spike steps must be integers >= 0, got {self.loss_spike_steps!r}")
-        if not (math.isfinite(self.loss_spike_factor) and self.loss_spike_factor > 0):
-            raise ValueError(f"loss-spike factor must be finite and > 0, got {self.loss_spike_factor!r}")
+        object.__setattr__(self, "loss_spike_steps", _checked_spike_steps(self.loss_spike_steps))
+        _check_fault_args(self.nonfinite_rate, self.loss_spike_factor, self.seed)
 
     @property
     def active(self) -> bool:
@@ -111,12 +107,7 @@ class DivergenceGuard:
     max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
 
     def __post_init__(self):
-        if self.min_scale is not None and not self.min_scale >= 0:
-            raise ValueError(f"guard-min-scale must be >= 0, got {self.min_scale!r}")
-        if self.max_consecutive_skips is not None and (
-            not isinstance(self.max_consecutive_skips, int) or self.max_consecutive_skips < 1
-        ):
-            raise ValueError(f"max-consecutive-skips must be a positive integer, got {self.max_consecutive_skips!r}")
+        _check_guard_args(self.min_scale, self.max_consecutive_skips)
 
     def tripped(self, new_scale, skip_streak) -> jax.Array:
         out = jnp.asarray(False)
@@ -149,3 +140,52 @@ class DivergenceGuard:
                 "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
             )
         return f"training diverged at optimizer step {step}: {cause}. {advice}"
+
+
+_INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
+    """The rate must be a probability, the factor a finite float32 > 0 (an inf or NaN factor
+    would make the spiked loss itself non-finite), the seed an integer a PRNG key takes."""
+    if not (_is_real(nonfinite_rate) and 0.0 <= nonfinite_rate <= 1.0):
+        raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {nonfinite_rate!r}")
+    if not (_is_real(loss_spike_factor) and 0 < loss_spike_factor <= _FLOAT32_MAX):
+        raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
+    if isinstance(seed, jax.core.Tracer):  # a per-seed value under vmap (the algorithm template's seeds)
+        return
+    if not (_is_int(seed) and -(2**63) <= seed < 2**63):
+        raise ValueError(f"the fault injection's seed must be an integer (int64), got {seed!r}")
+
+
+def _checked_spike_steps(steps) -> tuple[int, ...]:
+    """The loss-spike steps as a tuple of ints, each an optimizer step from 0 to 2^31-1."""
+    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
+        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (a sequence), got {steps!r}")
+    steps = tuple(steps)
+    if not all(_is_int(s) and 0 <= s <= _INT32_MAX for s in steps):
+        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (and < 2^31), got {steps!r}")
+    return tuple(int(s) for s in steps)
+
+
+def _check_guard_args(min_scale, max_consecutive_skips) -> None:
+    """The floor must be a finite float32 >= 0 (NaN or inf would halt or never halt at
+    random), the skip limit an int32 >= 1; None turns either off."""
+    if min_scale is not None and not (_is_real(min_scale) and 0 <= min_scale <= _FLOAT32_MAX):
+        raise ValueError(f"guard-min-scale must be >= 0 and finite (None: no floor), got {min_scale!r}")
+    if max_consecutive_skips is not None and not (
+        _is_int(max_consecutive_skips) and 1 <= max_consecutive_skips <= _INT32_MAX
+    ):
+        raise ValueError(
+            "max-consecutive-skips must be a positive integer below 2^31 (None: no limit), "
+            f"got {max_consecutive_skips!r}"
+        )

@@ -104,8 +104,7 @@ class StaticLossScale(_LossScaleBase):
     _fields = ("loss_scale",)
 
     def __init__(self, loss_scale: float):
-        if _is_concrete(loss_scale):
-            _validate_static(loss_scale)
+        _validate_static(loss_scale)
         self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
 
     def adjust(self, grads_finite) -> "StaticLossScale":
@@ -183,21 +182,80 @@ class DynamicLossScale(_LossScaleBase):
 
 
 def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale):
-    values = (init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
-    if not all(_is_concrete(v) for v in values if v is not None):
+    """Refuses a dynamic scaler whose scale could leave [max(min_scale, 2^-126), float32's
+    largest], or which could not back off or grow. Each value is checked as the float32 or
+    int32 it is stored as; traced values (a scaler built under `jit`) are left alone."""
+    init = _check_scale("init_scale", init_scale)
+    growth = _float32_arg("growth_factor", growth_factor, "a finite number > 1")
+    if growth is not None and not (math.isfinite(growth) and growth > 1):
+        raise ValueError(f"growth_factor must be finite and > 1 (as a float32), got {growth_factor!r}")
+    backoff = _float32_arg("backoff_factor", backoff_factor, "a number in (0, 1)")
+    if backoff is not None and not 0 < backoff < 1:
+        raise ValueError(f"backoff_factor must be in (0, 1) (as a float32), got {backoff_factor!r}")
+    _check_growth_interval(growth_interval)
+    _check_min_scale(min_scale, init)
+
+
+_INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _is_real_scalar(value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return (
+        isinstance(value, (np.ndarray, jax.Array))
+        and value.shape == ()
+        and (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating))
+    )
+
+
+def _float32_arg(name: str, value, accepted: str) -> float | None:
+    """`value` as the float32 it will be stored as (inf where it overflows float32, 0 where
+    it underflows), or None when it is traced and cannot be checked here."""
+    if not _is_concrete(value):
+        return None
+    if not _is_real_scalar(value):
+        raise TypeError(f"{name} must be {accepted}, got {value!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(value))
+
+
+def _check_scale(name: str, value) -> float | None:
+    """A loss scale: finite in float32 and a normal number, >= 2^-126 (XLA's CPU backend
+    flushes denormals to 0, and a scale of 0 would make every later step 0/0)."""
+    scale = _float32_arg(name, value, "a finite number >= 2^-126")
+    if scale is not None and not (math.isfinite(scale) and scale >= SMALLEST_SCALE):
+        raise ValueError(
+            f"{name} must be finite and >= 2^-126 (float32's smallest normal), at most "
+            f"{_FLOAT32_MAX:.4g} (float32's largest), got {value!r}"
+        )
+    return scale
+
+
+def _check_growth_interval(growth_interval) -> None:
+    if not _is_concrete(growth_interval):
         return
-    if not (math.isfinite(float(init_scale)) and float(init_scale) >= SMALLEST_SCALE):
-        raise ValueError(f"init_scale must be finite and >= 2^-126 (float32's smallest normal), got {init_scale!r}")
-    if not float(growth_factor) > 1:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-    if not 0 < float(backoff_factor) < 1:
-        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
-    if int(np.asarray(growth_interval)) != np.asarray(growth_interval) or int(np.asarray(growth_interval)) < 1:
-        raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
-    if min_scale is not None and not (math.isfinite(float(min_scale)) and 0 < float(min_scale) <= float(init_scale)):
-        raise ValueError(f"min_scale must be finite, > 0 and <= init_scale, got {min_scale!r}")
-    if not math.isfinite(float(growth_factor)):
-        raise ValueError(f"growth_factor must be finite, got {growth_factor!r}")
+    integral = isinstance(growth_interval, (int, np.integer)) or (
+        isinstance(growth_interval, (np.ndarray, jax.Array))
+        and growth_interval.shape == ()
+        and np.issubdtype(growth_interval.dtype, np.integer)
+    )
+    if isinstance(growth_interval, (bool, np.bool_)) or not integral or not 1 <= int(growth_interval) <= _INT32_MAX:
+        raise ValueError(f"growth_interval must be an integer from 1 to 2^31-1, got {growth_interval!r}")
+
+
+def _check_min_scale(min_scale, init_scale: float | None) -> None:
+    if min_scale is None:
+        return
+    floor = _float32_arg("min_scale", min_scale, "None or a number in (0, init_scale]")
+    if floor is None:
+        return
+    if not (math.isfinite(floor) and floor > 0 and (init_scale is None or floor <= init_scale)):
+        raise ValueError(f"min_scale must be finite, > 0 and <= init_scale (None: no floor), got {min_scale!r}")
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
@@ -205,9 +263,17 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
-def _validate_static(loss_scale) -> None:
-    if not (math.isfinite(float(loss_scale)) and float(loss_scale) > 0):
-        raise ValueError(f"loss_scale must be finite and > 0, got {loss_scale!r}")
+def _validate_static(loss_scale, name: str = "loss_scale") -> None:
+    _check_scale(name, loss_scale)
+
+
+def check_scaler(loss_scale) -> None:
+    """Refuses anything but a loss scaler (these three or one with their interface, such as
+    jmp's): a bare number would fail later with an AttributeError, far from the cause."""
+    if not all(hasattr(loss_scale, name) for name in ("loss_scale", "scale", "unscale", "adjust")):
+        raise TypeError(
+            f"loss_scale must be a loss scaler such as amp.DynamicLossScale() (not a number), got {loss_scale!r}"
+        )
 
 
 def check_loss_scale_args(
@@ -222,12 +288,12 @@ def check_loss_scale_args(
     Raises:
         ValueError: naming the bad argument and what is accepted.
     """
-    if kind == "dynamic":
-        _validate_dynamic(init_scale, 2.0, 0.5, growth_interval, min_scale)
-    elif kind == "static":
-        _validate_static(init_scale)
-    elif kind != "none":
+    if kind not in ("dynamic", "static", "none"):
         raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
+    # Every argument is checked whatever the kind; only a dynamic scale must start above its floor.
+    init = _check_scale("init_scale", init_scale)
+    _check_growth_interval(growth_interval)
+    _check_min_scale(min_scale, init if kind == "dynamic" else None)
 
 
 def make_loss_scale(

@@ -21,9 +21,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.loss_scale import all_finite
 
 
 class SkipNonFiniteState(NamedTuple):
@@ -133,13 +135,77 @@ def clip_coefficient(norm, max_norm):
 
 def check_max_grad_norm(max_grad_norm) -> None:
     """Refuses a clipping norm that would break the promise: NaN or inf would make every
-    update non-finite after the finite check, 0 or less would stop or reverse every step."""
+    update non-finite after the finite check, 0 or less would stop or reverse every step.
+    It is checked as the float32 it is used as (1e-50 would be 0 there, 1e50 inf)."""
     if max_grad_norm is None:
         return
-    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+    if isinstance(max_grad_norm, (bool, np.bool_)) or not isinstance(
+        max_grad_norm, (int, float, np.integer, np.floating)
+    ):
         raise TypeError(f"max_grad_norm must be a number or None, got {max_grad_norm!r}")
-    if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+    with np.errstate(over="ignore", under="ignore"):
+        as_float32 = float(np.float32(max_grad_norm))
+    if not (math.isfinite(as_float32) and as_float32 > 0):
         raise ValueError(f"max_grad_norm must be finite and > 0 (None: no clipping), got {max_grad_norm!r}")
+
+
+def _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard) -> None:
+    if not isinstance(inner, optax.GradientTransformation):
+        raise TypeError(f"the optimizer to wrap must be an optax GradientTransformation, got {inner!r}")
+    check_max_grad_norm(max_grad_norm)
+    if not isinstance(advance_schedule_on_skip, (bool, np.bool_)):
+        raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
+    if guard is not None and not isinstance(guard, DivergenceGuard):
+        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
+
+
+def _checked_decision(name: str, value):
+    """`value` as a scalar bool array, refusing anything else: a float NaN would read as True."""
+    if value is None:
+        return None
+    dtype, shape = jnp.result_type(value), jnp.shape(value)
+    if dtype != jnp.bool_ or shape != ():
+        raise TypeError(f"{name} must be a scalar bool (such as value_and_grad's grads_finite), got {value!r}")
+    return jnp.asarray(value, bool)
+
+
+def _checked_scale(loss_scale):
+    if loss_scale is None:
+        return None
+    if jnp.shape(loss_scale) != () or not jnp.issubdtype(jnp.result_type(loss_scale), jnp.floating):
+        raise TypeError(f"loss_scale must be a scalar float (the scaler's loss_scale), got {loss_scale!r}")
+    return loss_scale
+
+
+def _stays_finite(new, old) -> jax.Array:
+    """True when no leaf of `new` is non-finite where the same leaf of `old` was finite
+    (a value that was already inf, such as a best-loss-so-far, may stay inf)."""
+    flags = [jnp.all(jnp.isfinite(n) | ~jnp.isfinite(o)) for n, o in zip(jax.tree.leaves(new), jax.tree.leaves(old))]
+    return jnp.stack(flags).all() if flags else jnp.asarray(True)
+
+
+def _step_if_safe(inner, grads, inner_state, params, take, **extra_args):
+    """(updates, new inner state, applied): `step_if_finite`, except that a step taken but
+    whose updates, new params (`params + updates`) or new optimizer state hold a non-finite
+    value (Adam's second moment of a huge gradient, a schedule giving NaN, an fp16 parameter
+    overflowing) is not applied either: updates of -0.0 and the state kept, bit for bit."""
+
+    def step():
+        updates, new_state = inner.update(grads, inner_state, params, **extra_args)
+        safe = all_finite(updates) & _stays_finite(new_state, inner_state)
+        if params is not None:
+            safe = safe & _stays_finite(optax.apply_updates(params, updates), params)
+        updates = jax.tree.map(lambda u: jnp.where(safe, u, jnp.full(u.shape, -0.0, u.dtype)), updates)
+        new_state = jax.tree.map(lambda n, o: jnp.where(safe, n, o), new_state, inner_state)
+        return updates, new_state, safe
+
+    updates_shape, _, _ = jax.eval_shape(step)
+
+    def skip():
+        updates = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), updates_shape)
+        return updates, inner_state, jnp.asarray(False)
+
+    return jax.lax.cond(take, step, skip)
 
 
 def skip_nonfinite(
@@ -150,7 +216,10 @@ def skip_nonfinite(
     guard: DivergenceGuard | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps an optax optimizer so that a step whose gradients are not all finite changes
-    nothing: the params (its updates are -0.0) and the inner state stay bit-identical.
+    nothing: the params (its updates are -0.0) and the inner state stay bit-identical. So
+    does, and is counted as skipped, a step whose updates, new params (`params + updates`,
+    when `params` is given) or new inner state would hold a non-finite value where there was
+    none (Adam's second moment of a huge gradient overflowing, an fp16 parameter overflowing).
 
     `update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args)`:
     `grads_finite` is the decision (from `value_and_grad`; pass it so every replica and
@@ -189,9 +258,7 @@ def skip_nonfinite(
         >>> updates["w"], int(state.skipped), int(state.consecutive_skips)
         (Array([-0., -0.], dtype=float32), 1, 1)
     """
-    check_max_grad_norm(max_grad_norm)
-    if guard is not None and not isinstance(guard, DivergenceGuard):
-        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
+    _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard)
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
@@ -201,23 +268,26 @@ def skip_nonfinite(
         )
 
     def update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args):
+        grads_finite, loss_scale = _checked_decision("grads_finite", grads_finite), _checked_scale(loss_scale)
         norm = optax.tree.norm(grads) if grads_finite is None or max_grad_norm is not None else None
-        finite = jnp.isfinite(norm) if grads_finite is None else jnp.asarray(grads_finite, bool)
+        finite = jnp.isfinite(norm) if grads_finite is None else grads_finite
         if max_grad_norm is not None:
             # Where the norm is not finite the step is skipped; a finite factor keeps the
             # skipped branch's shapes and dtypes without a NaN.
             factor = jnp.where(finite, clip_coefficient(norm, max_grad_norm), 1.0)
             grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
         active = ~state.halted
-        streak = jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32)
+        updates, inner_state, applied = _step_if_safe(
+            inner, grads, state.inner_state, params, finite & active, **extra_args
+        )
+        skipped_now = active & ~applied  # non-finite gradients, or a step that would be non-finite
+        streak = jnp.where(applied, 0, state.consecutive_skips + 1).astype(jnp.int32)
         tripped = jnp.asarray(False)
-        if guard is not None:
-            tripped = active & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
-        take = finite & active
-        updates, inner_state = step_if_finite(inner, grads, state.inner_state, params, take, **extra_args)
+        if guard is not None:  # only a skip can trip it
+            tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
         if advance_schedule_on_skip:
-            inner_state = jax.lax.cond(take | ~active, lambda s: s, advance_schedules, inner_state)
-        counted = active & ~finite
+            inner_state = jax.lax.cond(skipped_now, advance_schedules, lambda s: s, inner_state)
+        counted = skipped_now
         return updates, SkipNonFiniteState(
             inner_state,
             state.skipped + counted.astype(jnp.int32),

@@ -58,6 +58,13 @@ class Precision:
     policy: jmp.Policy
     loss_scaling: str
 
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"a Precision's name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.policy, jmp.Policy):
+            raise TypeError(f"a Precision's policy must be a jmp.Policy, got {self.policy!r}")
+        _checked_loss_scaling(self.loss_scaling, self.loss_scaling)
+
     @property
     def compute_dtype(self):
         return self.policy.compute_dtype
@@ -160,7 +167,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
 
 def _checked_loss_scaling(scaling: str, given: str | None) -> str:
     """`scaling` if it is one of LOSS_SCALINGS; else an error naming the value `given`."""
-    if scaling not in LOSS_SCALINGS:
+    if not isinstance(scaling, str) or scaling not in LOSS_SCALINGS:
         raise ValueError(f"unknown loss scaling {given!r}; accepted: {', '.join(LOSS_SCALINGS)}")
     return scaling
 
@@ -192,6 +199,10 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
         >>> amp.resolve_precision_name(environ={})
         'fp32'
     """
+    if explicit is not None and not isinstance(explicit, str):
+        raise TypeError(f"the precision must be a name such as 'fp16' or None, got {explicit!r}")
+    if environ is not None and not isinstance(environ, Mapping):
+        raise TypeError(f"environ must be a mapping of environment variables or None, got {environ!r}")
     if explicit is not None:
         return explicit
     env = os.environ if environ is None else environ

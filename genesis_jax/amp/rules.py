@@ -65,11 +65,46 @@ class PrecisionRule:
     match: type | tuple[type, ...] | str
     dtype: jnp.dtype = jnp.float32
 
+    def __post_init__(self):
+        _check_rule(self.match, self.dtype)
+
     def matches(self, module: nn.Module) -> bool:
         if isinstance(self.match, str):
             path = "/".join(str(p) for p in getattr(module, "path", ()) or ())
             return any(fnmatch.fnmatchcase(name, self.match) for name in (module.name or "", path))
         return isinstance(module, self.match)
+
+
+def _is_module_class(value) -> bool:
+    return isinstance(value, type) and issubclass(value, nn.Module)
+
+
+def _check_rule(match, dtype) -> None:
+    """A rule matches by a non-empty name pattern or by Flax Module classes, and names a
+    floating dtype: an integer compute dtype would truncate the matched module's inputs."""
+    classes = match if isinstance(match, tuple) else (match,)
+    if not ((isinstance(match, str) and match) or (classes and all(_is_module_class(c) for c in classes))):
+        raise TypeError(
+            f"a precision rule matches a name pattern such as '*head', a Flax Module class or a tuple of them, "
+            f"got {match!r}"
+        )
+    try:
+        floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:
+        floating = False
+    if not floating:
+        raise TypeError(f"a precision rule's dtype must be a floating dtype such as jnp.float32, got {dtype!r}")
+
+
+def _checked_rules(rules) -> tuple[PrecisionRule, ...]:
+    """`rules` as a tuple of `PrecisionRule`s; a single rule or a string is refused by name."""
+    if isinstance(rules, (PrecisionRule, str)) or not hasattr(rules, "__iter__"):
+        raise TypeError(f"precision rules must be a sequence of PrecisionRule objects, got {rules!r}")
+    rules = tuple(rules)
+    for rule in rules:
+        if not isinstance(rule, PrecisionRule):
+            raise TypeError(f"precision rules must be PrecisionRule objects, got {rule!r}")
+    return rules
 
 
 NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm)
@@ -138,10 +173,6 @@ def _warn_unmatched(rules: Sequence[PrecisionRule], where: str, stacklevel: int)
 
 @contextlib.contextmanager
 def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 4):
-    rules = tuple(rules)
-    for rule in rules:
-        if not isinstance(rule, PrecisionRule):
-            raise TypeError(f"precision rules must be PrecisionRule objects, got {rule!r}")
     seen = {"called": False, "matched": False}
     with nn.intercept_methods(_interceptor(rules, seen)):
         yield
@@ -163,7 +194,7 @@ def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
         ...     net.apply(params, x).dtype
         dtype('float32')
     """
-    return _rules_block(rules)
+    return _rules_block(_checked_rules(rules))
 
 
 def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT32_RULES):
@@ -184,8 +215,11 @@ def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT3
         >>> hidden.dtype, logits.dtype
         (dtype('float16'), dtype('float32'))
     """
+    rules = _checked_rules(rules)
     if method is None:
         return functools.partial(with_precision_rules, rules=rules)
+    if not callable(method):
+        raise TypeError(f"with_precision_rules decorates a Module method, got {method!r}")
 
     where = f" on {method.__qualname__}"
 

@@ -33,12 +33,40 @@ from flax.training import train_state
 
 from genesis_jax.amp.grads import value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
-from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, make_loss_scale
-from genesis_jax.amp.optim import is_skip_nonfinite, skip_nonfinite, skip_state
+from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler, make_loss_scale
+from genesis_jax.amp.optim import check_max_grad_norm, is_skip_nonfinite, skip_nonfinite, skip_state
 from genesis_jax.amp.policy import Precision, get_precision
 
 # loss_fn(params, batch) -> (float32 loss, aux pytree)
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+
+
+def _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip) -> None:
+    """`TrainState.create`'s arguments, each refused with a sentence naming it, before any array is made."""
+    if not isinstance(tx, optax.GradientTransformation):
+        raise TypeError(f"tx must be an optax GradientTransformation (such as optax.adam(1e-3)), got {tx!r}")
+    if apply_fn is not None and not callable(apply_fn):
+        raise TypeError(f"apply_fn must be callable or None, got {apply_fn!r}")
+    if loss_scale is not None:
+        check_scaler(loss_scale)
+    if precision is not None and not isinstance(precision, (str, Precision)):
+        raise TypeError(f"precision must be a precision name, a Precision or None, got {precision!r}")
+    check_max_grad_norm(max_grad_norm)
+    if guard is not None and not isinstance(guard, DivergenceGuard):
+        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
+    if not isinstance(advance_schedule_on_skip, bool):
+        raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
+
+
+def _check_train_step_args(state, loss_fn, faults, grad_transform) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"state must be an amp.TrainState, got {type(state).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
+    if faults is not None and not isinstance(faults, FaultInjection):
+        raise TypeError(f"faults must be a FaultInjection or None, got {faults!r}")
+    if grad_transform is not None and not callable(grad_transform):
+        raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
 
 
 def _keep_if(keep, new, old):
@@ -92,6 +120,7 @@ class TrainState(train_state.TrainState):
                 learning-rate schedules.
             **kwargs: other fields, as in Flax.
         """
+        _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip)
         prec = get_precision(precision) if isinstance(precision, str) else precision
         if prec is not None:
             params = prec.policy.cast_to_param(params)
@@ -192,6 +221,8 @@ def train_step(
         >>> float(metrics["loss"]), bool(metrics["grads_finite"]), int(state.step)
         (9.0, True, 1)
     """
+
+    _check_train_step_args(state, loss_fn, faults, grad_transform)
 
     def loss_with_faults(params, batch):
         loss, aux = loss_fn(params, batch)
