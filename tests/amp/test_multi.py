@@ -151,6 +151,20 @@ def test_scale_and_skip_counts_follow_one_gradscaler_over_an_overflow_schedule(a
     assert float(scaler.loss_scale) == init_scale / 8  # up x2 twice, down x0.5 five times (once for both)
 
 
+def test_seeds_under_vmap_each_share_their_own_scale():
+    actor, critic = amp.share_scale(
+        (new_state(optax.sgd(0.05), 0), new_state(optax.adam(1e-2), 1)), amp.DynamicLossScale(2.0**10)
+    )
+    seeds = jax.tree.map(lambda x: jnp.stack([x, x]), (actor, critic, actor.loss_scale))
+    actors, critics, scalers, _, _ = jax.vmap(iteration)(*seeds, jnp.ones(2), jnp.array([1.0, INF]))
+    np.testing.assert_array_equal(scalers.loss_scale, [2.0**10, 2.0**9])  # only seed 1's critic overflowed
+    np.testing.assert_array_equal(scalers.growth_tracker, [1, 0])
+    np.testing.assert_array_equal(critics.skipped, [0, 1])
+    np.testing.assert_array_equal(actors.skipped, [0, 0])
+    np.testing.assert_array_equal(critics.loss_scale.loss_scale, scalers.loss_scale)
+    assert_bit_identical(critic.params, jax.tree.map(lambda x: x[1], critics.params))
+
+
 def test_one_optimizer_under_the_shared_api_is_train_step():
     """With one optimizer, shared_scale_step + update_shared_scale + share_scale is train_step."""
     x, y = problem(2)
