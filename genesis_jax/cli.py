@@ -49,6 +49,8 @@ class RunOptions:
     """Replace a run already in --out (set aside until the new run ends, then deleted)."""
     allow_config_change: bool = False
     """With --resume: continue although settings that change the run differ (the summary lists them)."""
+    allow_unverified_checkpoint: bool = False
+    """With --resume: restore a checkpoint that has no checksum (the summary records its step)."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = False
@@ -64,6 +66,7 @@ class RunOptions:
             "resume": self.resume,
             "overwrite": self.overwrite,
             "allow_config_change": self.allow_config_change,
+            "allow_unverified": self.allow_unverified_checkpoint,
             "progress": self.progress,
             "writers": writers,
         }
@@ -279,6 +282,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workloads", default=None, help="comma-separated workload names (default: all)")
     bench.add_argument("--out", required=True, help="directory for results.csv, results.md and precision.png")
 
+    study = sub.add_parser(
+        "study",
+        help="does reduced precision learn as well as fp32? tasks x precisions x seeds, rliable statistics",
+        description="Trains every task x precision cell with --num-seeds seeds at the same environment steps "
+        "(finished cells are kept, so an interrupted study continues), then writes report.md, stats.json and plots.",
+    )
+    study.add_argument("--out", required=True, help="the study's directory (created; reused to continue a study)")
+    study.add_argument("--tasks", default="CartPole-v1", help="comma-separated task names (see docs/study.md)")
+    study.add_argument("--precisions", default="fp32,bf16,fp16,fp16-unscaled", help="comma-separated; fp32 included")
+    study.add_argument("--num-seeds", type=int, default=8, help="seeds per cell, trained together (default 8)")
+    study.add_argument("--seed", type=int, default=0, help="the first seed: a cell trains seed, seed+1, ...")
+    study.add_argument(
+        "--total-steps",
+        type=_task_steps,
+        default=None,
+        help="steps per seed: N for every task, or TASK=N,TASK=N (others: their own; default: each task's)",
+    )
+    study.add_argument("--reps", type=int, default=2000, help="bootstrap replications per confidence interval")
+    study.add_argument("--no-cost", action="store_true", help="skip the 1-seed run that measures the cost of N seeds")
+    study.add_argument("--no-progress", action="store_true", help="no progress bars")
+
     launch = sub.add_parser(
         "launch",
         help="run a train command as several JAX processes on this machine",
@@ -377,6 +401,46 @@ def _run_bench(args) -> int:
     return 0
 
 
+def _flag_value(value) -> str:
+    return ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+
+
+def _task_steps(text: str) -> int | dict[str, int]:
+    """--total-steps of a study: N, or TASK=N,TASK=N."""
+    try:
+        if "=" not in text:
+            return int(text)
+        return {task.strip(): int(n) for task, n in (part.split("=", 1) for part in text.split(",") if part.strip())}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or TASK=N,TASK=N, got {text!r}") from None
+
+
+def _run_study(args) -> int:
+    try:
+        from genesis_jax.study import run_study
+    except ImportError as err:
+        raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
+    words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
+    flag = lambda k, v: f"--{k.replace('_', '-')}" + ("" if v is True else f" {_flag_value(v)}")  # noqa: E731
+    command = "genesis-jax study " + " ".join(
+        flag(k, v) for k, v in vars(args).items() if k != "command" and v not in (None, False)
+    )
+    path = run_study(
+        args.out,
+        tasks=words(args.tasks),
+        precisions=words(args.precisions),
+        num_seeds=args.num_seeds,
+        seed=args.seed,
+        total_steps=args.total_steps,
+        reps=args.reps,
+        cost=not args.no_cost,
+        progress=not args.no_progress,
+        command=command,
+    )
+    print(f"wrote {path}, stats.json and the plots beside it")
+    return 0
+
+
 def _run_launch(args) -> int:
     from genesis_jax.run.launch import launch
 
@@ -433,6 +497,18 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"genesis-jax: error: {err}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except ConnectionError as err:  # the others did not come in time
+            print(f"genesis-jax: system failure: {err}", file=sys.stderr)
+            return EXIT_SYSTEM
+    if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
+        try:
+            return _run_launch(args)
+        except ValueError as err:
+            print(f"genesis-jax: error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except OSError as err:
+            print(f"genesis-jax: system failure: {_system_failure(err)}", file=sys.stderr)
+            return EXIT_SYSTEM
     # Of several processes, only process 0 logs, prints and shows progress (Session sees to
     # the bar); the others report errors alone.
     worker = not _primary()
@@ -442,16 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     from genesis_jax.run.checkpoint import CheckpointMismatchError
+    from genesis_jax.run.parallel import PeerFailed
     from genesis_jax.run.run_dir import RunDirectoryError
-    from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
+    from genesis_jax.run.signals import EXIT_PEER, DivergenceError, TrainingInterrupted
 
     try:
         if args.command == "demo":
             return _run_demo(args)
-        if args.command == "launch":
-            return _run_launch(args)
         if args.command == "bench":
             return _run_bench(args)
+        if args.command == "study":
+            return _run_study(args)
         if args.command == "collect":
             return _run_collect(args)
         if args.command == "train":
@@ -471,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("genesis-jax: interrupted", file=sys.stderr)
         return 130
+    except PeerFailed as err:  # another process failed first and said why
+        print(f"genesis-jax: stopped: {err}", file=sys.stderr)
+        return EXIT_PEER
     except Exception as err:
         if "RESOURCE_EXHAUSTED" not in str(err):  # XLA's out-of-memory error has no class of its own
             raise

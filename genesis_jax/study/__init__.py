@@ -62,7 +62,7 @@ def run_study(
     precisions=tuple(PRECISIONS),
     num_seeds: int = 8,
     seed: int = 0,
-    total_steps: int | None = None,
+    total_steps: int | dict[str, int] | None = None,
     reps: int = 2000,
     curve_points: int = 20,
     cost: bool = True,
@@ -75,7 +75,8 @@ def run_study(
     Args:
         tasks: names of `TASKS`; precisions: names of `PRECISIONS` (fp32 among them).
         num_seeds: seeds per cell, trained together (seed, seed+1, ...).
-        total_steps: environment steps per seed, the same for every cell (None: each task's own).
+        total_steps: environment steps per seed, the same for every precision: one number for
+            every task, a {task: steps} mapping (tasks not in it: their own), or None (each task's own).
         reps: bootstrap replications of every confidence interval.
         cost: also run one fp32 seed of the first task, for the N-seeds-vs-1 cost.
     """
@@ -83,12 +84,10 @@ def run_study(
     cells.check_choices(tasks, precisions)
     if not isinstance(num_seeds, int) or num_seeds < 2:
         raise ValueError(f"a study needs at least 2 seeds per cell, got {num_seeds!r}")
-    if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-        raise ValueError(f"total-steps must be a positive integer, got {total_steps!r}")
+    budgets = cells.budgets(tasks, total_steps)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict[str, dict]] = {}
-    budgets = {task: total_steps or TASKS[task].total_steps for task in tasks}
     started = time.perf_counter()
     for task in tasks:
         summaries[task] = {}
