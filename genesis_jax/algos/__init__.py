@@ -12,6 +12,7 @@ REGISTRY = {
     "ppo": ("genesis_jax.algos.ppo.train", "PPO on a gymnax, gymnasium or envpool environment"),
     "world-model": ("genesis_jax.algos.world_model.train", "a world model from trajectories"),
     "sac": ("genesis_jax.algos.sac.train", "SAC on a continuous-action gymnax or gymnasium environment"),
+    "dqn": ("genesis_jax.algos.dqn.train", "DQN (double, Huber, replay buffer) on a gymnax environment"),
 }
 
 

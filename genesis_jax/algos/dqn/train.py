@@ -1,0 +1,249 @@
+"""DQN on the algorithm template: double DQN, a target network updated by copy or Polyak
+averaging, linear epsilon-greedy exploration, a Huber or squared TD loss and a flashbax replay
+buffer, on gymnax environments with the whole loop under jit (PureJaxRL's and CleanRL's DQN).
+
+One template position (a metrics row) is `row_steps` environment steps, in iterations of
+`train_frequency` steps (vector steps whose transitions enter the buffer), one gradient step
+once past `learning_starts`, and a target update when the step count reaches a multiple of
+`target_update_interval`. The buffer is part of the state: checkpointed and resumed with it.
+
+>>> from genesis_jax.algos.dqn import DQNConfig, train
+>>> result = train(DQNConfig(precision="fp16"))                     # doctest: +SKIP
+>>> result.summary["final_return"], result.summary["buffer_bytes"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.dqn.config import DQNConfig, DQNFields
+from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.amp import TrainState
+from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.registry import resolve_env
+from genesis_jax.nets.q_network import QNetwork
+from genesis_jax.nets.torsos import default_network
+from genesis_jax.run import plots
+
+RECENT = 10  # final_return: the mean of the last RECENT finished training episodes
+
+
+class DQNState(struct.PyTreeNode):
+    train_state: TrainState
+    target_params: dict
+    buffer: object  # flashbax's buffer state
+    env_state: object
+    obs: jax.Array
+    episode_return: jax.Array  # each environment's running return
+    recent_returns: jax.Array  # [RECENT] the newest finished episodes' returns (NaN: none yet)
+    episodes: jax.Array  # finished episodes so far
+    steps: jax.Array  # environment steps so far
+    rng: jax.Array
+
+
+def epsilon_at(config: DQNConfig, steps):
+    """Linear from epsilon_start to epsilon_end over epsilon_steps environment steps, then flat."""
+    frac = jnp.minimum(steps / config.epsilon_steps, 1.0)
+    return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
+
+
+def td_targets(q_next_target, q_next_online, reward, terminated, gamma: float):
+    """float32 r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)); pass the
+    target's Q as `q_next_online` for plain DQN's max."""
+    next_q = jnp.take_along_axis(q_next_target, jnp.argmax(q_next_online, -1)[:, None], -1)[:, 0]
+    return (reward + gamma * (1.0 - terminated) * next_q).astype(jnp.float32)
+
+
+def td_loss(q, target, huber_delta: float | None):
+    """float32 mean Huber loss (None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
+    error = q.astype(jnp.float32) - target
+    return jnp.mean(jnp.square(error) if huber_delta is None else optax.huber_loss(error, delta=huber_delta))
+
+
+def mean_over_seeds(values) -> list:
+    """[seeds, rows] -> each row's mean over the seeds with a value (None where none has)."""
+    have = ~np.isnan(values)
+    sums, counts = np.where(have, values, 0.0).sum(0), have.sum(0)
+    return [float(s / n) if n else None for s, n in zip(sums, counts)]
+
+
+class DQN(Algorithm):
+    name = "dqn"
+    fields = DQNFields
+    config_class = DQNConfig
+    meta_key = "step"
+    score = "final_return"
+    plot_file = "dqn.png"
+    unit = "row"
+    progress_unit = "step"
+
+    def setup(self) -> None:
+        c = self.config
+        spec = resolve_env(c.env, c.env_backend)
+        if spec.continuous:
+            raise ValueError(f"dqn needs a discrete action space; {c.env} has a continuous one: use sac")
+        self.total, self.unit_size, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
+        precision = c.train_precision()
+        network = c.network or default_network(spec.obs_shape)
+        self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
+        self.frames = len(spec.obs_shape) == 3  # gymnax's images are MinAtar's 0/1 frames: stored as uint8
+        obs = jnp.zeros(spec.obs_shape, bool if self.frames else jnp.float32)
+        example = dict(obs=obs, action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(0), next_obs=obs)
+        storage = precision.compute_dtype if c.replay_dtype == "compute" else jnp.float32
+        self.replay = make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
+        self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
+        check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
+        self.env = GymnaxVecEnv(c.env, c.num_envs)
+
+    def init(self, key) -> DQNState:
+        net_key, env_key, rng = jax.random.split(key, 3)
+        params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
+        obs, env_state = self.env.reset(env_key)
+        return DQNState(
+            train_state=self.config.create_train_state(params, optax.adam(self.config.lr)),
+            target_params=jax.tree.map(jnp.copy, params),
+            buffer=self.replay.init(),
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros(self.config.num_envs, jnp.float32),
+            recent_returns=jnp.full(RECENT, jnp.nan, jnp.float32),
+            episodes=jnp.int32(0),
+            steps=jnp.int32(0),
+            rng=rng,
+        )
+
+    def env_step(self, s: DQNState, key):
+        """One epsilon-greedy vector step, its transitions added to the buffer."""
+        explore_key, random_key, env_key = jax.random.split(key, 3)
+        n = self.config.num_envs
+        greedy = jnp.argmax(self.net.apply(s.train_state.params, s.obs), -1)
+        explore = jax.random.uniform(explore_key, (n,)) < epsilon_at(self.config, s.steps)
+        action = jnp.where(explore, jax.random.randint(random_key, (n,), 0, self.spec.action_dim), greedy)
+        obs, env_state, reward, terminated, truncated, final_obs = self.env.step(
+            jax.random.split(env_key, n), s.env_state, action
+        )
+        store = (lambda o: o.astype(bool)) if self.frames else (lambda o: o)
+        transition = dict(obs=store(s.obs), action=action, reward=reward, terminated=terminated)
+        done, returns = terminated | truncated, s.episode_return + reward
+        slot = jnp.where(done, (s.episodes + jnp.cumsum(done) - 1) % RECENT, RECENT)  # RECENT: not written
+        s = s.replace(
+            buffer=self.replay.add(s.buffer, {**transition, "next_obs": store(final_obs)}),
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.where(done, 0.0, returns),
+            recent_returns=s.recent_returns.at[slot].set(returns, mode="drop"),
+            episodes=s.episodes + done.sum(),
+            steps=s.steps + n,
+        )
+        return s, (done.sum(), jnp.where(done, returns, 0.0).sum())
+
+    def loss_fn(self, params, batch):
+        obs, action, target = batch
+        q = jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]
+        return td_loss(q, target, self.config.huber_delta), jnp.mean(q)
+
+    def learn(self, s: DQNState, key):
+        """One gradient step on a sampled batch; the TD target in float32, outside the gradient."""
+        c, b = self.config, self.replay.sample(s.buffer, key)
+        q_next_target = self.net.apply(s.target_params, b["next_obs"])
+        q_next_online = self.net.apply(s.train_state.params, b["next_obs"]) if c.double_q else q_next_target
+        target = td_targets(q_next_target, q_next_online, b["reward"], b["terminated"], c.gamma)
+        train_state, m = self.train_step(s.train_state, (b["obs"], b["action"], target), self.loss_fn)
+        return s.replace(train_state=train_state), (m["loss"], m["aux"], m["grads_finite"])
+
+    def iteration(self, s: DQNState, key):
+        """train_frequency environment steps, then maybe a gradient step and a target update."""
+        c = self.config
+        keys = jax.random.split(key, c.train_frequency // c.num_envs + 1)
+        s, (episodes, return_sum) = jax.lax.scan(self.env_step, s, keys[1:])
+        learning = (s.steps > c.learning_starts) & self.replay.can_sample(s.buffer)
+        idle = (jnp.float32(0), jnp.float32(0), jnp.bool_(False))
+        s, (loss, q, finite) = jax.lax.cond(learning, self.learn, lambda s, _: (s, idle), s, keys[0])
+        online = s.train_state.params
+        mix = (lambda t: online) if c.tau == 1.0 else (lambda t: optax.incremental_update(online, t, c.tau))
+        target = jax.lax.cond(s.steps % c.target_update_interval == 0, mix, lambda t: t, s.target_params)
+        return s.replace(target_params=target), (learning & finite, loss, q, episodes.sum(), return_sum.sum())
+
+    def update(self, s: DQNState, data):
+        rng, key = jax.random.split(s.rng)
+        skipped_before = s.train_state.skipped
+        keys = jax.random.split(key, self.config.row_steps // self.config.train_frequency)
+        s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
+        count = learned.sum()
+        per_update = lambda x: jnp.where(count > 0, jnp.where(learned, x, 0.0).sum() / count, jnp.nan)  # noqa: E731
+        ts = s.train_state
+        return s, {
+            "loss": per_update(loss),
+            "q": per_update(q),
+            "episodes": episodes.sum(),
+            "return_sum": return_sum.sum(),
+            "recent_return": jnp.nanmean(s.recent_returns),
+            "epsilon": epsilon_at(self.config, s.steps),
+            "updates": ts.step,
+            "buffer_size": self.replay.size(s.buffer),
+            "loss_scale": ts.loss_scale.loss_scale,
+            "skipped": ts.skipped - skipped_before,
+            "halted": ts.halted,
+        }
+
+    def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
+        """One row per position: means over seeds (counts summed), each seed's recent return."""
+        m = {k: np.asarray(v).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}  # [seeds, rows]
+        index = np.arange(done + 1, done + m["loss"].shape[1] + 1)
+        episodes, return_sum = m["episodes"].sum(0), m["return_sum"].sum(0).astype(float)
+        columns = {
+            "row": index.tolist(),
+            "step": (index * self.config.row_steps).tolist(),
+            "episode_return": [float(r / e) if e else None for r, e in zip(return_sum, episodes)],
+            **{k: mean_over_seeds(m[k]) for k in ("recent_return", "loss", "q")},
+            "episodes": episodes.tolist(),
+            "return_sum": return_sum.tolist(),
+            **{k: m[k].mean(0).astype(float).tolist() for k in ("epsilon", "loss_scale")},
+            **{k: m[k].sum(0).astype(int).tolist() for k in ("updates", "buffer_size", "skipped")},
+            "halted": m["halted"].any(0).tolist(),
+        }
+        if self.num_seeds > 1:
+            columns["recent_return_per_seed"] = [
+                [None if np.isnan(r) else float(r) for r in c] for c in m["recent_return"].T
+            ]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+    def summary(self, rows: list[dict], state: DQNState) -> dict:
+        recent = np.asarray(state.recent_returns).reshape(self.num_seeds, RECENT)
+        per_seed = [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
+        return {
+            "env": self.config.env,
+            "num_seeds": self.num_seeds,
+            "total_steps": rows[-1]["step"] if rows else 0,
+            "final_return": float(np.mean(per_seed)),
+            "final_return_per_seed": per_seed,
+            "final_return_is": f"the mean return of the last {RECENT} finished training episodes (epsilon-greedy)",
+            "buffer_bytes": self.buffer_bytes,
+            "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
+        }
+
+    def postfix(self, row: dict) -> dict:
+        self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return
+        return {"eps": f"{row['epsilon']:.2f}", **({"ret": f"{self.last_return:.1f}"} if self.last_return else {})}
+
+    def title(self) -> str:
+        return f"DQN {self.config.env} ({self.config.train_precision().name})"
+
+    def plot(self, rows: list[dict], file) -> None:
+        plots.plot_curves(rows, "step", ["recent_return", "loss"], file, title=self.title(), log_y=False)
+
+    def describe(self, s: dict) -> str:
+        return (
+            f"DQN {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
+            f"buffer={s['buffer_bytes'] / 2**20:.1f}MiB skipped={s['skipped_updates']}/{s['total_updates']}"
+        )
+
+
+ALGORITHM = DQN
+train = DQN.train

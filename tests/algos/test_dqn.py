@@ -1,0 +1,148 @@
+"""DQN on the template: the loop's invariants on a tiny run, the TD target against a numpy
+reference, the target network's updates, learning CartPole on a CPU budget, bad input, and
+a SIGKILLed run resumed bit-identically."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from genesis_jax.algos.dqn import DQN, DQNConfig, train
+from genesis_jax.algos.dqn.train import td_targets
+from genesis_jax.cli import main
+from tests.support.processes import cpu_env, start_python, wait_until
+
+TINY = dict(
+    total_steps=2_000,
+    num_envs=2,
+    train_frequency=2,
+    row_steps=200,
+    learning_starts=500,
+    buffer_size=1_000,
+    batch_size=32,
+    target_update_interval=100,
+    epsilon_steps=1_000,
+    hidden=(16,),
+)
+
+
+def tree_equal(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    return train(DQNConfig(**TINY), progress=False)
+
+
+def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_run):
+    config, rows, state = DQNConfig(**TINY), tiny_run.metrics, tiny_run.state
+    iterations = np.arange(1, config.total_steps // config.train_frequency + 1)
+    expected_updates = int(np.sum(iterations * config.train_frequency > config.learning_starts))
+    assert int(state.train_state.step) == expected_updates == rows[-1]["updates"] == 750
+    assert int(state.steps) == config.total_steps and len(rows) == config.total_steps // config.row_steps
+    assert [r["buffer_size"] for r in rows] == [min(r["step"], config.buffer_size) for r in rows]
+    expected_eps = [1.0 + min(r["step"] / 1_000, 1.0) * (0.05 - 1.0) for r in rows]
+    np.testing.assert_allclose([r["epsilon"] for r in rows], expected_eps, rtol=1e-6)
+    assert sum(r["skipped"] for r in rows) == 0 and tiny_run.summary["skipped_updates"] == 0
+    assert rows[1]["loss"] is None and rows[2]["loss"] is not None  # learning starts after step 500
+    assert sum(r["episodes"] for r in rows) == int(state.episodes)
+
+
+def test_target_equals_online_right_after_a_periodic_copy(tiny_run):
+    # 2000 steps is a multiple of the 100-step interval: the last iteration learned, then copied.
+    tree_equal(tiny_run.state.target_params, tiny_run.state.train_state.params)
+    assert tiny_run.state.train_state.step > 0
+
+
+def test_final_return_is_the_mean_of_the_last_ten_finished_episodes(tiny_run):
+    recent = np.asarray(tiny_run.state.recent_returns)
+    assert np.all(np.isfinite(recent)) and np.all(recent == np.round(recent)) and np.all(recent >= 1)
+    assert tiny_run.summary["final_return"] == pytest.approx(float(recent.mean()))
+    assert "training episodes" in tiny_run.summary["final_return_is"]
+    assert tiny_run.summary["buffer_bytes"] == 1_000 * (4 * 4 + 4 + 4 + 1 + 4 * 4) + 5
+
+
+def test_polyak_target_update_mixes_by_tau():
+    algo = DQN(DQNConfig(**{**TINY, "tau": 0.25, "target_update_interval": 2}))
+    state = algo.init(jax.random.PRNGKey(0))
+    state = state.replace(target_params=jax.tree.map(jnp.zeros_like, state.target_params))
+    after, _ = jax.jit(algo.iteration)(state, jax.random.PRNGKey(1))  # steps 0 -> 2: before learning starts
+    expected = jax.tree.map(lambda p: 0.25 * p, state.train_state.params)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), after.target_params, expected)
+    tree_equal(after.train_state.params, state.train_state.params)  # no gradient step yet
+
+
+def test_td_targets_match_a_numpy_reference():
+    rng = np.random.default_rng(0)
+    q_target, q_online = rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=(6, 3)).astype(np.float32)
+    reward, terminated = rng.normal(size=6).astype(np.float32), np.array([0, 1, 0, 0, 1, 0], np.float32)
+    double = q_target[np.arange(6), q_online.argmax(1)]
+    expected = reward + 0.9 * (1 - terminated) * double
+    np.testing.assert_allclose(td_targets(q_target, q_online, reward, terminated, 0.9), expected, rtol=1e-6)
+    plain = reward + 0.9 * (1 - terminated) * q_target.max(1)
+    np.testing.assert_allclose(td_targets(q_target, q_target, reward, terminated, 0.9), plain, rtol=1e-6)
+
+
+def test_minatar_frames_are_stored_as_uint8():
+    algo = DQN(DQNConfig(env="Breakout-MinAtar", buffer_size=1_000, batch_size=32, network="cnn"))
+    state = jax.eval_shape(algo.replay.init)
+    assert state.experience["obs"].dtype == jnp.uint8 and state.experience["next_obs"].dtype == jnp.uint8
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--env", "Pendulum-v1"], "dqn needs a discrete action space; Pendulum-v1 has a continuous one: use sac"),
+        (["--buffer-size", "64", "--batch-size", "128"], "buffer-size 64 is smaller than batch-size 128"),
+        (["--env", "Breakout-MinAtar", "--buffer-size", "1000000000"], "of memory is available"),
+        (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),
+    ],
+)
+def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args, words):
+    out = tmp_path / "run"
+    assert main(["train", "dqn", *args, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # about 40-60 s on 2 cores
+def test_dqn_learns_cartpole_on_a_cpu_budget():
+    config = DQNConfig(
+        total_steps=60_000, learning_starts=2_000, epsilon_steps=20_000, target_update_interval=500, seed=1
+    )
+    result = train(config, progress=False)
+    assert result.summary["final_return"] >= 150, result.metrics[-3:]  # a random policy averages about 22
+
+
+KILL_ARGS = [
+    "train", "dqn", "--precision", "fp16", "--total-steps", "60000", "--row-steps", "2000",
+    "--updates-per-chunk", "1", "--checkpoint-every", "2000", "--learning-starts", "1000",
+    "--seed", "3", "--no-progress",
+]  # fmt: skip
+
+
+def metric_rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # an uninterrupted run, a killed one and its resume: about 60 s
+def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    straight, out = tmp_path / "straight", tmp_path / "killed"
+    assert main([*KILL_ARGS, "--out", str(straight)]) == 0
+    proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
+    wait_until(lambda: len(list((out / "checkpoints").glob("[0-9]*"))) >= 3, proc, timeout=300)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL and len(metric_rows(out)) < 30  # killed mid-run
+    assert main([*KILL_ARGS, "--out", str(out), "--resume"]) == 0
+    resumed, expected = metric_rows(out), metric_rows(straight)
+    assert [r["row"] for r in resumed] == list(range(1, 31))  # each row once
+    drop = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "wall_seconds")} for r in rows]  # noqa: E731
+    assert drop(resumed) == drop(expected)
