@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -143,7 +144,6 @@ class DivergenceGuard:
 
 
 _INT32_MAX = 2**31 - 1
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _is_int(value) -> bool:
@@ -154,12 +154,18 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
+def _as_float32(value) -> float:
+    """The float32 a number is used as (inf where it overflows, 0 where it underflows)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(value))
+
+
 def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
     """The rate must be a probability, the factor a finite float32 > 0 (an inf or NaN factor
     would make the spiked loss itself non-finite), the seed an integer a PRNG key takes."""
     if not (_is_real(nonfinite_rate) and 0.0 <= nonfinite_rate <= 1.0):
         raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {nonfinite_rate!r}")
-    if not (_is_real(loss_spike_factor) and 0 < loss_spike_factor <= _FLOAT32_MAX):
+    if not (_is_real(loss_spike_factor) and 0 < _as_float32(loss_spike_factor) < math.inf):
         raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
     if isinstance(seed, jax.core.Tracer):  # a per-seed value under vmap (the algorithm template's seeds)
         return
@@ -180,7 +186,7 @@ def _checked_spike_steps(steps) -> tuple[int, ...]:
 def _check_guard_args(min_scale, max_consecutive_skips) -> None:
     """The floor must be a finite float32 >= 0 (NaN or inf would halt or never halt at
     random), the skip limit an int32 >= 1; None turns either off."""
-    if min_scale is not None and not (_is_real(min_scale) and 0 <= min_scale <= _FLOAT32_MAX):
+    if min_scale is not None and not (_is_real(min_scale) and 0 <= _as_float32(min_scale) < math.inf):
         raise ValueError(f"guard-min-scale must be >= 0 and finite (None: no floor), got {min_scale!r}")
     if max_consecutive_skips is not None and not (
         _is_int(max_consecutive_skips) and 1 <= max_consecutive_skips <= _INT32_MAX
