@@ -78,7 +78,9 @@ class RunDirectory:
       a second process is refused, naming the holder. The kernel drops the lock of a killed
       process, so a stale `.lock` is taken over;
     - `overwrite` sets the old run aside (`.replaced/`) and deletes it only when the new
-      run ends (its final checkpoint written); a run that fails first puts it back.
+      run ends having saved a checkpoint; a run that fails or stops before that puts it
+      back. A `.replaced/` left by a killed overwrite is never deleted unasked: a new run
+      or an overwrite is refused, naming it; a resume leaves it alone.
     """
 
     LOCK = ".lock"

@@ -78,6 +78,20 @@ def registered(monkeypatch):
 TOY = ["train", "toy", "--precision", "fp16", "--total-steps", "32", "--no-progress"]
 
 
+@pytest.fixture(scope="module")
+def toy_cli_run(tmp_path_factory):
+    """A finished `genesis-jax train toy` run of 32 updates (copy it before changing it)."""
+    run = tmp_path_factory.mktemp("toy") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(algos.REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
+        assert main([*TOY, "--out", str(run)]) == 0
+    return run
+
+
+def copy_of(run: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(shutil.copytree(run, tmp_path / "copy"))
+
+
 # --- resume never replaces an ended run, nor leaves a row missing ----------------------------
 
 
@@ -188,10 +202,10 @@ def test_a_line_that_is_not_a_metric_row_is_refused_naming_the_file_and_line(tmp
     assert snapshot(run) == before
 
 
-def test_non_utf8_metrics_are_one_line_with_exit_status_2_on_the_command_line(registered, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main([*TOY, "--out", str(run)]) == 0
-    capsys.readouterr()
+def test_non_utf8_metrics_are_one_line_with_exit_status_2_on_the_command_line(
+    registered, toy_cli_run, tmp_path, capsys
+):
+    run = copy_of(toy_cli_run, tmp_path)
     with open(run / "metrics.jsonl", "r+b") as f:
         f.seek(5)
         f.write(b"\xff")
@@ -204,10 +218,9 @@ def test_non_utf8_metrics_are_one_line_with_exit_status_2_on_the_command_line(re
 # --- a finished run resumed; a shorter one refused --------------------------------------------
 
 
-def test_resuming_a_finished_run_compiles_nothing_and_keeps_its_summary(tmp_path, monkeypatch):
-    run = tmp_path / "run"
-    config = ToyConfig(precision="fp16", total_steps=32)
-    Toy.train(config, str(run), progress=False)
+def test_resuming_a_finished_run_compiles_nothing_and_keeps_its_summary(toy_cli_run, tmp_path, monkeypatch):
+    run = copy_of(toy_cli_run, tmp_path)
+    config = ToyConfig(precision="fp16", total_steps=32)  # the run's own settings
     first = json.loads((run / "summary.json").read_text())
     compiled = []
     original = Toy.compile_chunk
@@ -220,10 +233,8 @@ def test_resuming_a_finished_run_compiles_nothing_and_keeps_its_summary(tmp_path
     assert resumed.summary["steps_per_second"] == first["steps_per_second"]
 
 
-def test_a_shorter_run_than_the_one_done_is_refused_naming_both(registered, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main([*TOY, "--out", str(run)]) == 0
-    capsys.readouterr()
+def test_a_shorter_run_than_the_one_done_is_refused_naming_both(registered, toy_cli_run, tmp_path, capsys):
+    run = copy_of(toy_cli_run, tmp_path)
     before = snapshot(run)
     assert main([*TOY, "--total-steps", "16", "--out", str(run), "--resume"]) == 2
     assert one_line_error(capsys) == (
@@ -278,9 +289,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow  # a CLI subprocess held 3 s in its compilation: about 12 s
-def test_sigterm_while_an_overwrite_compiles_exits_143_in_one_line_with_the_old_run_back(registered, tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "compiling"
-    assert main([*TOY, "--out", str(run)]) == 0
+def test_sigterm_while_an_overwrite_compiles_exits_143_in_one_line_with_the_old_run_back(toy_cli_run, tmp_path):
+    run, marker = copy_of(toy_cli_run, tmp_path), tmp_path / "compiling"
     before = snapshot(run)
     proc = start_python(
         ["-c", SLOW_COMPILE, *TOY, "--overwrite", "--out", str(run)],
