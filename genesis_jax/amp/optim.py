@@ -116,6 +116,11 @@ def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, para
         >>> updates["w"]
         Array([-0., -0.], dtype=float32)
     """
+    if not isinstance(inner, optax.GradientTransformation):
+        raise TypeError(f"the optimizer must be an optax GradientTransformation, got {inner!r}")
+    if finite is None:
+        raise TypeError("finite must be a scalar bool (such as value_and_grad's grads_finite), got None")
+    finite = _checked_decision("finite", finite)
 
     def step():
         return inner.update(grads, inner_state, params, **extra_args)
@@ -159,12 +164,18 @@ def _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard) -> N
         raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
 
 
+def _is_scalar_of(value, kinds) -> bool:
+    """Whether `value` is a Python, numpy or JAX scalar (traced too) of one of `kinds`."""
+    if not isinstance(value, (bool, int, float, np.generic, np.ndarray, jax.Array)):
+        return False
+    return jnp.shape(value) == () and any(jnp.issubdtype(jnp.result_type(value), kind) for kind in kinds)
+
+
 def _checked_decision(name: str, value):
     """`value` as a scalar bool array, refusing anything else: a float NaN would read as True."""
     if value is None:
         return None
-    dtype, shape = jnp.result_type(value), jnp.shape(value)
-    if dtype != jnp.bool_ or shape != ():
+    if not _is_scalar_of(value, (jnp.bool_,)):
         raise TypeError(f"{name} must be a scalar bool (such as value_and_grad's grads_finite), got {value!r}")
     return jnp.asarray(value, bool)
 
@@ -172,7 +183,7 @@ def _checked_decision(name: str, value):
 def _checked_scale(loss_scale):
     if loss_scale is None:
         return None
-    if jnp.shape(loss_scale) != () or not jnp.issubdtype(jnp.result_type(loss_scale), jnp.floating):
+    if not _is_scalar_of(loss_scale, (jnp.floating, jnp.integer)):
         raise TypeError(f"loss_scale must be a scalar float (the scaler's loss_scale), got {loss_scale!r}")
     return loss_scale
 
