@@ -185,7 +185,7 @@ class SAC(Algorithm):
         return state, {**metrics, "episodes": done.sum(), "return_sum": jnp.where(done, returns, 0.0).sum()}
 
     def update(self, state: SACState, data):
-        """One metrics row: counts summed, losses averaged over the iterations that learned."""
+        """A metrics row: counts summed, losses averaged over the iterations that learned (then over seeds)."""
         state, m = jax.lax.scan(self.env_iteration, state, None, self.config.steps_per_row // self.config.num_envs)
         return state, {
             **{k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)},
@@ -198,7 +198,6 @@ class SAC(Algorithm):
         getattr(self.host_env, "close", lambda: None)()
 
     def rows(self, metrics: dict, done: int) -> list[dict]:
-        """Counts summed over seeds, the rest averaged; None where no iteration learned."""
         m = {k: np.asarray(v, np.float64).reshape(self.num_seeds, -1) for k, v in metrics.items()}
         with np.errstate(invalid="ignore", divide="ignore"):
             means = {k: m[k].mean(0) for k in LOSSES + ("loss_scale",)}  # every seed learns on the same rows
@@ -208,7 +207,8 @@ class SAC(Algorithm):
                 "row": done + i + 1,
                 "step": (done + i + 1) * self.config.steps_per_row,
                 **{k: int(m[k][:, i].sum()) for k in COUNTS},
-                "return_sum": float(m["return_sum"][:, i].sum()),
+                "episodes_per_seed": m["episodes"][:, i].astype(int).tolist(),
+                "return_sum_per_seed": m["return_sum"][:, i].tolist(),
                 **{k: float(v[i]) if np.isfinite(v[i]) else None for k, v in means.items()},
                 "halted": bool(m["halted"][:, i].any()),
             }
@@ -216,17 +216,18 @@ class SAC(Algorithm):
         ]
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
-        """final_return: the mean return of all seeds' episodes that ended in the last tenth of the rows.
+        """final_return(_per_seed): the mean return of the episodes that ended in the last tenth of the rows.
         skipped_updates, total_updates, overflow_rate: all three optimizers' (the template's: the critics')."""
         skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
         attempted = sum(int(np.sum(getattr(state, n).step)) for n in OPTIMIZERS)
         last = rows[-max(1, len(rows) // 10) :]
-        episodes = sum(r["episodes"] for r in last)
+        sums, episodes = (np.sum([r[f"{k}_per_seed"] for r in last], 0) for k in ("return_sum", "episodes"))
         return {
             "env": self.config.env,
             "env_backend": self.spec.backend,
             "total_steps": rows[-1]["step"] if rows else 0,
-            "final_return": sum(r["return_sum"] for r in last) / episodes if episodes else float("nan"),
+            "final_return": float(sums.sum() / episodes.sum()) if episodes.sum() else float("nan"),
+            "final_return_per_seed": [float(r / e) if e else float("nan") for r, e in zip(sums, episodes)],
             "gradient_iterations": int(np.sum(state.critic.step)),
             "buffer_bytes": buffer_bytes(state.buffer),
             **skips,
@@ -236,8 +237,7 @@ class SAC(Algorithm):
         }
 
     def plot(self, rows: list[dict], file) -> None:
-        title = f"SAC {self.config.env} ({self.config.train_precision().name})"
-        plots.plot_curves(rows, "step", ["episode_return", "critic_loss", "actor_loss"], file, title=title)
+        plots.plot_curves(rows, "step", ["episode_return", "critic_loss", "actor_loss"], file, title=self.title())
 
     def describe(self, s: dict) -> str:
         skips = "/".join(str(s[f"{n}_skipped"]) for n in OPTIMIZERS)

@@ -1,0 +1,186 @@
+"""SAC on the template: exact update counts, the Polyak target, three optimizers under one
+loss scaler (each skips on its own gradients, the scale backs off once per iteration), bad
+input, learning Pendulum-v1, and a SIGKILL-and-resume that continues bit-identically."""
+
+import json
+import math
+import pathlib
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.sac import SAC, SACConfig, train
+from genesis_jax.amp import skip_state
+from genesis_jax.cli import main
+from tests.support.processes import cpu_env, start_python, wait_until
+
+# A tiny run: 8 environments, one iteration per row, small networks and batches.
+TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16), buffer_size=256)
+
+
+def tree_equal(a, b):
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
+
+
+def iterations(config, n):
+    """The state before and after each of `n` iterations (one row each), and their metrics."""
+    algo = SAC(config)
+    update = jax.jit(algo.update)
+    states, metrics = [algo.init(jax.random.PRNGKey(config.seed))], []
+    for _ in range(n):
+        state, m = update(states[-1], None)
+        states.append(state)
+        metrics.append(jax.device_get(m))
+    return states, metrics
+
+
+@pytest.mark.slow  # a compiled run of its own: 25 s of CPU
+def test_a_tiny_run_counts_its_updates_and_each_optimizer_s_skips_exactly():
+    tiny = {**TINY, "num_envs": 2, "learning_starts": 15}
+    config = SACConfig(**tiny, total_steps=64, precision="fp16", init_loss_scale=2.0**8, inject_nonfinite=0.25)
+    result = train(config, progress=False)
+    s, state = result.summary, result.state
+    # 32 iterations of 2 steps; the buffer holds 15 after iteration 8 (ceil(15 / 2)): 25 updates.
+    updates = 32 - (math.ceil(15 / 2) - 1)
+    assert [r["row"] for r in result.metrics] == list(range(1, 9))
+    assert [r["step"] for r in result.metrics] == list(range(8, 65, 8))
+    assert sum(r["updates"] for r in result.metrics) == updates == s["gradient_iterations"]
+    assert [int(getattr(state, n).step) for n in ("critic", "actor", "alpha")] == [updates] * 3
+    assert int(state.iteration) == 32
+    # The injected faults hit the critics' steps alone; the summary adds up all three optimizers.
+    assert s["critic_skipped"] == config.fault_injection(config.seed).count_nonfinite(updates) > 0
+    assert s["actor_skipped"] == s["alpha_skipped"] == 0
+    assert s["skipped_updates"] == s["critic_skipped"] == sum(r["skipped"] for r in result.metrics)
+    assert s["total_updates"] == 3 * updates and s["overflow_rate"] == s["skipped_updates"] / (3 * updates)
+    # 64 transitions of (obs 3 + action 1 + reward 1 + next obs 3) float32 and a uint8 flag, and counters.
+    assert 64 * (8 * 4 + 1) <= s["buffer_bytes"] < 64 * (8 * 4 + 1) + 64
+    assert result.metrics[0]["critic_loss"] is None and result.metrics[-1]["critic_loss"] is not None
+
+
+def gradscaler_trace(any_skip, scale, growth_interval):
+    """PyTorch's GradScaler.update(), once per iteration, from whether any optimizer skipped."""
+    trace, tracker = [], 0
+    for skipped in any_skip:
+        if skipped:
+            scale, tracker = scale * 0.5, 0
+        else:
+            tracker += 1
+            if tracker == growth_interval:
+                scale, tracker = scale * 2.0, 0
+        trace.append(scale)
+    return trace
+
+
+# fp16, the critics' gradients made non-finite on seeded steps, a scale that grows every 3 clean iterations.
+FAULTY = SACConfig(
+    **TINY,
+    total_steps=256,
+    tau=0.05,
+    precision="fp16",
+    init_loss_scale=2.0**10,
+    growth_interval=3,
+    inject_nonfinite=0.3,
+)
+
+
+@pytest.fixture(scope="module")
+def faulty_run():
+    return iterations(FAULTY, 24)
+
+
+def test_every_iteration_updates_and_the_targets_are_the_polyak_average(faulty_run):
+    states, metrics = faulty_run
+    assert [int(m["updates"]) for m in metrics] == [1] * 24  # learning-starts 8 = one step of the 8 envs
+    for before, after in zip(states, states[1:]):
+        old_target, online = jax.device_get(before.target), jax.device_get(after.critic.params)
+        expected = jax.tree.map(lambda t, p: 0.95 * np.float64(t) + 0.05 * np.float64(p), old_target, online)
+        jax.tree.map(lambda e, got: np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7), expected, after.target)
+
+
+def test_a_critic_overflow_skips_the_critic_alone_and_backs_the_scale_off_once(faulty_run):
+    states, metrics = faulty_run
+    critic_skips = [int(m["critic_skipped"]) for m in metrics]
+    assert 0 < sum(critic_skips) < 24  # the seeded faults hit some iterations, not all
+    faults = FAULTY.fault_injection(FAULTY.seed)
+    assert critic_skips == [int(faults.is_nonfinite_step(step)) for step in range(24)]
+    for before, after, skipped in zip(states, states[1:], critic_skips):
+        changed = lambda name: not np.array_equal(kernel(after, name), kernel(before, name))  # noqa: E731
+        if skipped:  # the critics bit-identical on their skipped step
+            tree_equal(after.critic.params, before.critic.params)
+            tree_equal(skip_state(after.critic.opt_state).inner_state, skip_state(before.critic.opt_state).inner_state)
+        assert changed("critic") != bool(skipped)
+        assert changed("actor") and float(after.alpha.params) != float(before.alpha.params)  # these still step
+        assert float(after.actor.loss_scale.loss_scale) == float(after.critic.loss_scale.loss_scale)  # one scaler
+    assert sum(int(m["actor_skipped"]) + int(m["alpha_skipped"]) for m in metrics) == 0
+    assert [float(m["loss_scale"]) for m in metrics] == gradscaler_trace(critic_skips, 2.0**10, 3)
+    final = states[-1]
+    assert (int(final.critic.skipped), int(final.actor.skipped), int(final.alpha.skipped)) == (sum(critic_skips), 0, 0)
+
+
+def kernel(state, name):
+    return np.asarray(getattr(state, name).params["params"]["Dense_0"]["kernel"])
+
+
+def test_a_discrete_environment_is_refused_in_one_line_before_anything_compiles(tmp_path, capsys, monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(Algorithm, "compile_chunk", no_compile)
+    with pytest.raises(ValueError, match=r"CartPole-v1 has discrete actions; SAC needs continuous ones: .*dqn"):
+        SAC(SACConfig(env="CartPole-v1"))
+    out = tmp_path / "run"
+    assert main(["train", "sac", "--env", "CartPole-v1", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "CartPole-v1" in err and "dqn" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # gymnasium stepped from the compiled loop: 15 s
+def test_the_host_path_trains_on_gymnasium_environments():
+    config = SACConfig(**TINY, env="Pendulum-v1", env_backend="gymnasium", total_steps=400)
+    result = train(config, progress=False)
+    assert result.summary["env_backend"] == "gymnasium"
+    assert result.summary["gradient_iterations"] == 50 and sum(r["episodes"] for r in result.metrics) == 16
+    assert math.isfinite(result.summary["final_return"])
+
+
+@pytest.mark.slow  # two 20 000-step runs: minutes each on two CPU cores
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_sac_learns_pendulum_within_20k_steps(precision):
+    result = train(SACConfig(precision=precision, total_steps=20_000, hidden=(64, 64)), progress=False)
+    assert result.summary["final_return"] > -200, [r["episode_return"] for r in result.metrics]
+
+
+# --- SIGKILL, then resume: the same rows and state as a run never interrupted ----------------
+
+KILL_ARGS = ["train", "sac", "--precision", "fp16", "--total-steps", "4000", "--steps-per-row", "100"]
+KILL_ARGS += ["--hidden", "32", "32", "--batch-size", "32", "--learning-starts", "200", "--buffer-size", "4000"]
+KILL_ARGS += ["--updates-per-chunk", "2", "--checkpoint-every", "200", "--seed", "3", "--no-progress"]
+
+
+def committed_steps(checkpoints: pathlib.Path) -> list[int]:
+    return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
+
+
+@pytest.mark.slow  # a killed subprocess, its resume and a straight run: about a minute
+def test_sigkill_then_resume_continues_bit_identically(tmp_path):
+    from genesis_jax.cli import parse_train_args, train_config
+
+    config = train_config("sac", parse_train_args("sac", KILL_ARGS[2:])[0])
+    out = tmp_path / "run"
+    proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 2, proc, timeout=300)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert committed_steps(out / "checkpoints")[-1] < 40  # killed mid-run
+    resumed = train(config, out_dir=str(out), resume=True, progress=False)
+    straight = train(config, progress=False)
+    for field in ("critic", "actor", "alpha", "target", "buffer", "rng", "iteration"):
+        tree_equal(getattr(resumed.state, field), getattr(straight.state, field))
+    assert resumed.metrics == straight.metrics  # the same rows, each once
+    logged = [json.loads(line)["row"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, 41))
