@@ -147,9 +147,11 @@ def check_fields(config) -> None:
         object.__setattr__(config, name, checked)
 
 
-# The shared fields' bounds (MixedPrecisionConfig's and ParallelConfig's); finer checks (the
-# loss scale's float32 range, the guard's) stay with the amp pieces that use the values.
+# The shared fields' bounds (MixedPrecisionConfig's and ParallelConfig's, and every trainer's
+# seed); finer checks (the loss scale's float32 range, the guard's) stay with the amp pieces
+# that use the values.
 SHARED_FIELD_BOUNDS = {
+    "seed": SEED,  # every trainer's: the PRNG key's
     "init_loss_scale": POSITIVE,
     "growth_interval": POSITIVE_INT,
     "min_loss_scale": POSITIVE,

@@ -67,6 +67,11 @@ def with_value(key, index, value):
     return edit
 
 
+def first_sequence(key):
+    """An edit keeping the first sequence of `key` alone."""
+    return lambda data: data[key][:1]
+
+
 MALFORMED = {
     # meta: a list, or a dict without a key it needs, or a value of the wrong kind
     "meta-list": (changed(meta=["source", "action_dim"]), "meta", "must be a dict"),
@@ -99,6 +104,16 @@ MALFORMED = {
     "2d-obs": (changed(obs=lambda d: d["obs"][:, :, 0]), "obs", "[sequences, steps + 1, features]"),
     "next-obs-features": (changed(next_obs=lambda d: d["next_obs"][:, :, :2]), "next_obs", "got (6, 4, 2)"),
     "missing-terminated": (changed(terminated=None), "terminated", "no terminated"),
+    "one-sequence": (
+        changed(**{key: first_sequence(key) for key in ("obs", "next_obs", "action", "reward", "terminated")}),
+        "obs",
+        "at least 2 sequences",
+    ),
+    "meta-discrete-text": (
+        changed(meta={"source": "x", "discrete_actions": "yes", "action_dim": 3}),
+        "meta discrete_actions",
+        "true or false",
+    ),
     # actions out of range or not integers
     "action-too-large": (changed(action=with_value("action", (2, 1), 3)), "action", "holds 3 at [2, 1]"),
     "action-negative": (changed(action=with_value("action", (0, 3), -1)), "action", "holds -1 at [0, 3]"),

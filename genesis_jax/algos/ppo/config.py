@@ -14,7 +14,6 @@ from genesis_jax.run.config import (
     POSITIVE,
     POSITIVE_INT,
     RESUMABLE_BASE_FIELDS,
-    SEED,
     SEED_MAX,
     UNIT_INTERVAL,
     Bounds,
@@ -106,7 +105,6 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
         "clip_eps": POSITIVE,
         "ent_coef": NON_NEGATIVE,
         "vf_coef": NON_NEGATIVE,
-        "seed": SEED,
         "updates_per_chunk": POSITIVE_INT,
     }
 

@@ -10,7 +10,6 @@ from genesis_jax.run.config import (
     POSITIVE,
     POSITIVE_INT,
     RESUMABLE_BASE_FIELDS,
-    SEED,
     MixedPrecisionConfig,
 )
 from genesis_jax.run.parallel import ParallelConfig
@@ -64,7 +63,6 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
         **{name: POSITIVE_INT for name in _COUNTS},
         "eval_fraction": OPEN_UNIT_INTERVAL,
         "lr": POSITIVE,
-        "seed": SEED,
     }
 
     def __post_init__(self):

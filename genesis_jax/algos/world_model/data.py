@@ -220,7 +220,7 @@ _KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer"}
 # The float32 loss squares the prediction errors of obs, next_obs and reward: beyond
 # sqrt(float32 max) ~ 1.8e19 a value's squared error is inf, and every step would be skipped.
 SQUARED_ERROR_LIMIT = float(np.sqrt(np.finfo(np.float32).max))
-_NETWORK_INPUTS = ("obs", "next_obs", "action")  # cast to the compute dtype by the first layers
+_NETWORK_INPUTS = ("obs", "action")  # cast to the compute dtype by the first layers (next_obs: a target)
 _SQUARED_TARGETS = ("obs", "next_obs", "reward")
 
 
@@ -249,10 +249,10 @@ def _check_meta(meta) -> None:
 
 def _expected_shapes(obs: np.ndarray, meta: dict) -> dict[str, tuple]:
     """Each array's shape from obs [N, T+1, D] and meta: what the other keys must match."""
-    if obs.ndim != 3 or min(obs.shape) < 1 or obs.shape[1] < 2:
+    if obs.ndim != 3 or obs.shape[0] < 2 or obs.shape[1] < 2 or obs.shape[2] < 1:
         raise DatasetError(
-            f"obs must have shape [sequences, steps + 1, features] with at least 2 observations per "
-            f"sequence, got {obs.shape}"
+            f"obs must have shape [sequences, steps + 1, features] with at least 2 sequences (some are held "
+            f"out for evaluation) of at least 2 observations, got {obs.shape}"
         )
     n, t, d = obs.shape[0], obs.shape[1] - 1, obs.shape[2]
     action = (n, t) if meta["discrete_actions"] else (n, t, meta["action_dim"])
@@ -279,6 +279,18 @@ def _shape_problem(key: str, shape: tuple, expected: tuple) -> str:
         )
     label = "[sequences, steps]" if len(expected) == 2 else _SHAPE_LABELS[key]
     return f"{key} must have shape {label} = {expected}, got {shape}"
+
+
+def _check_obs_length(arrays: dict, obs_steps: int) -> None:
+    """Blames obs when every per-step key agrees on a step count that obs does not fit."""
+    steps = {x.shape[1] for key, x in arrays.items() if key not in ("obs", "next_obs") and x.ndim >= 2}
+    if len(steps) == 1 and obs_steps not in steps:
+        (t,) = steps
+        keys = ", ".join(k for k in arrays if k not in ("obs", "next_obs"))
+        raise DatasetError(
+            f"obs has {obs_steps + 1} observations per sequence, but {keys} have {t} steps: obs needs {t + 1} "
+            f"(one more than steps: each step's next observation)"
+        )
 
 
 def _first_bad(key: str, x: np.ndarray, bad: np.ndarray, problem: str) -> DatasetError:
@@ -324,10 +336,11 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
     action_dim; a missing key; arrays not numeric, of the wrong shape or of sequence counts
     and lengths that disagree (obs [N, T+1, D]; action [N, T] integers in [0, action_dim) or
     [N, T, action_dim]; reward and terminated [N, T]; next_obs [N, T, D]; floor [N, T]); values
-    not finite, terminated outside [0, 1], a negative floor; network inputs (obs, next_obs,
-    continuous actions) beyond what `compute_dtype` holds (float16: 65504), and obs, next_obs
-    or reward beyond sqrt(float32 max), whose squared error is infinite. Either would make
-    every step's gradients non-finite: the run would skip them all.
+    not finite, terminated outside [0, 1], a negative floor; network inputs (obs, continuous
+    actions) beyond what `compute_dtype` holds (float16: 65504), and obs, next_obs or reward
+    beyond sqrt(float32 max), whose squared error is infinite. Either would make every step's
+    gradients non-finite: the run would skip them all. Training holds sequences out for
+    evaluation, so there must be at least 2.
 
     Raises:
         DatasetError (a ValueError).
@@ -344,6 +357,7 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
             if x.dtype.kind not in "biuf":
                 raise DatasetError(f"{key} must hold numbers, got dtype {x.dtype}")
         expected = _expected_shapes(arrays["obs"], data["meta"])
+        _check_obs_length(arrays, expected["reward"][1])
         for key, x in arrays.items():
             if key != "obs" and x.shape != expected[key]:
                 raise DatasetError(_shape_problem(key, x.shape, expected[key]))
