@@ -31,6 +31,9 @@ def synthetic_dataset(
     terminated ~ Bernoulli(sigmoid(w.s')). The attainable loss of each sample is known."""
     if num_sequences < 2 or length < 1:
         raise ValueError(f"synthetic data needs num_sequences >= 2 and length >= 1, got {num_sequences}, {length}")
+    # float64 while it is generated: obs, actions, rewards and termination probabilities
+    size = 8 * num_sequences * (length + 1) * (SYNTHETIC_OBS_DIM + SYNTHETIC_ACTION_DIM + 2)
+    check_fits_in_memory(f"synthetic data of {num_sequences} sequences x {length} steps", size)
     rng = np.random.default_rng(seed)
     d, a = SYNTHETIC_OBS_DIM, SYNTHETIC_ACTION_DIM
     q, _ = np.linalg.qr(rng.normal(size=(d, d)))
@@ -375,6 +378,7 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
 # -- collect: its arguments and its output, checked before anything is collected -------------
 
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits
+INT32_MAX = 2**31 - 1
 PEAK_COPIES = 3  # collection holds the arrays about three times: the rollout, the host copy, the saved layout
 
 
@@ -405,19 +409,29 @@ def check_collect_args(env_id: str, num_sequences, length, seed, spec=None) -> N
     PRNG key does not hold, and a dataset whose arrays (held about `PEAK_COPIES` times while
     collecting) would not fit in the host memory available now."""
     for name, value in (("num-sequences", num_sequences), ("sequence-length", length)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (
+            isinstance(value, (bool, np.bool_))
+            or not isinstance(value, (int, np.integer))
+            or not 1 <= value < INT32_MAX
+        ):
+            raise ValueError(f"{name} must be a positive integer (below 2^31-1: JAX's int32 shapes), got {value!r}")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (2^32-1), got {seed!r}")
     if spec is None:
         return
-    need = PEAK_COPIES * dataset_bytes(num_sequences, length, spec.obs_dim, spec.action_dim, spec.continuous)
-    have = available_memory_bytes()
+    size = dataset_bytes(num_sequences, length, spec.obs_dim, spec.action_dim, spec.continuous)
+    check_fits_in_memory(f"collecting {num_sequences} sequences x {length} steps of {env_id}", size)
+
+
+def check_fits_in_memory(what: str, dataset_size: int) -> None:
+    """Refuses `what` when a dataset of `dataset_size` bytes, held about `PEAK_COPIES` times
+    while it is made, would not fit in the host memory available now (rather than let the
+    allocation abort the process)."""
+    need, have = PEAK_COPIES * dataset_size, available_memory_bytes()
     if have is not None and need > have:
         raise ValueError(
-            f"collecting {num_sequences} sequences x {length} steps of {env_id} needs about {need / 2**30:.1f} GiB "
-            f"of memory (a {need / PEAK_COPIES / 2**30:.1f} GiB dataset, held about {PEAK_COPIES} times), but "
-            f"{have / 2**30:.1f} GiB is available; collect fewer or shorter sequences"
+            f"{what} needs about {need / 2**30:.1f} GiB of memory (a {dataset_size / 2**30:.1f} GiB dataset, "
+            f"held about {PEAK_COPIES} times), but {have / 2**30:.1f} GiB is available; use fewer or shorter sequences"
         )
 
 
