@@ -9,15 +9,28 @@ to float32 reduction order.
 
 Multi-host: call `initialize_distributed` (the CLI's --coordinator-address, --num-processes,
 --process-id) before anything touches a device; the mesh then spans every host's devices.
+No process waits forever for the others: `barrier` ends with `PeerFailed` once another
+process has exited or the wait passes its timeout, and SIGINT / SIGTERM end the wait (and
+the wait in `jax.distributed.initialize`).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from genesis_jax.run.launch import check_port_free, exit_with_launcher, parse_coordinator_address
+from genesis_jax.run.signals import EXIT_PEER, TrainingInterrupted
 
 DATA_AXIS = "data"
 
@@ -25,11 +38,27 @@ DATA_AXIS = "data"
 # A process that stops sending heartbeats for this long is declared dead and every other
 # process exits (JAX's coordination service), instead of waiting in a collective forever.
 HEARTBEAT_TIMEOUT_SECONDS = 30
+# How long a process waits for the others to join (`jax.distributed.initialize`) and to reach
+# a `barrier`: the others may still be importing, or building their environments.
+AGREEMENT_TIMEOUT_SECONDS = 300
 AUTO = "auto"  # coordinator address: JAX's cluster auto-detection
+_EXITED = "genesis/exited/"  # key prefix: a process that ended says so (see `_leave`)
+# A process that left a barrier alone waits this long at exit for JAX's shutdown barrier (which
+# the others, still busy, may never reach) before it ends anyway.
+LEAVE_ALONE_SECONDS = 5.0
+_barrier_rounds: dict[str, int] = {}
+_left_alone_status: list[int] = []  # the exit status of a process that left a barrier alone
+
+
+class PeerFailed(RuntimeError):
+    """Of several processes, another one ended (or never came) while this one waited for it:
+    this one stops too. The other's own message says why."""
 
 
 def check_distributed_args(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
-    """Refuses an incomplete set of multi-process arguments: all three, `auto` alone, or none."""
+    """Refuses an incomplete set of multi-process arguments (all three, `auto` alone, or
+    none), a process id out of range and a coordinator address that is not a resolvable
+    host:port, each in one sentence (ValueError)."""
     given = [v is not None for v in (coordinator_address, num_processes, process_id)]
     if coordinator_address == AUTO:
         if any(given[1:]):
@@ -38,6 +67,10 @@ def check_distributed_args(coordinator_address: str | None, num_processes: int |
             )
     elif any(given) and not all(given):
         raise ValueError("multi-host runs need all of coordinator-address, num-processes and process-id")
+    elif all(given):
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
+        parse_coordinator_address(coordinator_address)
 
 
 def initialize_distributed(
@@ -45,26 +78,79 @@ def initialize_distributed(
     num_processes: int | None,
     process_id: int | None,
     heartbeat_timeout: int = HEARTBEAT_TIMEOUT_SECONDS,
+    initialization_timeout: int = AGREEMENT_TIMEOUT_SECONDS,
 ) -> None:
     """`jax.distributed.initialize` with the given arguments; a no-op when none is given.
     `coordinator_address="auto"` (alone) lets JAX read them from the cluster's environment
     (SLURM, Open MPI, Kubernetes...). On CPU the processes' collectives go through gloo (XLA's
-    CPU backend has no other cross-process implementation)."""
+    CPU backend has no other cross-process implementation).
+
+    Bad arguments, and a coordinator port already in use on process 0, raise ValueError
+    before anything starts; not joining the others within `initialization_timeout` seconds
+    raises ConnectionError. SIGINT / SIGTERM end the process while it waits."""
     if coordinator_address is None and num_processes is None and process_id is None:
         return
     check_distributed_args(coordinator_address, num_processes, process_id)
+    if coordinator_address != AUTO and process_id == 0:  # process 0 serves the coordinator on its port
+        _, port = parse_coordinator_address(coordinator_address)
+        check_port_free(port, "choose another with --coordinator-address host:port")
+    exit_with_launcher()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator_address == AUTO:
-        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout)
+    # JAX's preemption service takes SIGTERM for itself (as a preemption notice) and the
+    # process goes on; without it a SIGTERM stops the run as it stops a single process.
+    jax.config.update("jax_enable_preemption_service", False)
+    given = {}
+    if coordinator_address != AUTO:
+        given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
+    try:
+        with _signals_end_process():
+            jax.distributed.initialize(
+                **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
+            )
+    except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
+        detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ConnectionError(
+            f"could not join the other processes through the coordinator at {coordinator_address} "
+            f"within {initialization_timeout} s: {detail}"
+        ) from None
+    atexit.register(_leave)
+
+
+@contextlib.contextmanager
+def _signals_end_process():
+    """SIGINT and SIGTERM end the process at once for the block (a wait inside the runtime,
+    where Python's own handlers would run only after it returns)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    if num_processes < 1 or not 0 <= process_id < num_processes:
-        raise ValueError(f"process-id must lie in [0, num-processes), got {process_id} of {num_processes}")
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        heartbeat_timeout_seconds=heartbeat_timeout,
-    )
+    previous = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _leave() -> None:
+    """At exit: tells the other processes that this one ended, so that none waits for it in a
+    barrier. A process that left a barrier alone (a signal, a timeout, a peer gone) gives
+    JAX's shutdown barrier `LEAVE_ALONE_SECONDS`, then ends with the status it would have had:
+    the others may never reach that barrier, and it would hold this process for minutes."""
+    from jax._src.distributed import global_state
+
+    try:
+        global_state.client.key_value_set(f"{_EXITED}{global_state.process_id}", "1", allow_overwrite=True)
+    except Exception:  # the coordinator is gone already: nobody is left to tell
+        pass
+    if not _left_alone_status:
+        return
+    shutdown = threading.Thread(target=jax.distributed.shutdown, name="genesis-shutdown", daemon=True)
+    shutdown.start()
+    shutdown.join(LEAVE_ALONE_SECONDS)
+    if shutdown.is_alive():
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(_left_alone_status[0])
 
 
 def is_primary() -> bool:
@@ -72,12 +158,75 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def barrier(name: str) -> None:
-    """Waits until every process reached the barrier `name` (nothing to wait for in one process)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS, poll: float = 0.05) -> None:
+    """Waits until every process reached the barrier `name` (nothing to wait for in one process).
 
-        multihost_utils.sync_global_devices(name)
+    Never forever: raises PeerFailed once another process has ended without reaching it, or
+    after `timeout` seconds, and TrainingInterrupted when SIGINT / SIGTERM arrives meanwhile.
+    The processes meet in the coordination service's key-value store, polled from Python so
+    that signal handlers run."""
+    from jax._src.distributed import global_state  # not jax.process_count(): no backend needed to wait
+
+    if global_state.client is None or global_state.num_processes <= 1:
+        return
+    client, me = global_state.client, global_state.process_id
+    rounds = _barrier_rounds[name] = _barrier_rounds.get(name, 0) + 1  # the same name may come again
+    prefix = f"genesis/barrier/{name}/{rounds}/"
+    everyone = set(range(global_state.num_processes))
+    deadline = time.monotonic() + timeout
+    with _signals_recorded() as received:
+        try:
+            client.key_value_set(f"{prefix}{me}", "1")
+            while True:
+                missing = everyone - _processes_under(client, prefix)
+                if not missing:
+                    return
+                ended = sorted(missing & _processes_under(client, _EXITED))
+                if ended:
+                    raise PeerFailed(f"process {ended[0]} ended before reaching {name!r}; its own message says why")
+                if received:
+                    signum = received[0]
+                    raise TrainingInterrupted(
+                        f"stopped by {signal.Signals(signum).name} while waiting for the other processes ({name!r})",
+                        signum,
+                    )
+                if time.monotonic() > deadline:
+                    raise PeerFailed(
+                        f"process(es) {', '.join(map(str, sorted(missing)))} did not reach {name!r} "
+                        f"within {timeout:g} s"
+                    )
+                time.sleep(poll)
+        except PeerFailed:
+            _left_alone_status.append(EXIT_PEER)
+            raise
+        except TrainingInterrupted as stop:
+            _left_alone_status.append(128 + stop.signum)
+            raise
+        except Exception as err:  # the coordinator (process 0) is gone
+            _left_alone_status.append(EXIT_PEER)
+            raise PeerFailed(f"lost the coordinator while waiting at {name!r}: {str(err).strip()[:200]}") from None
+
+
+def _processes_under(client, prefix: str) -> set[int]:
+    """The process indices stored as keys under `prefix`."""
+    return {int(key.rsplit("/", 1)[-1]) for key, _ in client.key_value_dir_get(prefix)}
+
+
+@contextlib.contextmanager
+def _signals_recorded():
+    """For the block, SIGINT / SIGTERM (where Python handles them) are only recorded in the
+    list it yields; the caller decides how to stop."""
+    received: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            if callable(signal.getsignal(s)):
+                previous[s] = signal.signal(s, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def any_process(flag: bool) -> bool:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3  # the divergence guard stopped training (metrics and checkpoint written)
 EXIT_SYSTEM = 4  # the system failed the run: disk full or read-only, out of memory, a missing dependency
+EXIT_PEER = 5  # of several processes: this one stopped because another failed (whose message says why)
 
 
 class DivergenceError(RuntimeError):
