@@ -40,6 +40,7 @@ def tiny_run():
     return train(DQNConfig(**TINY), progress=False)
 
 
+@pytest.mark.slow  # the tiny run compiles the whole loop: 10-15 s on 2 cores
 def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_run):
     config, rows, state = DQNConfig(**TINY), tiny_run.metrics, tiny_run.state
     iterations = np.arange(1, config.total_steps // config.train_frequency + 1)
@@ -54,12 +55,14 @@ def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_
     assert sum(r["episodes"] for r in rows) == int(state.episodes)
 
 
+@pytest.mark.slow  # the tiny run compiles the whole loop: 10-15 s on 2 cores
 def test_target_equals_online_right_after_a_periodic_copy(tiny_run):
     # 2000 steps is a multiple of the 100-step interval: the last iteration learned, then copied.
     tree_equal(tiny_run.state.target_params, tiny_run.state.train_state.params)
     assert tiny_run.state.train_state.step > 0
 
 
+@pytest.mark.slow  # the tiny run compiles the whole loop: 10-15 s on 2 cores
 def test_final_return_is_the_mean_of_the_last_ten_finished_episodes(tiny_run):
     recent = np.asarray(tiny_run.state.recent_returns)
     assert np.all(np.isfinite(recent)) and np.all(recent == np.round(recent)) and np.all(recent >= 1)
