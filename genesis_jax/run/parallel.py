@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -86,15 +87,17 @@ def initialize_distributed(
     CPU backend has no other cross-process implementation).
 
     Bad arguments, and a coordinator port already in use on process 0, raise ValueError
-    before anything starts; not joining the others within `initialization_timeout` seconds
-    raises ConnectionError. SIGINT / SIGTERM end the process while it waits."""
+    before anything starts; a coordinator that does not answer within `initialization_timeout`
+    seconds raises ConnectionError (the other processes not joining in that time: JAX ends
+    the process itself). SIGINT / SIGTERM end the process while it waits."""
     if coordinator_address is None and num_processes is None and process_id is None:
         return
     check_distributed_args(coordinator_address, num_processes, process_id)
-    if coordinator_address != AUTO and process_id == 0:  # process 0 serves the coordinator on its port
-        _, port = parse_coordinator_address(coordinator_address)
-        check_port_free(port, "choose another with --coordinator-address host:port")
     exit_with_launcher()
+    if coordinator_address != AUTO and process_id == 0:  # process 0 serves the coordinator on its port
+        check_port_free(
+            parse_coordinator_address(coordinator_address)[1], "choose another with --coordinator-address host:port"
+        )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's preemption service takes SIGTERM for itself (as a preemption notice) and the
     # process goes on; without it a SIGTERM stops the run as it stops a single process.
@@ -102,18 +105,43 @@ def initialize_distributed(
     given = {}
     if coordinator_address != AUTO:
         given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
+    with _signals_end_process():
+        if coordinator_address != AUTO and process_id != 0:
+            _wait_for_coordinator(*parse_coordinator_address(coordinator_address), initialization_timeout)
+        _initialize(given, heartbeat_timeout, initialization_timeout, coordinator_address)
+    atexit.register(_leave)
+
+
+def _initialize(given: dict, heartbeat_timeout: int, initialization_timeout: int, coordinator_address: str) -> None:
+    """`jax.distributed.initialize`; an error it raises becomes one line (ConnectionError)."""
     try:
-        with _signals_end_process():
-            jax.distributed.initialize(
-                **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
-            )
+        jax.distributed.initialize(
+            **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
+        )
     except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
         detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise ConnectionError(
             f"could not join the other processes through the coordinator at {coordinator_address} "
             f"within {initialization_timeout} s: {detail}"
         ) from None
-    atexit.register(_leave)
+
+
+def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:
+    """Waits until something accepts connections at host:port; raises ConnectionError after
+    `timeout` seconds (JAX's own wait for a coordinator that never comes ends the process
+    with a fatal error and a stack trace)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"no coordinator answered at {host}:{port} within {timeout:g} s; "
+                    "start process 0 there, or check --coordinator-address"
+                ) from None
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -430,6 +430,36 @@ def test_sigterm_ends_a_process_waiting_for_the_coordinator():
     assert proc.returncode == -signal.SIGTERM
 
 
+NO_COORDINATOR = textwrap.dedent(
+    """
+    import sys
+    from genesis_jax.run import parallel
+    try:
+        parallel.initialize_distributed(f"127.0.0.1:{sys.argv[1]}", 2, 1, initialization_timeout=3)
+    except ConnectionError as err:
+        print(err, flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_process_that_finds_no_coordinator_ends_in_one_line():
+    port = free_port()  # nobody serves it: process 0 never started
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_COORDINATOR, str(port)],
+        cwd=REPO,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]  # before: JAX's fatal error, SIGABRT and a stack trace
+    assert proc.stdout.splitlines() == [
+        f"no coordinator answered at 127.0.0.1:{port} within 3 s; start process 0 there, or check --coordinator-address"
+    ]
+    assert "checkpoint" not in proc.stdout + proc.stderr
+
+
 def test_the_watch_needs_a_launcher(monkeypatch):
     monkeypatch.delenv(LAUNCHER_PID_ENV, raising=False)
     assert launcher.exit_with_launcher() is False
