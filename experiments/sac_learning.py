@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         "",
         "final_return: mean return of the episodes that ended in the last 10% of each seed's steps.",
         "",
-        "| precision | final_return per seed | mean | critic / actor / alpha skips | final scale | steps/s | compile s |",
+        "| precision | final_return per seed | mean | critic / actor / alpha skips | scale | steps/s | compile s |",
         "|---|---|---|---|---|---|---|",
     ]
     for precision in args.precisions:
