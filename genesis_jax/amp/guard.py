@@ -147,6 +147,9 @@ _INT32_MAX = 2**31 - 1
 
 
 def _is_int(value) -> bool:
+    """A Python, numpy or 0-d array integer (not a bool)."""
+    if isinstance(value, (np.ndarray, jax.Array)) and value.shape == ():
+        return np.issubdtype(value.dtype, np.integer)
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -169,7 +172,8 @@ def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
         raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
     if isinstance(seed, jax.core.Tracer):  # a per-seed value under vmap (the algorithm template's seeds)
         return
-    if not (_is_int(seed) and -(2**63) <= seed < 2**63):
+    # A seed traced under the seeds' vmap (seed + axis index) cannot be checked, and needs not be.
+    if not isinstance(seed, jax.core.Tracer) and not (_is_int(seed) and -(2**63) <= int(seed) < 2**63):
         raise ValueError(f"the fault injection's seed must be an integer (int64), got {seed!r}")
 
 
