@@ -2,7 +2,7 @@
 
 Each precision trains its seeds together under vmap (one compiled run, `num_seeds`); seed k
 is the run `--seed k` would make alone. final_return is the mean return of the episodes that
-ended in the last 10% of the environment steps (2 episodes per seed at 20k steps), per seed.
+ended in the last 10% of the environment steps (10 episodes per seed at 20k steps), per seed.
 
     python experiments/sac_learning.py --seeds 3 --total-steps 20000 --out benchmarks/sac-pendulum-cpu.md
 """
