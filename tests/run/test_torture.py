@@ -1,0 +1,123 @@
+"""The torture test: a PPO run and a world-model run, each killed 25 times at random moments
+(interpreter start, compilation, mid-chunk, mid-save) with SIGKILL, SIGTERM and SIGINT and
+resumed each time, end exactly as the same command run once without a stop: the same metric
+rows, every update once, the same bits in every leaf of the final checkpoint, the same summary,
+nothing left over. The driver is tests/support/torture.py; experiments/torture.py runs it with
+other sizes and seeds."""
+
+import itertools
+import signal
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from genesis_jax.algos.base import MEASURED
+from tests.support import torture
+
+KILLS = 25
+SEED = 0  # the kill schedule's seed: a failure replays with experiments/torture.py --seed 0
+
+# 64 updates of 4 x 64 steps, a checkpoint every 2 updates (each chunk ends in a save).
+PPO_ARGS = [
+    "train",
+    "ppo",
+    "--precision",
+    "fp16",
+    "--total-steps",
+    "16384",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--checkpoint-every",
+    "512",
+    "--seed",
+    "3",
+    "--no-progress",
+]
+PPO_UPDATES = 64
+
+WM_EPOCHS = 40
+
+
+def world_model_args(data) -> list[str]:
+    """40 epochs of a small world model on a collected CartPole dataset, a checkpoint each epoch."""
+    return [
+        "train",
+        "world-model",
+        "--data",
+        str(data),
+        "--precision",
+        "fp16",
+        "--epochs",
+        str(WM_EPOCHS),
+        "--batch-size",
+        "256",
+        "--width",
+        "32",
+        "--init-loss-scale",
+        "1024",
+        "--checkpoint-every",
+        "1",
+        "--seed",
+        "3",
+        "--no-progress",
+    ]
+
+
+def assert_survived(result: torture.Torture, total: int) -> None:
+    report = "\n".join(torture.table(result))
+    assert len(result.kills) == KILLS, f"the run finished after {len(result.kills)} kills:\n{report}"
+    assert {k.moment for k in result.kills} == set(torture.MOMENTS), report
+    assert {k.signal for k in result.kills} == {"SIGKILL", "SIGTERM", "SIGINT"}, report
+    assert torture.verdict(result, total, MEASURED) == [], report
+
+
+@pytest.mark.slow  # 27 processes, each restart a warm compilation cache: about 2 minutes on 2 cores
+def test_ppo_killed_25_times_ends_as_the_uninterrupted_run(tmp_path):
+    result = torture.torture(PPO_ARGS, tmp_path, KILLS, SEED)
+    assert_survived(result, PPO_UPDATES)
+
+
+@pytest.mark.slow  # 27 processes: about 2 minutes on 2 cores
+def test_world_model_killed_25_times_ends_as_the_uninterrupted_run(tmp_path):
+    from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
+
+    data = tmp_path / "cartpole.npz"
+    save_dataset(collect_dataset("CartPole-v1", 64, 32, seed=0), str(data))
+    result = torture.torture(world_model_args(data), tmp_path, KILLS, SEED)
+    assert_survived(result, WM_EPOCHS)
+
+
+# --- the driver itself (fast) ------------------------------------------------------------------
+
+
+def test_a_schedule_is_its_seed_and_covers_every_moment_and_signal():
+    plans = torture.schedule(KILLS, SEED)
+    assert plans == torture.schedule(KILLS, SEED) and plans != torture.schedule(KILLS, SEED + 1)
+    pairs = [(p.moment, p.signum) for p in plans]
+    # 25 kills over 4 moments x 3 signals: every pair twice, one pair a third time.
+    counts = sorted(pairs.count(pair) for pair in itertools.product(torture.MOMENTS, torture.SIGNALS))
+    assert counts == [2] * 11 + [3]
+    assert all(0.0 <= p.fraction < 1.0 for p in plans)
+
+
+def test_documented_exit_statuses():
+    assert torture.expected_statuses(signal.SIGKILL, True) == {-9}
+    assert torture.expected_statuses(signal.SIGTERM, True) == {143}
+    assert torture.expected_statuses(signal.SIGINT, True) == {130}
+    assert torture.expected_statuses(signal.SIGTERM, False) == {143, -15}  # before the run's handlers
+
+
+def test_the_state_comparison_sees_one_flipped_bit(tmp_path):
+    from genesis_jax.run.checkpoint import CheckpointStore
+
+    state = {"w": jnp.arange(6, dtype=jnp.float32), "n": jnp.int32(3)}
+    flipped = {**state, "w": state["w"].at[4].set(np.nextafter(np.float32(4), np.float32(5)))}
+    for name, tree in (("a", state), ("b", state), ("c", flipped)):
+        with CheckpointStore(tmp_path / name / "checkpoints", async_save=False) as store:
+            store.save(2, tree, {"kind": "demo"}, force=True)
+    assert torture.state_differences(tmp_path / "a", tmp_path / "b") == []
+    problems = torture.state_differences(tmp_path / "a", tmp_path / "c")
+    assert problems[0].startswith("digest:") and problems[1:] == ["leaf ['w'] differs"]
