@@ -355,3 +355,20 @@ def test_every_count_argument_is_accepted_exactly_where_it_is_a_positive_int32(v
     assert accepts(lambda: amp.DivergenceGuard(max_consecutive_skips=value)) == (is_int and 1 <= value < 2**31)
     assert accepts(lambda: amp.value_and_grad(jnp.sum, accumulate=value)) == (is_int and value >= 1)
     assert accepts(lambda: amp.FaultInjection(loss_spike_steps=(value,))) == (is_int and 0 <= value < 2**31)
+
+
+def test_the_guard_trips_on_a_skip_only_never_on_a_finite_step():
+    """A static scale below the guard's floor: finite steps train on; the first skip halts."""
+    state = amp.TrainState.create(
+        params=initial_params(),
+        tx=optax.sgd(0.1),
+        loss_scale=amp.StaticLossScale(2.0**-20),
+        guard=amp.DivergenceGuard(),
+    )
+    for _ in range(3):
+        state = state.apply_gradients(grads=initial_params(), grads_finite=jnp.asarray(True))
+    assert not bool(state.halted) and int(state.skipped) == 0 and int(state.step) == 3
+    before = state.params
+    state = state.apply_gradients(grads=initial_params(), grads_finite=jnp.asarray(False))
+    assert bool(state.halted) and int(state.skipped) == 1
+    assert_bit_identical(before, state.params)

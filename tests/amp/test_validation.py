@@ -3,6 +3,8 @@ with one sentence naming the bad value (issue: a NaN or negative max_grad_norm w
 and then made every update NaN, or climbed the gradient). Valid values of every accepted kind
 (numpy scalars, 0-d arrays, traced values under jit) still work."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -427,3 +429,11 @@ def test_a_scaler_built_under_jit_from_traced_values_works():
 def test_a_concrete_bad_value_beside_a_traced_one_is_still_refused():
     with pytest.raises(ValueError, match="growth_interval must be an integer from 1 to 2\\^31-1, got 0"):
         jax.jit(lambda s: amp.DynamicLossScale(init_scale=s, growth_interval=0).loss_scale)(8.0)
+
+
+def test_fault_injection_seeded_by_a_traced_seed_under_vmap_works():
+    """The template seeds seed k's faults with seed + axis index: a tracer, left unchecked."""
+    faults = amp.FaultInjection(nonfinite_rate=0.5, seed=3)
+    hits = jax.vmap(lambda k: dataclasses.replace(faults, seed=3 + k).is_nonfinite_step(7))(jnp.arange(4))
+    expected = [bool(amp.FaultInjection(nonfinite_rate=0.5, seed=3 + k).is_nonfinite_step(7)) for k in range(4)]
+    assert [bool(h) for h in hits] == expected
