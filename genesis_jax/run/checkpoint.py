@@ -13,10 +13,15 @@ leaf). The spec lets a restore name exactly what differs before anything is read
 from __future__ import annotations
 
 import contextlib
+import errno
+import gc
 import hashlib
 import importlib.metadata
 import logging
 import os
+import re
+import sys
+import warnings
 from typing import Any
 
 import jax
@@ -25,7 +30,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization
 
-from genesis_jax.amp.loss_scale import SCALER_TYPES, NoOpLossScale
+from genesis_jax.amp.loss_scale import SCALER_TYPES, SMALLEST_SCALE, DynamicLossScale, NoOpLossScale, StaticLossScale
+from genesis_jax.amp.optim import skip_state
 from genesis_jax.run.parallel import host_array
 
 logger = logging.getLogger("genesis_jax")
@@ -155,6 +161,92 @@ def check_spec(meta: dict, target_dict: dict, *, step: int) -> None:
         )
 
 
+# -- a restored state is untrusted input ---------------------------------------------------
+
+
+def _restored_rules(train_state) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+    """(field, values, which values a run can have written, what is accepted) for a restored
+    `TrainState`, in checking order: a bound (growth_interval, min_scale, step) is checked
+    before what it bounds. Each value has one entry per seed where the state has a seed axis."""
+    read = lambda x: np.asarray(host_array(x))  # noqa: E731  (a collective where leaves are split)
+    scaler = train_state.loss_scale
+    scale = read(scaler.loss_scale).astype(np.float64)
+    rules = []
+    if isinstance(scaler, DynamicLossScale):
+        interval, tracker = read(scaler.growth_interval), read(scaler.growth_tracker)
+        growth, backoff, floor = (
+            read(x).astype(np.float64) for x in (scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
+        )
+        rules += [
+            ("loss_scale.growth_interval", interval, interval >= 1, "an integer >= 1"),
+            ("loss_scale.growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
+            ("loss_scale.backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
+            ("loss_scale.min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
+            (
+                "loss_scale.loss_scale",
+                scale,
+                np.isfinite(scale) & (scale >= np.maximum(floor, SMALLEST_SCALE)),
+                "finite, >= 2^-126 and >= min_scale",
+            ),
+            ("loss_scale.growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
+        ]
+    elif isinstance(scaler, StaticLossScale):
+        rules.append(
+            ("loss_scale.loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")
+        )
+    elif isinstance(scaler, NoOpLossScale):
+        rules.append(("loss_scale.loss_scale", scale, scale == 1, "1 (no loss scaling)"))
+    step = read(train_state.step)
+    rules.append(("step", step, step >= 0, ">= 0"))
+    try:
+        skips = skip_state(train_state.opt_state)
+    except ValueError:  # an optimizer without skip_nonfinite keeps no counts
+        return rules
+    skipped, streak = read(skips.skipped), read(skips.consecutive_skips)
+    return rules + [
+        ("opt_state.skipped", skipped, (skipped >= 0) & (skipped <= step), "from 0 to step (the updates attempted)"),
+        ("opt_state.consecutive_skips", streak, (streak >= 0) & (streak <= skipped), "from 0 to skipped"),
+    ]
+
+
+def check_restored(train_state, *, step: int, directory: str, field_prefix: str = "") -> None:
+    """Refuses, in one sentence naming the field, its value (and seed) and what is accepted, a
+    restored `TrainState` no run could have written: a checkpoint re-saved with a scale of 0,
+    NaN, inf or -1, a backoff factor of 2, a growth tracker past its interval, negative or
+    impossible skip counts. Its checksum matched, so the values were changed with intent or
+    by a bug; running on would diverge with misleading advice or hide the damage.
+    `field_prefix` names where the `TrainState` sits ("train_state.")."""
+    if train_state is None or not hasattr(train_state, "loss_scale"):
+        return
+    for field, values, good, accepted in _restored_rules(train_state):
+        bad = np.flatnonzero(~np.broadcast_to(good, np.shape(values)))
+        if not bad.size:
+            continue
+        value = np.ravel(values)[bad[0]].item()
+        where = ""
+        if np.ndim(values) == 1:
+            where = f" (seed {int(bad[0])})"
+        elif np.ndim(values) > 1:
+            where = f" (at index {tuple(int(i) for i in np.unravel_index(bad[0], np.shape(values)))})"
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} in {directory} holds {field_prefix}{field} = {value!r}{where}, "
+            f"which must be {accepted}: no run writes that, so the checkpoint was altered; "
+            "restore an intact copy, or start a new run (another --out, or --overwrite)"
+        )
+
+
+def position_of(meta: dict, key: str, step: int, directory: str) -> int:
+    """The run position a checkpoint's meta records under `key`, refused in one sentence
+    where it is not the step the checkpoint is stored as (a run saves them equal)."""
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value != step:
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, not {step}: "
+            "the checkpoint was altered; restore an intact copy, or start a new run"
+        )
+    return value
+
+
 def abstract_like(target_dict: dict):
     """Shapes, dtypes and shardings to read a checkpoint into: the target's shardings, not
     the saved ones, so a checkpoint written on N devices restores onto however many this run has."""
@@ -170,6 +262,7 @@ def restore(
     step: int | None = None,
     kind: str | None = None,
     train_state_path: tuple[str, ...] = (),
+    allow_unverified: bool = False,
 ) -> tuple[Any, dict]:
     """Restores the newest (or given) step of `store` into the structure and dtypes of `target`.
 
@@ -179,9 +272,15 @@ def restore(
         step: the step to restore (default: the newest).
         kind: the workload the checkpoint must come from ("ppo", "world-model"; None: any).
         train_state_path: where the `TrainState` sits in `target` (() for a `TrainState` itself).
+        allow_unverified: restore a checkpoint without a checksum (refused otherwise).
 
     Returns:
         (the restored state, the checkpoint's meta).
+
+    Raises:
+        CheckpointMismatchError: in one sentence, for a checkpoint that does not fit the run,
+            fails its checksum, has none (unless `allow_unverified`), or holds values no run
+            writes (`check_restored`).
     """
     step = store.resolve_step(step)
     meta = store.read_meta(step)
@@ -192,7 +291,7 @@ def restore(
     if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
         target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
     check_spec(meta, target_dict, step=step)
-    restored = store.read_state(step, meta, abstract_like(target_dict))
+    restored = store.read_state(step, meta, abstract_like(target_dict), allow_unverified=allow_unverified)
     if fresh_scaler:
         logger.warning(
             "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
@@ -200,7 +299,10 @@ def restore(
             meta.get("precision"),
         )
         restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.loss_scale))
-    return serialization.from_state_dict(target, restored), meta
+    state = serialization.from_state_dict(target, restored)
+    prefix = "".join(f"{name}." for name in train_state_path)
+    check_restored(at_path(state, train_state_path), step=step, directory=store.directory, field_prefix=prefix)
+    return state, meta
 
 
 def describe_differences(saved: dict[str, str], target: dict[str, str], limit: int = 5) -> str:
@@ -221,8 +323,108 @@ def describe_differences(saved: dict[str, str], target: dict[str, str], limit: i
     return "; ".join(parts)
 
 
+# -- Orbax's and TensorStore's failures, as one line -----------------------------------------
+
+# TensorStore's errors, as Orbax passes them on, end in a dump of the TensorStore object
+# ("See full TensorStore details: <bound method ...spec of TensorStore({...")); the detail
+# worth reading is in the exception's cause.
+_TENSORSTORE_DUMP = re.compile(r"\s*(See full TensorStore details:)?\s*<bound method .*$")
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_STATUS_CODE = re.compile(r"^[A-Z][A-Z_]+: ")  # TensorStore's status: "OUT_OF_RANGE: ...", "DATA_LOSS: ..."
+
+
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """The first line of an Orbax / TensorStore exception's message, without TensorStore's
+    object dump; where the dump stood, its cause's line follows."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    line = _TENSORSTORE_DUMP.sub("", first)
+    cause = err.__cause__ or err.__context__
+    if line != first and cause is not None:
+        line = f"{line.rstrip(' .:')}: {error_line(cause, limit)}"
+    return line[:limit]
+
+
+def save_failure(err: BaseException, step: int | None, directory: str) -> BaseException:
+    """What a failed save raises: the system's failures (a full disk, a file too large, an
+    unwritable directory: an `OSError`, or TensorStore's status text with its errno) become
+    one `OSError` naming the errno's text and the step's directory; anything else is
+    returned as it is."""
+    code = err.errno if isinstance(err, OSError) else None
+    if code is None:
+        found = _OS_ERROR_CODE.search(str(err))
+        code = int(found.group(1)) if found else (errno.EIO if _STATUS_CODE.match(str(err)) else None)
+    if code is None:
+        return err
+    what = "a checkpoint" if step is None else f"the checkpoint of step {step}"
+    where = directory if step is None else os.path.join(directory, str(step))
+    return OSError(code, f"{os.strerror(code)} while saving {what} (the checkpoints saved before it are kept)", where)
+
+
+_ORBAX_FILES = f"{os.sep}orbax{os.sep}"
+
+
+class _OrbaxErrorLogs(logging.Filter):
+    """Drops Orbax's own error logs (each a traceback from a background thread), and asyncio's
+    "... exception was never retrieved" for the writes Orbax abandoned after the first one
+    failed (into its temporary directory): the store raises the failure they report, once,
+    as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "asyncio":
+            message = record.getMessage()
+            return not ("exception was never retrieved" in message and TMP_MARK in message)
+        return _ORBAX_FILES not in record.pathname
+
+
+def _is_orbax_aftermath(unraisable) -> bool:
+    """Whether an exception Python cannot raise anywhere is the echo of a failed Orbax write:
+    Orbax closes its event loop when the first of its concurrent TensorStore writes fails,
+    and the others, finishing later, schedule their results on the closed loop ("Event loop
+    is closed"); the write coroutines it abandoned are finalized at exit."""
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        frames = [frame.f_code.co_name for frame, _ in _walk_tb(exc.__traceback__)]
+        return "call_soon_threadsafe" in frames
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and _ORBAX_FILES in code.co_filename
+
+
+def _walk_tb(tb):
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+def _quiet_orbax_echoes() -> None:
+    """Once per process: the logs and unraisable exceptions that echo an Orbax failure the
+    store reports itself are dropped; everything else passes as before."""
+    for name in ("absl", "asyncio"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _OrbaxErrorLogs) for f in log.filters):
+            log.addFilter(_OrbaxErrorLogs())
+    # An abandoned write that had not started yet is finalized with this warning.
+    warnings.filterwarnings("ignore", r"coroutine '\S*write_fragment' was never awaited", RuntimeWarning)
+    if getattr(sys.unraisablehook, "drops_orbax_echoes", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _is_orbax_aftermath(unraisable):
+            previous(unraisable)
+
+    hook.drops_orbax_echoes = True
+    sys.unraisablehook = hook
+
+
 class CheckpointStore:
-    """A `CheckpointManager` for one run directory (asynchronous saves, waited for on close)."""
+    """A `CheckpointManager` for one run directory (asynchronous saves, waited for on close).
+
+    A save that fails for the system's reasons (a full disk) raises one `OSError` naming the
+    step's directory and the errno's text, at that save, the next one, `wait` or `close`;
+    the checkpoints saved before it stay intact."""
 
     def __init__(
         self, directory: str | os.PathLike, max_to_keep: int = 3, save_interval_steps: int = 1, async_save: bool = True
@@ -239,7 +441,10 @@ class CheckpointStore:
             create=True,
         )
         self._warn_incomplete()
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        _quiet_orbax_echoes()
+        self._pending: int | None = None  # the step of a save not yet waited for
+        with self._writing(None):
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
     def _warn_incomplete(self):
         """A save cut short (a killed process) leaves a temporary directory that Orbax never
@@ -266,7 +471,12 @@ class CheckpointStore:
     ) -> bool:
         """Saves `state` at `step` (if the interval says so, or `force`), with `meta` and what
         restores check: the precision and scaler type of the `TrainState` at `train_state_path`,
-        every leaf's shape and dtype, and a checksum. Returns whether it saved."""
+        every leaf's shape and dtype, and a checksum. Returns whether it saved: a step already
+        saved with the same content is not saved again; with other content it is refused.
+
+        Raises:
+            OSError: this save, or the one before it, failed for the system's reasons.
+            CheckpointMismatchError: `step` holds a checkpoint of another state."""
         state_dict = jax.tree.map(jnp.asarray, serialization.to_state_dict(state))
         full_meta = {
             **(meta or {}),
@@ -277,11 +487,41 @@ class CheckpointStore:
             "spec": _flat_spec(state_dict),
             "digest": state_digest(state_dict),
         }
-        return self._manager.save(
-            int(step),
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta)),
-            force=force,
+        self.wait()  # a failure of the save before this one is raised here, naming its step
+        if force and int(step) in self.all_steps():  # unforced, Orbax skips steps up to the newest
+            return self._saved_already(int(step), full_meta["digest"])
+        with self._writing(int(step)):
+            saved = self._manager.save(
+                int(step),
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta)),
+                force=force,
+            )
+        if saved:
+            self._pending = int(step)
+        return saved
+
+    def _saved_already(self, step: int, digest: str) -> bool:
+        """False for a save of the state `step` already holds; a refusal for another state."""
+        if self.read_meta(step).get("digest") == digest:
+            return False
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} in {self.directory} already exists with other contents; "
+            "a step is saved once: save this state at another step"
         )
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None):
+        """Turns a failed write into `save_failure`'s one exception."""
+        try:
+            yield
+        except CheckpointMismatchError:
+            raise
+        except Exception as err:
+            gc.collect()  # the write coroutines Orbax abandoned end now, not noisily at exit
+            failure = save_failure(err, step, self.directory)
+            if failure is err:
+                raise
+            raise failure from err
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self.resolve_step(step)
@@ -292,6 +532,7 @@ class CheckpointStore:
                 f"checkpoint at step {step} in {self.directory} was not written by genesis-jax"
             )
         check_format(meta, step, self.directory)
+        position_of(meta, "step", step, self.directory)
         return meta
 
     @contextlib.contextmanager
@@ -302,16 +543,24 @@ class CheckpointStore:
         except CheckpointMismatchError:
             raise
         except Exception as err:  # Orbax raises many kinds here; the user needs one sentence
-            detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} cannot be read (corrupted or not a genesis-jax "
-                f"checkpoint): {detail}"
+                f"checkpoint): {error_line(err)}"
             ) from err
 
-    def _verified(self, step: int, meta: dict, state: dict) -> dict:
-        """`state` as read, once its checksum matches the one saved with it (checkpoints
-        written before checksums existed have none to check)."""
-        if "digest" in meta and state_digest(state) != meta["digest"]:
+    def _verified(self, step: int, meta: dict, state: dict, allow_unverified: bool = False) -> dict:
+        """`state` as read, once its checksum matches the one saved with it. Every checkpoint
+        of this format is written with one: one without is refused unless `allow_unverified`."""
+        if "digest" not in meta:
+            if not allow_unverified:
+                raise CheckpointMismatchError(
+                    f"checkpoint at step {step} in {self.directory} has no checksum, so its content cannot be "
+                    "verified (genesis-jax writes one with every checkpoint); restore it anyway with "
+                    "--allow-unverified-checkpoint (Python: allow_unverified=True)"
+                )
+            logger.warning("checkpoint at step %d in %s has no checksum: restored unverified", step, self.directory)
+            return state
+        if state_digest(state) != meta["digest"]:
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
                 "saved with it"
@@ -325,32 +574,48 @@ class CheckpointStore:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         return step
 
-    def read_state(self, step: int, meta: dict, abstract=None) -> dict:
+    def read_state(self, step: int, meta: dict, abstract=None, allow_unverified: bool = False) -> dict:
         """The state dict saved at `step` (into `abstract`'s shapes, dtypes and shardings where
         given), once its checksum matches `meta`'s."""
         restore_args = ocp.args.StandardRestore(abstract) if abstract is not None else ocp.args.StandardRestore()
         with self._readable(step):
             state = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))["state"]
-        return self._verified(step, meta, state)
+        return self._verified(step, meta, state, allow_unverified)
 
-    def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
+    def restore_raw(self, step: int | None = None, allow_unverified: bool = False) -> tuple[dict, dict]:
         """The newest (or given) step as a plain nested dict of arrays, and its meta."""
         step = self.resolve_step(step)
         meta = self.read_meta(step)
-        return self.read_state(step, meta), meta
+        return self.read_state(step, meta, allow_unverified=allow_unverified), meta
 
     def restore(
-        self, target, step: int | None = None, kind: str | None = None, train_state_path: tuple[str, ...] = ()
+        self,
+        target,
+        step: int | None = None,
+        kind: str | None = None,
+        train_state_path: tuple[str, ...] = (),
+        allow_unverified: bool = False,
     ) -> tuple[Any, dict]:
         """`restore(self, ...)`: the checks and migrations are the module's pure functions."""
-        return restore(self, target, step, kind, train_state_path)
+        return restore(self, target, step, kind, train_state_path, allow_unverified)
 
     def wait(self):
-        self._manager.wait_until_finished()
+        """Waits for the pending save; raises its failure (once) as `save_failure` says."""
+        step, self._pending = self._pending, None
+        with self._writing(step):
+            self._manager.wait_until_finished()
 
     def close(self):
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the pending save and closes the manager, also after a failed save, so
+        none of its threads outlives the store; raises the pending save's failure."""
+        try:
+            self.wait()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the failure above is the one to report
+                self._manager.close()
+            raise
+        with self._writing(None):
+            self._manager.close()
 
     def __enter__(self):
         return self

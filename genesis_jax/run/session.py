@@ -39,7 +39,7 @@ import numpy as np
 
 from genesis_jax.run import parallel, progress
 from genesis_jax.run import run_dir as runs
-from genesis_jax.run.checkpoint import CheckpointStore
+from genesis_jax.run.checkpoint import CheckpointStore, position_of
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 
@@ -94,6 +94,8 @@ class Session:
         unit: the progress bar's unit name.
         checkpoint_every: positions between checkpoints (0: only at the end and on a stop).
         resume, overwrite, allow_config_change: as the CLI's flags of the same names.
+        allow_unverified: resume from a checkpoint without a checksum (refused otherwise; the
+            CLI's --allow-unverified-checkpoint); the summary records its step as `unverified_checkpoint`.
         progress: show a progress bar (process 0 only).
         max_to_keep: checkpoints kept.
         writers: metric writers besides `metrics.jsonl`, process 0 only: names ("tensorboard"
@@ -121,6 +123,7 @@ class Session:
         progress: bool = True,
         max_to_keep: int = 3,
         allow_config_change: bool = False,
+        allow_unverified: bool = False,
         writers: Sequence[str | MetricWriter] = (),
         postfix: Callable[[dict], dict] | None = None,
         train_state_path: tuple[str, ...] = (),
@@ -141,6 +144,7 @@ class Session:
         self.unit_size, self.unit = unit_size, unit
         self.checkpoint_every, self.resume, self.max_to_keep = checkpoint_every, resume, max_to_keep
         self.allow_config_change = allow_config_change
+        self.allow_unverified, self.unverified_checkpoint = allow_unverified, None
         self.primary = parallel.is_primary()
         self.progress = progress and self.primary
         self.extra_writers = list(writers)
@@ -244,8 +248,11 @@ class Session:
         step = self._resume_step(self.store.all_steps(), rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
-            state, meta = self.store.restore(state, step=step, kind=self.kind, train_state_path=self.train_state_path)
-            self.position = int(meta[self.meta_key])
+            state, meta = self.store.restore(
+                state, step, self.kind, self.train_state_path, allow_unverified=self.allow_unverified
+            )
+            self.position = position_of(meta, self.meta_key, step, self.store.directory)
+            self.unverified_checkpoint = None if "digest" in meta else step
             if self.config is not None:
                 self.config_changes = runs.check_config_changes(meta, self.config, self.allow_config_change)
         self.rows = [row for row in rows if row[self.position_key] <= self.position]
@@ -380,6 +387,8 @@ class Session:
         raises `DivergenceError` or `TrainingInterrupted` where the run stopped early; returns
         the summary otherwise. `train_state` (a `TrainState`) names the guard's cause."""
         summary = {**summary, "stopped": self.stopped, "config_changes": self.config_changes}
+        if self.unverified_checkpoint is not None:
+            summary["unverified_checkpoint"] = self.unverified_checkpoint
         untouched = self.stopped not in (None, "diverged") and not self.timing.positions_run
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary

@@ -77,6 +77,7 @@ def test_every_field_is_set_by_its_flag():
         "resume": True,
         "overwrite": False,
         "allow_config_change": False,
+        "allow_unverified": False,
         "progress": False,
         "writers": ("tensorboard",),
     }
