@@ -219,10 +219,10 @@ class Watch:
 class Estimates:
     """Seconds from launch to the lock, from the lock to the first row (the newest restarts'
     median: a restart loads the compiled chunk from the cache, unlike the uninterrupted run),
-    and between rows."""
+    and between chunks."""
 
     first_to_lock: float
-    per_row: float
+    per_chunk: float
     to_lock: list[float] = dataclasses.field(default_factory=list)
     to_row: list[float] = dataclasses.field(default_factory=list)
 
@@ -238,18 +238,19 @@ class Estimates:
             return to_lock
         if moment == "compile":  # before any restart showed it: about as long as the start, a guess
             return statistics.median(self.to_row[-5:]) if self.to_row else to_lock
-        return self.per_row if moment == "chunk" else 0.0
+        return self.per_chunk if moment == "chunk" else 0.0
 
 
 def straight_run(args: list[str], out: pathlib.Path, env: dict, timeout: float) -> tuple[Estimates, float]:
     """The uninterrupted run (which fills the compilation cache), timed for the estimates."""
     proc = started_run(args, out, env)
     watch = Watch(proc, out)
-    times = []
+    times, rows = [], 0  # when rows came: once per chunk (a chunk's rows are written together)
     while proc.poll() is None:
         watch.look()
-        if len(times) < intact_rows(out):
+        if intact_rows(out) > rows:
             times.append(time.perf_counter())
+            rows = intact_rows(out)
         if time.perf_counter() - watch.launched > timeout:
             proc.kill()
             raise AssertionError(f"the uninterrupted run took over {timeout} s")
@@ -258,7 +259,7 @@ def straight_run(args: list[str], out: pathlib.Path, env: dict, timeout: float) 
     _, stderr = proc.communicate()
     assert proc.returncode == 0, f"the uninterrupted run failed ({proc.returncode}): {stderr[-2000:]}"
     to_lock = (watch.locked_at or watch.launched) - watch.launched
-    return Estimates(to_lock, per_row=float(np.median(np.diff(times))) if len(times) > 1 else 0.5), seconds
+    return Estimates(to_lock, per_chunk=float(np.median(np.diff(times))) if len(times) > 1 else 0.5), seconds
 
 
 def reached_compile(watch: Watch) -> bool:
@@ -295,7 +296,7 @@ def kill_once(plan: Plan, args, out, env, estimates: Estimates, timeout: float) 
         return None
     moment = watch.moment_now()
     locked = moment != "start"
-    rows_at_kill = intact_rows(out)
+    rows_at_kill, at = intact_rows(out), time.perf_counter() - watch.launched
     proc.send_signal(plan.signum)
     _, stderr = proc.communicate(timeout=timeout)
     estimates.note(watch)
@@ -303,7 +304,7 @@ def kill_once(plan: Plan, args, out, env, estimates: Estimates, timeout: float) 
         planned=plan.moment,
         moment=moment,
         signal=signal.Signals(plan.signum).name,
-        at=round(time.perf_counter() - watch.launched, 3),
+        at=round(at, 3),
         status=proc.returncode,
         locked=locked,
         rows_at_kill=rows_at_kill,
