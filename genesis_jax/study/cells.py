@@ -40,6 +40,11 @@ TASKS = {
         f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar", **_MINATAR_PPO}, 1_000_000, None, _NO_REFERENCE)
         for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
     },
+    # The off-policy algorithms: DQN on the classic-control tasks, SAC on Pendulum (its own
+    # defaults: CleanRL's and PureJaxRL's).
+    "dqn:CartPole-v1": Task("dqn", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
+    "dqn:Acrobot-v1": Task("dqn", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    "sac:Pendulum-v1": Task("sac", {"env": "Pendulum-v1"}, 20_000, -130.0, f"{_GYMNAX_README}: R -130"),
     "CartPole-v1-resmlp1024": Task(
         "ppo",
         {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
@@ -124,22 +129,23 @@ def seed_scores(summary: dict, score: str) -> np.ndarray:
 
 
 def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, returns[seeds, points]): each seed's mean episode return in `points` equal
-    windows of the run (episodes that ended in the window)."""
+    """(steps, returns[seeds, points]): each seed's return along the run, in `points` equal
+    windows: the mean return of the episodes that ended in the window (PPO, SAC), or, where
+    the rows carry only each seed's recent return (DQN: its last 10 episodes), that return at
+    the window's end."""
     steps = np.asarray([r["step"] for r in rows])
-    sums = np.asarray([r.get("return_sum_per_seed", [r["return_sum"]]) for r in rows], np.float64)
-    episodes = np.asarray([r.get("episodes_per_seed", [r["episodes"]]) for r in rows], np.float64)
     windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
-    returns = np.stack(
-        [
-            np.divide(
-                sums[w].sum(0), episodes[w].sum(0), out=np.full(sums.shape[1], np.nan), where=episodes[w].sum(0) > 0
-            )
-            for w in windows
-        ],
-        axis=1,
-    )
-    return np.asarray([steps[w[-1]] for w in windows]), returns
+    if "return_sum_per_seed" not in rows[0] and "recent_return_per_seed" in rows[0]:
+        recent = [[np.nan if v is None else v for v in rows[w[-1]]["recent_return_per_seed"]] for w in windows]
+        return steps[[w[-1] for w in windows]], np.asarray(recent, np.float64).T
+    per_seed = lambda r, key: r[f"{key}_per_seed"] if f"{key}_per_seed" in r else [r[key]]  # noqa: E731
+    sums = np.asarray([per_seed(r, "return_sum") for r in rows], np.float64)
+    episodes = np.asarray([per_seed(r, "episodes") for r in rows], np.float64)
+    returns = [
+        np.divide(sums[w].sum(0), episodes[w].sum(0), out=np.full(sums.shape[1], np.nan), where=episodes[w].sum(0) > 0)
+        for w in windows
+    ]
+    return steps[[w[-1] for w in windows]], np.stack(returns, axis=1)
 
 
 def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 10_000) -> float:
@@ -151,8 +157,15 @@ def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 
     from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 
     vec = GymnaxVecEnv(env, episodes)
-    if vec.spec.continuous:
-        raise ValueError(f"random_return samples discrete actions; {env} has a continuous action space")
+    spec = vec.spec
+
+    def random_action(key):
+        if spec.continuous:  # uniform in the action box
+            shape = (episodes, spec.action_dim)
+            return jax.random.uniform(
+                key, shape, minval=jnp.asarray(spec.action_low), maxval=jnp.asarray(spec.action_high)
+            )
+        return jax.random.randint(key, (episodes,), 0, spec.action_dim)
 
     def run(key):
         _, state = vec.reset(key)
@@ -160,7 +173,7 @@ def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 
         def step(carry, key):
             state, total, done = carry
             act_key, step_key = jax.random.split(key)
-            action = jax.random.randint(act_key, (episodes,), 0, vec.spec.action_dim)
+            action = random_action(act_key)
             _, state, reward, terminated, truncated, _ = vec.step(jax.random.split(step_key, episodes), state, action)
             return (state, total + jnp.where(done, 0.0, reward), done | terminated | truncated), None
 

@@ -93,6 +93,31 @@ def test_equivalence_verdicts_follow_the_margin_rule():
     assert stats.verdict(Estimate(0.1, 0.01, 0.2)) == "better"
 
 
+def test_every_task_is_a_valid_config_of_its_algorithm():
+    from genesis_jax.algos import get_algorithm
+    from genesis_jax.study import PRECISIONS, TASKS
+
+    for name, task in TASKS.items():
+        for fields in PRECISIONS.values():
+            config = get_algorithm(task.algo).config_class(**task.settings, **fields, num_seeds=8)
+            assert config.env == task.settings["env"], name
+
+
+def test_learning_curves_are_per_seed_window_means():
+    from genesis_jax.study.cells import learning_curve
+
+    rows = [
+        {"step": 10 * (i + 1), "return_sum_per_seed": [float(i), 2.0 * i], "episodes_per_seed": [1, 2]}
+        for i in range(4)
+    ]
+    steps, returns = learning_curve(rows, points=2)
+    assert steps.tolist() == [20, 40]
+    np.testing.assert_allclose(returns, [[0.5, 2.5], [0.5, 2.5]])  # seed 1: (0+2)/(2+2), (4+6)/(2+2)
+    recent = [{"step": 5 * (i + 1), "recent_return_per_seed": [i, None]} for i in range(4)]
+    steps, returns = learning_curve(recent, points=2)
+    assert steps.tolist() == [10, 20] and returns[0].tolist() == [1.0, 3.0] and np.isnan(returns[1]).all()
+
+
 def test_a_bad_choice_is_one_line_before_anything_runs(tmp_path, capsys):
     from genesis_jax.cli import main
 
