@@ -32,6 +32,7 @@ from flax import serialization
 
 from genesis_jax.amp.loss_scale import SCALER_TYPES, SMALLEST_SCALE, DynamicLossScale, NoOpLossScale, StaticLossScale
 from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.state import TrainState
 from genesis_jax.run.parallel import host_array
 
 logger = logging.getLogger("genesis_jax")
@@ -300,9 +301,22 @@ def restore(
         )
         restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.loss_scale))
     state = serialization.from_state_dict(target, restored)
-    prefix = "".join(f"{name}." for name in train_state_path)
-    check_restored(at_path(state, train_state_path), step=step, directory=store.directory, field_prefix=prefix)
+    for prefix, restored_train_state in _train_states(state):
+        check_restored(restored_train_state, step=step, directory=store.directory, field_prefix=prefix)
     return state, meta
+
+
+def _train_states(state) -> list[tuple[str, TrainState]]:
+    """Every `TrainState` in `state` (SAC holds three), with where it sits: "critic."."""
+    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: isinstance(node, TrainState))[0]
+    return [("".join(f"{_key_name(k)}." for k in path), node) for path, node in found if isinstance(node, TrainState)]
+
+
+def _key_name(key) -> str:
+    for attr in ("name", "key", "idx"):  # an attribute, a dict key, a sequence index
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
 
 
 def describe_differences(saved: dict[str, str], target: dict[str, str], limit: int = 5) -> str:

@@ -13,6 +13,7 @@ import pathlib
 import shutil
 import textwrap
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,6 +159,22 @@ def test_the_seed_of_a_bad_value_is_named(tmp_path):
             store.restore(seeds)
 
 
+class TwoStates(flax.struct.PyTreeNode):
+    actor: amp.TrainState
+    critic: amp.TrainState
+
+
+def test_every_train_state_of_a_state_is_checked_not_only_the_one_the_run_reads_its_scale_from(tmp_path):
+    """SAC holds three train states sharing one scaler; its `train_state_path` names the critic."""
+    state = TwoStates(actor=fresh_state(), critic=fresh_state())
+    with CheckpointStore(tmp_path / "c", async_save=False) as store:
+        store.save(4, state, {"kind": "toy"}, train_state_path=("critic",))
+    resave(tmp_path / "c", 4, setter("actor", "loss_scale", "loss_scale", value=np.inf))
+    with CheckpointStore(tmp_path / "c", async_save=False) as store:
+        with pytest.raises(CheckpointMismatchError, match=r"holds actor\.loss_scale\.loss_scale = inf,"):
+            store.restore(state, train_state_path=("critic",))
+
+
 def test_a_damaged_checkpoint_is_named_in_one_line_without_tensorstores_object_dump(tmp_path):
     # An array large enough for a data file of its own (small ones sit inside OCDBT's index).
     with CheckpointStore(tmp_path / "c", async_save=False) as store:
@@ -251,7 +268,7 @@ FULL_DISK_CLI = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # two fresh processes importing the command line: 15-25 s
+@pytest.mark.slow  # two fresh processes importing the command line: 23-26 s on 2 busy cores
 def test_a_full_disk_mid_save_exits_4_in_one_line_and_keeps_the_earlier_checkpoints(tmp_path):
     out = tmp_path / "run"
     made = run_python(["-c", FULL_DISK_CLI, str(out), "2", "fits"], timeout=300)
@@ -272,7 +289,7 @@ def test_a_full_disk_mid_save_exits_4_in_one_line_and_keeps_the_earlier_checkpoi
         store.restore_raw(2)  # still reads, checksum and all
 
 
-@pytest.mark.slow  # a PPO run through the command line, then a refused resume: ~15 s
+@pytest.mark.slow  # a PPO run through the command line, then a refused resume: 86 s on 2 busy cores
 def test_the_command_line_refuses_a_tampered_ppo_checkpoint_with_status_2(tmp_path, capsys):
     args = ["train", "ppo", "--precision", "fp16", "--total-steps", "512", "--num-envs", "4", "--num-steps", "128"]
     args += ["--hidden", "8", "8", "--no-progress", "--out", str(tmp_path / "ppo")]
