@@ -96,8 +96,13 @@ MALFORMED = {
     ),
     "next-obs-fewer-sequences": (changed(next_obs=lambda d: d["next_obs"][:2]), "next_obs", "2 sequences"),
     # string observations, a 1-D reward, short observations, other shapes
-    "string-obs": (changed(obs=np.full((N, T + 1, D), "a")), "obs", "must hold numbers"),
-    "bytes-reward": (changed(reward=np.full((N, T), b"x")), "reward", "must hold numbers"),
+    "string-obs": (changed(obs=np.full((N, T + 1, D), "a")), "obs", "must hold real numbers"),
+    "bytes-reward": (changed(reward=np.full((N, T), b"x")), "reward", "must hold real numbers"),
+    "complex-next-obs": (
+        changed(next_obs=lambda d: d["next_obs"].astype(np.complex64)),
+        "next_obs",
+        "must hold real numbers",
+    ),
     "1d-reward": (changed(reward=lambda d: d["reward"][:, 0]), "reward", "[sequences, steps]"),
     "short-obs": (changed(obs=lambda d: d["obs"][:, :T]), "obs", "4 observations per sequence, but action"),
     "reward-one-step-short": (changed(reward=lambda d: d["reward"][:, :-1]), "reward", "3 steps per sequence"),

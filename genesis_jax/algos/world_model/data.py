@@ -358,7 +358,7 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
         }
         for key, x in arrays.items():
             if x.dtype.kind not in "biuf":
-                raise DatasetError(f"{key} must hold numbers, got dtype {x.dtype}")
+                raise DatasetError(f"{key} must hold real numbers (integers, floats or booleans), got dtype {x.dtype}")
         expected = _expected_shapes(arrays["obs"], data["meta"])
         _check_obs_length(arrays, expected["reward"][1])
         for key, x in arrays.items():
