@@ -288,7 +288,7 @@ def test_killing_the_launcher_at_once_ends_the_processes():
 
 
 @pytest.mark.slow
-def test_killing_the_launcher_while_training_ends_every_process_cleanly(tmp_path):
+def test_killing_the_launcher_while_training_ends_every_process(tmp_path):
     """SIGKILL of the launcher in the middle of training: both processes get SIGTERM (a clean
     stop with a final checkpoint where it comes in time) and are gone within the grace."""
     out = tmp_path / "run"
