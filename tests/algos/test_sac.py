@@ -144,10 +144,11 @@ def test_a_discrete_environment_is_refused_in_one_line_before_anything_compiles(
 
 @pytest.mark.slow  # gymnasium stepped from the compiled loop: 15 s
 def test_the_host_path_trains_on_gymnasium_environments():
-    config = SACConfig(**TINY, env="Pendulum-v1", env_backend="gymnasium", total_steps=400)
+    config = SACConfig(**{**TINY, "num_envs": 2}, env="Pendulum-v1", env_backend="gymnasium", total_steps=400)
     result = train(config, progress=False)
     assert result.summary["env_backend"] == "gymnasium"
-    assert result.summary["gradient_iterations"] == 50 and sum(r["episodes"] for r in result.metrics) == 16
+    # 200 iterations of 2 environments; learning from the 4th; each environment ends one 200-step episode.
+    assert result.summary["gradient_iterations"] == 197 and sum(r["episodes"] for r in result.metrics) == 2
     assert math.isfinite(result.summary["final_return"])
 
 
@@ -176,7 +177,7 @@ def test_sigkill_then_resume_continues_bit_identically(tmp_path):
     config = train_config("sac", parse_train_args("sac", KILL_ARGS[2:])[0])
     out = tmp_path / "run"
     proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
-    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 2, proc, timeout=300)
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 2, proc, timeout=600)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
