@@ -125,8 +125,8 @@ def test_dqn_learns_cartpole_on_a_cpu_budget():
 
 
 KILL_ARGS = [
-    "train", "dqn", "--precision", "fp16", "--total-steps", "60000", "--row-steps", "2000",
-    "--updates-per-chunk", "1", "--checkpoint-every", "2000", "--learning-starts", "1000",
+    "train", "dqn", "--precision", "fp16", "--total-steps", "20000", "--row-steps", "1000",
+    "--updates-per-chunk", "1", "--checkpoint-every", "1000", "--learning-starts", "1000",
     "--seed", "3", "--no-progress",
 ]  # fmt: skip
 
@@ -135,7 +135,7 @@ def metric_rows(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # an uninterrupted run, a killed one and its resume: about 60 s
+@pytest.mark.slow  # an uninterrupted run, a killed one and its resume: three compilations, about 60 s
 def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     straight, out = tmp_path / "straight", tmp_path / "killed"
     assert main([*KILL_ARGS, "--out", str(straight)]) == 0
@@ -143,9 +143,9 @@ def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     wait_until(lambda: len(list((out / "checkpoints").glob("[0-9]*"))) >= 3, proc, timeout=300)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and len(metric_rows(out)) < 30  # killed mid-run
+    assert proc.returncode == -signal.SIGKILL and len(metric_rows(out)) < 20  # killed mid-run
     assert main([*KILL_ARGS, "--out", str(out), "--resume"]) == 0
     resumed, expected = metric_rows(out), metric_rows(straight)
-    assert [r["row"] for r in resumed] == list(range(1, 31))  # each row once
+    assert [r["row"] for r in resumed] == list(range(1, 21))  # each row once
     drop = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "wall_seconds")} for r in rows]  # noqa: E731
     assert drop(resumed) == drop(expected)

@@ -147,14 +147,14 @@ class DQN(Algorithm):
         q = jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]
         return td_loss(q, target, self.config.huber_delta), jnp.mean(q)
 
-    def learn(self, s: DQNState, key):
-        """One gradient step on a sampled batch; the TD target in float32, outside the gradient."""
+    def learn(self, train_state: TrainState, s: DQNState, key):
+        """One gradient step, the TD target in float32 outside the gradient; `s` only read (not copied by cond)."""
         c, b = self.config, self.replay.sample(s.buffer, key)
         q_next_target = self.net.apply(s.target_params, b["next_obs"])
-        q_next_online = self.net.apply(s.train_state.params, b["next_obs"]) if c.double_q else q_next_target
+        q_next_online = self.net.apply(train_state.params, b["next_obs"]) if c.double_q else q_next_target
         target = td_targets(q_next_target, q_next_online, b["reward"], b["terminated"], c.gamma)
-        train_state, m = self.train_step(s.train_state, (b["obs"], b["action"], target), self.loss_fn)
-        return s.replace(train_state=train_state), (m["loss"], m["aux"], m["grads_finite"])
+        train_state, m = self.train_step(train_state, (b["obs"], b["action"], target), self.loss_fn)
+        return train_state, (m["loss"], m["aux"], m["grads_finite"])
 
     def iteration(self, s: DQNState, key):
         """train_frequency environment steps, then maybe a gradient step and a target update."""
@@ -163,8 +163,9 @@ class DQN(Algorithm):
         s, (episodes, return_sum) = jax.lax.scan(self.env_step, s, keys[1:])
         learning = (s.steps > c.learning_starts) & self.replay.can_sample(s.buffer)
         idle = (jnp.float32(0), jnp.float32(0), jnp.bool_(False))
-        s, (loss, q, finite) = jax.lax.cond(learning, self.learn, lambda s, _: (s, idle), s, keys[0])
-        online = s.train_state.params
+        learn = lambda ts, key: self.learn(ts, s, key)  # noqa: E731
+        ts, (loss, q, finite) = jax.lax.cond(learning, learn, lambda ts, _: (ts, idle), s.train_state, keys[0])
+        s, online = s.replace(train_state=ts), ts.params
         mix = (lambda t: online) if c.tau == 1.0 else (lambda t: optax.incremental_update(online, t, c.tau))
         target = jax.lax.cond(s.steps % c.target_update_interval == 0, mix, lambda t: t, s.target_params)
         return s.replace(target_params=target), (learning & finite, loss, q, episodes.sum(), return_sum.sum())
