@@ -23,6 +23,7 @@ instead of compiling again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -320,6 +321,22 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@contextlib.contextmanager
+def sigint_not_ignored():
+    """A shell starts background jobs with SIGINT ignored, children inherit that, and a Python
+    started so never turns SIGINT into KeyboardInterrupt: a SIGINT before the run's own handler
+    would be lost. While the runs start, this process takes Python's usual handler, which exec
+    turns back into the default for the children."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def torture(
     command_args: list[str],
     out_dir,
@@ -335,7 +352,11 @@ def torture(
     followed by a restart (`--resume`), and a last restart that runs to the end. `cache`: share
     a JAX persistent compilation cache (OUT_DIR/jax-cache) between all of them. `log(kill)` is
     called after each kill."""
-    out_dir = pathlib.Path(out_dir)
+    with sigint_not_ignored():
+        return _torture(command_args, pathlib.Path(out_dir), kills, rng_seed, cache, timeout, log)
+
+
+def _torture(command_args, out_dir: pathlib.Path, kills: int, rng_seed: int, cache: bool, timeout: float, log):
     extra = {}
     if cache:
         extra = {
