@@ -43,6 +43,12 @@ def command(args, workdir: str) -> tuple[list[str], int]:
     return ["train", "world-model", *sizes, *common], args.epochs
 
 
+def shown(argv: list[str]) -> list[str]:
+    """The script's arguments without --workdir (a path of this machine's)."""
+    skip = {i for i, a in enumerate(argv) if a == "--workdir"}
+    return [a for i, a in enumerate(argv) if i not in skip and i - 1 not in skip]
+
+
 def report(args, argv, result: torture.Torture, total: int, problems: list[str], seconds: float, load) -> list[str]:
     restarts = result.restart_seconds
     moments = {m: sum(k.moment == m for k in result.kills) for m in torture.MOMENTS}
@@ -50,11 +56,11 @@ def report(args, argv, result: torture.Torture, total: int, problems: list[str],
     return [
         f"## {args.algo}: {len(result.kills)} kills, schedule seed {args.seed}",
         "",
-        f"command: `python experiments/torture.py {' '.join(argv)}`",
+        f"command: `python experiments/torture.py {' '.join(shown(argv))}`",
         f"machine: {platform.machine()}, {os.cpu_count()} CPU cores, shared with other work while measured "
         f"(load average {load[0]:.1f} at the start, {load[1]:.1f} at the end); JAX on CPU; persistent compilation "
         f"cache {'on' if not args.no_cache else 'off'}",
-        f"run: `genesis-jax {' '.join(a for a in result.command if '/' not in a)}` ({total} positions)",
+        f"run: `genesis-jax {' '.join(os.path.basename(a) for a in result.command)}` ({total} positions)",
         "",
         *torture.table(result),
         "",

@@ -76,13 +76,13 @@ def assert_survived(result: torture.Torture, total: int) -> None:
     assert torture.verdict(result, total, MEASURED) == [], report
 
 
-@pytest.mark.slow  # 27 processes, each restart a warm compilation cache: about 2 minutes on 2 cores
+@pytest.mark.slow  # 14 processes, about 150 CPU seconds (36 the first, cold compile; about 9 each restart)
 def test_ppo_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
     result = torture.torture(PPO_ARGS, tmp_path, KILLS, SEED)
     assert_survived(result, PPO_UPDATES)
 
 
-@pytest.mark.slow  # 27 processes: about 2 minutes on 2 cores
+@pytest.mark.slow  # 14 processes, about 100 CPU seconds (32 the first, cold compile; about 5 each restart)
 def test_world_model_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
     from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
 
