@@ -94,7 +94,7 @@ def per_task(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> 
     per task: rliable on one task's column at a time (a stratified bootstrap over seeds)."""
     funcs = {
         "Mean": lambda x: np.array([metrics.aggregate_mean(x)]),
-        "Median": lambda x: np.array([metrics.aggregate_median(x)]),
+        "Median": lambda x: np.array([np.median(x)]),  # over seeds (rliable's median is over task means)
         "IQM": lambda x: np.array([metrics.aggregate_iqm(x)]),
     }
     num_tasks = next(iter(scores.values())).shape[1]

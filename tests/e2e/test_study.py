@@ -65,6 +65,7 @@ def test_per_task_estimates_are_rliable_on_each_column():
                 (points[precision][0], intervals[precision][0][0], intervals[precision][1][0])
             )
         assert ours["fp16"]["Mean"][task].point == pytest.approx(SCORES["fp16"][:, task].mean())
+        assert ours["fp16"]["Median"][task].point == pytest.approx(np.median(SCORES["fp16"][:, task]))
 
 
 def test_probability_of_improvement_agrees_with_rliable():
