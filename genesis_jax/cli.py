@@ -479,8 +479,22 @@ def _parse(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["train"]:
+        return _main(argv)
+    # A train command holds SIGINT / SIGTERM from its start: one that arrives while JAX loads
+    # or the run is set up reaches the run's Session, which stops before training (128+N).
+    # Python's own SIGINT would raise KeyboardInterrupt wherever it lands, and a callback
+    # of JAX's swallows it, so the run went on.
+    from genesis_jax.run.signals import StopSignals
+
+    with StopSignals():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
-        args, parallel = _parse(sys.argv[1:] if argv is None else list(argv))
+        args, parallel = _parse(argv)
     except ValueError as err:  # GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -75,7 +75,10 @@ class StopSignals:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._previous[sig] = previous = signal.signal(sig, self._handle)
+                earlier = getattr(previous, "__self__", None)
+                if isinstance(earlier, StopSignals) and earlier.received is not None:
+                    self.received = earlier.received  # held since the command began (the CLI's catcher)
         return self
 
     def __exit__(self, *exc):

@@ -170,3 +170,29 @@ def test_parsing_a_train_command_does_not_start_jax():
     )
     out = run_python(["-c", code])
     assert out.returncode == 0 and out.stdout.strip() == "backends started: False", out.stderr[-2000:]
+
+
+def test_a_sigint_while_a_train_command_starts_up_stops_it_before_training(tmp_path, monkeypatch, capsys):
+    """Python's own SIGINT raises KeyboardInterrupt wherever it lands, and one that lands in a
+    JAX callback is swallowed: the run trained on. The CLI holds the signal from its start."""
+    import os
+    import signal
+
+    from genesis_jax import algos, cli
+
+    monkeypatch.setitem(algos.REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
+    parse = cli._parse
+
+    def parse_then_interrupt(argv):
+        parsed = parse(argv)
+        os.kill(os.getpid(), signal.SIGINT)  # while the run is set up, before its Session
+        return parsed
+
+    monkeypatch.setattr(cli, "_parse", parse_then_interrupt)
+    out = tmp_path / "run"
+    status = cli.main(["train", "toy", "--total-steps", "32", "--out", str(out), "--no-progress"])
+    assert status == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SIGINT received before training began" in err[0]
+    assert not (out / "metrics.jsonl").exists() and not (out / "summary.json").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the CLI's catcher is gone again
