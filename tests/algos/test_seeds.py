@@ -13,7 +13,7 @@ from tests.algos.toy_algorithm import Toy, ToyConfig
 
 # vmap batches the matmuls: XLA's CPU kernels then sum in another order than the unbatched
 # program does, so seed k matches its 1-seed run to float32 rounding, not bit for bit (see
-# docs/algorithms.md). Bit-identity holds between runs of the same program (resume tests).
+# docs/study.md). Bit-identity holds between runs of the same program (resume tests).
 FLOAT32_ROUNDING = dict(rtol=1e-5, atol=1e-6)
 
 
