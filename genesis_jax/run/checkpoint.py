@@ -119,14 +119,19 @@ def train_state_meta(train_state) -> dict:
     return {"precision": train_state.precision, "scaler_type": type(train_state.loss_scale).__name__}
 
 
+def check_kind(meta: dict, *, step: int, kind: str | None) -> None:
+    """Refuses, in one sentence, a checkpoint of another workload (`kind` None: any)."""
+    if kind is not None and meta.get("kind") != kind:
+        saved_kind = meta.get("kind") or "unknown"
+        raise CheckpointMismatchError(f"checkpoint at step {step} comes from a {saved_kind} run, not {kind}")
+
+
 def check_restorable(meta: dict, target: dict, *, step: int, kind: str | None = None) -> bool:
     """Refuses, in one sentence, a checkpoint (`meta`) that does not fit the run: another
     workload `kind`, another precision or scaler type (`target`, as `train_state_meta` gives
     it); `check_spec` compares the leaves. Returns whether the checkpoint has no scaler state where the run has one (an
     fp32 or bf16 run continued with loss scaling): the scaler then starts fresh."""
-    if kind is not None and meta.get("kind") != kind:
-        saved_kind = meta.get("kind") or "unknown"
-        raise CheckpointMismatchError(f"checkpoint at step {step} comes from a {saved_kind} run, not {kind}")
+    check_kind(meta, step=step, kind=kind)
     saved_scaler, scaler = meta.get("scaler_type"), target["scaler_type"]
     fresh_scaler = scaler is not None and saved_scaler == NoOpLossScale.__name__ and scaler != saved_scaler
     if not fresh_scaler and meta.get("precision") != target["precision"]:

@@ -39,7 +39,7 @@ import numpy as np
 
 from genesis_jax.run import parallel, progress
 from genesis_jax.run import run_dir as runs
-from genesis_jax.run.checkpoint import CheckpointStore, position_of
+from genesis_jax.run.checkpoint import CheckpointStore, check_kind, position_of
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 
@@ -244,8 +244,12 @@ class Session:
             check_checkpointable(state)  # fails now, not at the first save
         if self.store is None or not self.resume:
             return state
+        steps = self.store.all_steps()
+        if steps:  # another workload's run is named as such, before its rows are read as this one's
+            newest = self.store.read_meta(steps[-1])
+            check_kind(newest, step=steps[-1], kind=self.kind)
         rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)
-        step = self._resume_step(self.store.all_steps(), rows)
+        step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
             state, meta = self.store.restore(

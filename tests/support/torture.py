@@ -149,10 +149,14 @@ def leftovers(out: pathlib.Path) -> list[str]:
 def expected_statuses(signum: int, locked: bool) -> set[int]:
     """The exit statuses docs/runs.md allows: SIGKILL -9; SIGTERM and SIGINT a clean stop,
     128 + N. Before the run locked its directory its handlers are not installed: the signal's
-    default action (-N), or for SIGINT Python's KeyboardInterrupt turned into 130 by the CLI."""
+    default action (-N), or for SIGINT Python's KeyboardInterrupt turned into 130 by the CLI,
+    or 1 where it lands while the interpreter itself still starts (importing `site`, before any
+    code of the command runs: Python prints the traceback and exits 1; nothing is on disk)."""
     if signum == signal.SIGKILL:
         return {-signal.SIGKILL}
-    return {128 + signum} if locked else {128 + signum, -signum}
+    if locked:
+        return {128 + signum}
+    return {128 + signum, -signum} | ({1} if signum == signal.SIGINT else set())
 
 
 def started_run(args: list[str], out: pathlib.Path, env: dict) -> subprocess.Popen:
