@@ -42,6 +42,7 @@ def test_stored_dtypes_are_compact():
     assert half.experience["frame"].dtype == jnp.uint8
 
 
+@pytest.mark.slow  # compiles several buffers: about 12 s on 2 cores
 def test_round_trip_is_exact_in_the_added_dtypes():
     """With sample_dtype=None, each sampled row equals the added row bit for bit, bools and
     uint8 frames and float32 vectors alike; with the default, bools and floats come back float32."""

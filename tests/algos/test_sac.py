@@ -95,6 +95,7 @@ def faulty_run():
     return iterations(FAULTY, 24)
 
 
+@pytest.mark.slow  # the faulty_run fixture compiles a SAC run: about 30 s on 2 cores
 def test_every_iteration_updates_and_the_targets_are_the_polyak_average(faulty_run):
     states, metrics = faulty_run
     assert [int(m["updates"]) for m in metrics] == [1] * 24  # learning-starts 8 = one step of the 8 envs
@@ -104,6 +105,7 @@ def test_every_iteration_updates_and_the_targets_are_the_polyak_average(faulty_r
         jax.tree.map(lambda e, got: np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7), expected, after.target)
 
 
+@pytest.mark.slow  # the faulty_run fixture compiles a SAC run: about 30 s on 2 cores
 def test_a_critic_overflow_skips_the_critic_alone_and_backs_the_scale_off_once(faulty_run):
     states, metrics = faulty_run
     critic_skips = [int(m["critic_skipped"]) for m in metrics]
