@@ -17,21 +17,12 @@ from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.cli import main
 from genesis_jax.run import run_dir as runs
 from genesis_jax.run.checkpoint import CheckpointStore
+from tests.support.files import one_line_error, snapshot
 from tests.support.processes import start_python, wait_until
 
 SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
 # A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
 LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]
-
-
-def snapshot(path: pathlib.Path) -> dict:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 def start(argv, preamble=""):

@@ -22,17 +22,8 @@ from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import TrainingInterrupted
 from tests.algos.toy_algorithm import Toy, ToyConfig
+from tests.support.files import one_line_error, snapshot
 from tests.support.processes import start_python, wait_until
-
-
-def snapshot(path: pathlib.Path) -> dict:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 def toy_loss(chunk: int) -> float:

@@ -25,6 +25,7 @@ from genesis_jax import amp
 from genesis_jax.cli import EXIT_BAD_INPUT, EXIT_SYSTEM, main
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore, save_failure, state_digest
 from genesis_jax.run.session import Session
+from tests.support.files import snapshot
 from tests.support.processes import run_python
 
 X = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
@@ -53,10 +54,6 @@ def run(out, total, **options):
         state = session.restore(fresh_state())
         state = session.run(state, CHUNK, rows)
         return session.finish({}), state
-
-
-def snapshot(path: pathlib.Path) -> dict:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def resave(checkpoints: pathlib.Path, step: int, change_state=None, change_meta=None) -> None:

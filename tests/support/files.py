@@ -1,0 +1,16 @@
+"""What the bad-input tests compare: a run directory's files, byte for byte, and the one line
+an error printed."""
+
+import pathlib
+
+
+def snapshot(path: pathlib.Path) -> dict:
+    """Every file under `path` with its bytes: equal snapshots mean nothing on disk changed."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys) -> str:
+    """The one line written to stderr (asserted to be one)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
