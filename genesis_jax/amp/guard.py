@@ -170,10 +170,9 @@ def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
         raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {nonfinite_rate!r}")
     if not (_is_real(loss_spike_factor) and 0 < _as_float32(loss_spike_factor) < math.inf):
         raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
-    if isinstance(seed, jax.core.Tracer):  # a per-seed value under vmap (the algorithm template's seeds)
+    if isinstance(seed, jax.core.Tracer):  # seed + axis index under the seeds' vmap: not checkable, nor needed
         return
-    # A seed traced under the seeds' vmap (seed + axis index) cannot be checked, and needs not be.
-    if not isinstance(seed, jax.core.Tracer) and not (_is_int(seed) and -(2**63) <= int(seed) < 2**63):
+    if not (_is_int(seed) and -(2**63) <= int(seed) < 2**63):
         raise ValueError(f"the fault injection's seed must be an integer (int64), got {seed!r}")
 
 
