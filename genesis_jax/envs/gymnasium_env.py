@@ -1,12 +1,15 @@
 """gymnasium environments on the host, vectorised with `gymnasium.make_vec`; Atari (ale-py)
-games preprocessed as Stable-Baselines3 and CleanRL do."""
+games preprocessed as Stable-Baselines3 and CleanRL do; `io_callback_step` steps them from
+inside a compiled (jit) loop."""
 
 from __future__ import annotations
 
 import math
 
 import gymnasium as gym
+import jax
 import numpy as np
+from jax.experimental import io_callback
 
 from genesis_jax.envs.spec import EnvSpec
 
@@ -134,6 +137,12 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
     raise ValueError(f"{env_id} has a {type(act_space).__name__} action space; only Discrete and Box are supported")
 
 
+def observation_dtype(spec: EnvSpec):
+    """The dtype of `GymnasiumVecEnv`'s observations for `spec`: uint8 for image frames (Atari's
+    (84, 84, 4)), float32 for everything else."""
+    return np.dtype(np.uint8 if len(spec.obs_shape) == 3 else np.float32)
+
+
 class GymnasiumVecEnv:
     """`num_envs` gymnasium envs (sync: one process, async: one subprocess each).
 
@@ -155,7 +164,7 @@ class GymnasiumVecEnv:
             **kwargs,
         )
         self.num_envs = num_envs
-        self.obs_dtype = np.uint8 if len(self.spec.obs_shape) == 3 else np.float32
+        self.obs_dtype = observation_dtype(self.spec)
 
     def _shaped(self, obs):
         return np.asarray(obs, self.obs_dtype).reshape((-1, *self.spec.obs_shape))
@@ -182,3 +191,32 @@ class GymnasiumVecEnv:
 
     def close(self):
         self.envs.close()
+
+
+def io_callback_step(env: GymnasiumVecEnv):
+    """`env.step` in `GymnaxVecEnv.step`'s form, `(keys, env_state, action) -> (obs, env_state,
+    reward, terminated, truncated, final_obs)`, for a compiled loop: each call runs the host
+    environments through `jax.experimental.io_callback(ordered=True)`, so steps happen once each
+    and in order. `keys` are unused and `env_state` passes through unchanged (the host holds the
+    state: it is not part of a checkpoint). Observations come back in `env.obs_dtype`.
+
+    >>> import jax.numpy as jnp
+    >>> env = GymnasiumVecEnv("CartPole-v1", num_envs=2)
+    >>> obs = env.reset(seed=0)
+    >>> obs, _, reward, terminated, truncated, final_obs = jax.jit(io_callback_step(env))(None, (), jnp.zeros(2, int))
+    >>> obs.shape, obs.dtype, reward.tolist()
+    ((2, 4), dtype('float32'), [1.0, 1.0])
+    >>> env.close()
+    """
+    n, shape = env.num_envs, env.spec.obs_shape
+    obs, flags = jax.ShapeDtypeStruct((n, *shape), env.obs_dtype), jax.ShapeDtypeStruct((n,), bool)
+    shapes = (obs, jax.ShapeDtypeStruct((n,), np.float32), flags, flags, obs)
+
+    def host(action):
+        return tuple(np.asarray(x, s.dtype) for x, s in zip(env.step(np.asarray(action)), shapes))
+
+    def step(keys, env_state, action):
+        obs, reward, terminated, truncated, final_obs = io_callback(host, shapes, action, ordered=True)
+        return obs, env_state, reward, terminated, truncated, final_obs
+
+    return step

@@ -1,6 +1,7 @@
-"""DQN on the template: the loop's invariants on a tiny run, the TD target against a numpy
-reference, the target network's updates, learning CartPole on a CPU budget, bad input, and
-a SIGKILLed run resumed bit-identically."""
+"""DQN on the template: the loop's invariants on a tiny run (gymnax, and gymnasium on the host
+path, ALE Atari's uint8 frames included), the TD target against a numpy reference, the target
+network's updates, learning CartPole on a CPU budget, bad input, and a SIGKILLed run resumed
+bit-identically."""
 
 from __future__ import annotations
 
@@ -98,6 +99,32 @@ def test_minatar_frames_are_stored_as_uint8():
     assert state.experience["obs"].dtype == jnp.uint8 and state.experience["next_obs"].dtype == jnp.uint8
 
 
+def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
+    config = DQNConfig(**{**TINY, "total_steps": 1_000}, env_backend="gymnasium")
+    result = train(config, progress=False)
+    rows, state = result.metrics, result.state
+    # 500 iterations of 2 steps; a gradient step in each past step 500: iterations 251 to 500.
+    assert int(state.train_state.step) == rows[-1]["updates"] == 250 and int(state.steps) == 1_000
+    assert len(rows) == 5 and [r["buffer_size"] for r in rows] == [200, 400, 600, 800, 1_000]
+    assert result.summary["env_backend"] == "gymnasium" and sum(r["episodes"] for r in rows) == int(state.episodes)
+    assert state.buffer.experience["obs"].dtype == jnp.float32 and state.obs.shape == (2, 4)
+
+
+@pytest.mark.slow  # Nature CNN on 84x84x4 frames, compiled and trained on the CPU: about 45 s on 2 cores
+def test_atari_frames_stay_uint8_in_the_buffer():
+    pytest.importorskip("ale_py")
+    config = DQNConfig(
+        env="ALE/Pong-v5", num_envs=1, total_steps=256, row_steps=128, train_frequency=4, learning_starts=64,
+        buffer_size=256, batch_size=32, target_update_interval=64, epsilon_steps=128,
+    )  # fmt: skip
+    result = train(config, progress=False)
+    obs = result.state.buffer.experience["obs"]
+    assert obs.dtype == jnp.uint8 and obs.shape[-3:] == (84, 84, 4) and result.state.obs.dtype == jnp.uint8
+    assert result.summary["env_backend"] == "gymnasium" and result.summary["buffer_dtypes"]["obs"] == "uint8"
+    assert int(result.state.steps) == 256 and int(result.state.train_state.step) == (256 - 64) // 4
+    assert result.summary["buffer_bytes"] > 2 * 256 * 84 * 84 * 4  # obs and next_obs, a byte a pixel
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -105,6 +132,7 @@ def test_minatar_frames_are_stored_as_uint8():
         (["--buffer-size", "64", "--batch-size", "128"], "buffer-size 64 is smaller than batch-size 128"),
         (["--env", "Breakout-MinAtar", "--buffer-size", "1000000000"], "of memory is available"),
         (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),
+        (["--env-backend", "gymnasium", "--num-seeds", "2"], "need a JAX environment (env backend gymnax)"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args, words):

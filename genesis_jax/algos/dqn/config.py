@@ -18,9 +18,9 @@ class DQNFields:
     Each field's text below is also its `--help` line."""
 
     env: str = "CartPole-v1"
-    """A gymnax environment id with discrete actions (CartPole-v1, Acrobot-v1, Breakout-MinAtar, ...)."""
-    env_backend: Literal["gymnax"] | None = None
-    """None or gymnax: DQN runs on JAX environments."""
+    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ALE/Pong-v5, ...)."""
+    env_backend: Literal["gymnax", "gymnasium"] | None = None
+    """None: gymnax where it has the id, else gymnasium (Atari: pip install 'genesis-jax[atari]')."""
     total_steps: int = 500_000
     """Environment steps in all (all environments together)."""
     num_envs: int = 10
@@ -61,11 +61,11 @@ class DQNFields:
     """mlp: activation."""
     replay_dtype: Literal["float32", "compute"] = "float32"
     """How the buffer stores float observations: float32, or the compute dtype (fp16/bf16
-    runs: half the memory, rounded once). Binary frames (MinAtar) are stored as uint8 either way."""
+    runs: half the memory, rounded once). Frames (MinAtar's 0/1, Atari's pixels) are stored as uint8 either way."""
     seed: int = 0
     """Seed of the parameters, the environments, exploration and the fault injection."""
     num_seeds: int = 1
-    """Seeds trained together in one compiled run."""
+    """Seeds trained together in one compiled run (gymnax)."""
     row_steps: int = 5_000
     """Environment steps per metrics row (the template's position: progress and checkpoints fall on rows)."""
     updates_per_chunk: int | None = None
@@ -124,8 +124,10 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
             raise ValueError(f"hidden sizes must be positive integers, got {self.hidden!r}")
         if self.network is not None and self.network not in NETWORKS:
             raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
-        if self.env_backend not in (None, "gymnax"):
-            raise ValueError(f"dqn runs on gymnax environments; env-backend {self.env_backend!r} is not supported")
+        if self.env_backend not in (None, "gymnax", "gymnasium"):
+            raise ValueError(
+                f"dqn runs on gymnax or gymnasium environments; env-backend {self.env_backend!r} is not supported"
+            )
         if self.updates_per_chunk is not None and self.updates_per_chunk < 1:
             raise ValueError(f"updates-per-chunk must be >= 1, got {self.updates_per_chunk}")
         if self.devices > 1:

@@ -1,6 +1,7 @@
 """DQN on the algorithm template: double DQN, a target network updated by copy or Polyak
 averaging, linear epsilon-greedy exploration, a Huber or squared TD loss and a flashbax replay
-buffer, on gymnax environments with the whole loop under jit (PureJaxRL's and CleanRL's DQN).
+buffer, the whole loop under jit (PureJaxRL's and CleanRL's DQN). gymnax environments step inside
+it; gymnasium ones (ALE Atari) on the host through `io_callback`, restarted from the seed on resume.
 
 One template position (a metrics row) is `row_steps` environment steps, in iterations of
 `train_frequency` steps (vector steps whose transitions enter the buffer), one gradient step
@@ -24,6 +25,7 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields
 from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.amp import TrainState
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step, observation_dtype
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.q_network import QNetwork
@@ -73,37 +75,34 @@ def mean_over_seeds(values) -> list:
 
 
 class DQN(Algorithm):
-    name = "dqn"
-    fields = DQNFields
-    config_class = DQNConfig
-    meta_key = "step"
-    score = "final_return"
-    plot_file = "dqn.png"
-    unit = "row"
-    progress_unit = "step"
+    name, fields, config_class, meta_key = "dqn", DQNFields, DQNConfig, "step"
+    score, plot_file, unit, progress_unit = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
 
     def setup(self) -> None:
-        c = self.config
-        spec = resolve_env(c.env, c.env_backend)
+        c, spec = self.config, resolve_env(self.config.env, self.config.env_backend)
         if spec.continuous:
             raise ValueError(f"dqn needs a discrete action space; {c.env} has a continuous one: use sac")
+        if spec.backend != "gymnax" and (c.num_seeds > 1 or c.devices > 1):
+            raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
         self.total, self.unit_size, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
-        precision = c.train_precision()
-        network = c.network or default_network(spec.obs_shape)
+        precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
-        self.frames = len(spec.obs_shape) == 3  # gymnax's images are MinAtar's 0/1 frames: stored as uint8
-        obs = jnp.zeros(spec.obs_shape, bool if self.frames else jnp.float32)
+        minatar = spec.backend == "gymnax" and len(spec.obs_shape) == 3  # gymnax's frames: MinAtar's 0/1, as bool
+        obs = jnp.zeros(spec.obs_shape, bool if minatar else observation_dtype(spec))  # else Atari's uint8, or float32
         example = dict(obs=obs, action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(0), next_obs=obs)
         storage = precision.compute_dtype if c.replay_dtype == "compute" else jnp.float32
         self.replay = make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
-        self.env = GymnaxVecEnv(c.env, c.num_envs)
+        self.host_env = None if spec.backend == "gymnax" else GymnasiumVecEnv(c.env, c.num_envs)
+        self.env = GymnaxVecEnv(c.env, c.num_envs) if self.host_env is None else None
+        self.step_env = self.env.step if self.host_env is None else io_callback_step(self.host_env)
+        self.reset_env = self.env.reset if self.host_env is None else lambda _: (self.host_env.reset(seed=c.seed), ())
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)
         params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
-        obs, env_state = self.env.reset(env_key)
+        obs, env_state = self.reset_env(env_key)  # host environments restart from the seed
         return DQNState(
             train_state=self.config.create_train_state(params, optax.adam(self.config.lr)),
             target_params=jax.tree.map(jnp.copy, params),
@@ -124,15 +123,13 @@ class DQN(Algorithm):
         greedy = jnp.argmax(self.net.apply(s.train_state.params, s.obs), -1)
         explore = jax.random.uniform(explore_key, (n,)) < epsilon_at(self.config, s.steps)
         action = jnp.where(explore, jax.random.randint(random_key, (n,), 0, self.spec.action_dim), greedy)
-        obs, env_state, reward, terminated, truncated, final_obs = self.env.step(
-            jax.random.split(env_key, n), s.env_state, action
-        )
-        store = (lambda o: o.astype(bool)) if self.frames else (lambda o: o)
-        transition = dict(obs=store(s.obs), action=action, reward=reward, terminated=terminated)
+        step = self.step_env(jax.random.split(env_key, n), s.env_state, action)
+        obs, env_state, reward, terminated, truncated, final_obs = step
+        transition = dict(obs=s.obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
         done, returns = terminated | truncated, s.episode_return + reward
         slot = jnp.where(done, (s.episodes + jnp.cumsum(done) - 1) % RECENT, RECENT)  # RECENT: not written
         s = s.replace(
-            buffer=self.replay.add(s.buffer, {**transition, "next_obs": store(final_obs)}),
+            buffer=self.replay.add(s.buffer, transition),  # stored compactly: MinAtar's 0/1 floats as uint8
             env_state=env_state,
             obs=obs,
             episode_return=jnp.where(done, 0.0, returns),
@@ -175,9 +172,8 @@ class DQN(Algorithm):
         skipped_before = s.train_state.skipped
         keys = jax.random.split(key, self.config.row_steps // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
-        count = learned.sum()
+        count, ts = learned.sum(), s.train_state
         per_update = lambda x: jnp.where(count > 0, jnp.where(learned, x, 0.0).sum() / count, jnp.nan)  # noqa: E731
-        ts = s.train_state
         return s, {
             "loss": per_update(loss),
             "q": per_update(q),
@@ -219,6 +215,7 @@ class DQN(Algorithm):
         per_seed = [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
         return {
             "env": self.config.env,
+            "env_backend": self.spec.backend,
             "num_seeds": self.num_seeds,
             "total_steps": rows[-1]["step"] if rows else 0,
             "final_return": float(np.mean(per_seed)),
@@ -227,6 +224,9 @@ class DQN(Algorithm):
             "buffer_bytes": self.buffer_bytes,
             "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
         }
+
+    def close(self) -> None:
+        getattr(self.host_env, "close", lambda: None)()
 
     def postfix(self, row: dict) -> dict:
         self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return

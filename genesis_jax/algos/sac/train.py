@@ -14,13 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from jax.experimental import io_callback
 
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, share_scale, shared_scale_step, update_shared_scale
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.dense import Dense
@@ -69,20 +68,6 @@ class SACState(struct.PyTreeNode):
     iteration: jax.Array  # environment iterations done
 
 
-def host_step(env: GymnasiumVecEnv):
-    """gymnax's `step` for gymnasium environments, run from the compiled loop by `io_callback`."""
-    n, shape = env.num_envs, env.spec.obs_shape
-    obs, flags = jax.ShapeDtypeStruct((n, *shape), jnp.float32), jax.ShapeDtypeStruct((n,), bool)
-    shapes = (obs, jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, obs)
-    call = lambda a: tuple(np.asarray(x, s.dtype) for x, s in zip(env.step(np.asarray(a)), shapes))  # noqa: E731
-
-    def step(keys, env_state, action):
-        obs, reward, terminated, truncated, final_obs = io_callback(call, shapes, action, ordered=True)
-        return obs, env_state, reward, terminated, truncated, final_obs
-
-    return step
-
-
 class SAC(Algorithm):
     name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
     unit, progress_unit = "row", "step"  # a metrics row: `steps_per_row` environment steps
@@ -107,7 +92,7 @@ class SAC(Algorithm):
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
         self.host_env = None if spec.backend == "gymnax" else GymnasiumVecEnv(c.env, c.num_envs, c.vectorization)
         self.env = GymnaxVecEnv(c.env, c.num_envs) if self.host_env is None else None
-        self.env_step = self.env.step if self.host_env is None else host_step(self.host_env)
+        self.env_step = self.env.step if self.host_env is None else io_callback_step(self.host_env)
         self.env_reset = self.env.reset if self.host_env is None else lambda _: (self.host_env.reset(seed=c.seed), ())
 
     def init(self, key) -> SACState:
