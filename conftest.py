@@ -1,14 +1,36 @@
-"""The notebooks (run by nbmake) take minutes: they belong to the slow lane, `-m slow`.
+"""The lanes. The notebooks (run by nbmake) take minutes: they belong to the slow lane, `-m slow`.
+Tests marked `long` (benchmarks more than tests: the torture runs, a learning run whose result
+the committed benchmarks hold) are skipped unless `pytest --long` or GENESIS_LONG_TESTS=1.
 
 Here at the root, not in notebooks/: --doctest-modules imports every conftest.py under the
 testpaths, and two directories without __init__.py (notebooks/, docs/) would both give the
 module name `conftest`, which pytest refuses."""
 
+import os
+
 import pytest
+
+LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="also run the tests marked long (benchmark-sized runs; GENESIS_LONG_TESTS=1 does the same)",
+    )
+
+
+def long_tests_wanted(config) -> bool:
+    return config.getoption("--long") or os.environ.get("GENESIS_LONG_TESTS") == "1"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    skip_long = None if long_tests_wanted(config) else pytest.mark.skip(reason=LONG_SKIP_REASON)
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
+        if skip_long and item.get_closest_marker("long"):
+            item.add_marker(skip_long)

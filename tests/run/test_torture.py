@@ -3,9 +3,11 @@
 resumed each time, end exactly as the same command run once without a stop: the same metric
 rows, every update once, the same bits in every leaf of the final checkpoint, the same summary,
 nothing left over. The driver is tests/support/torture.py. Here each run is killed 12 times,
-every moment with every signal once, which is what fits the slow lane (a restart costs about
-10 CPU seconds, most of it importing and tracing); experiments/torture.py kills the same runs
-25 times (benchmarks/torture-cpu.md), or as often as asked, with other sizes and seeds."""
+every moment with every signal once (a restart costs about 10 CPU seconds, most of it importing
+and tracing): minutes each, a benchmark more than a test, so both are in the long lane (marked
+long and slow; `pytest --long` runs them). Their full versions are experiments/torture.py, which
+kills the same runs 25 times, or as often as asked, with other sizes and seeds; its results are
+in benchmarks/torture-cpu.md. The driver's own tests at the end of this file stay in the fast lane."""
 
 import itertools
 import signal
@@ -76,12 +78,14 @@ def assert_survived(result: torture.Torture, total: int) -> None:
     assert torture.verdict(result, total, MEASURED) == [], report
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 14 processes, about 150 CPU seconds (36 the first, cold compile; about 9 each restart)
 def test_ppo_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
     result = torture.torture(PPO_ARGS, tmp_path, KILLS, SEED)
     assert_survived(result, PPO_UPDATES)
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 14 processes, about 100 CPU seconds (32 the first, cold compile; about 5 each restart)
 def test_world_model_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
     from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
