@@ -80,6 +80,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     peer = load_peer()
+    load_before = os.getloadavg()[0]
     runs = {"PureJaxRL dqn.py": [], "genesis-jax (double_q=False)": []}
     for _ in range(args.repeats):  # alternating, so that a change in the machine's load hits all alike
         runs["PureJaxRL dqn.py"].append(run_peer(peer, args.steps))
@@ -90,7 +91,8 @@ def main(argv=None) -> None:
         "# DQN CartPole-v1: genesis-jax vs PureJaxRL's dqn.py (fp32, same config)",
         "",
         f"`{command}` on {device_name()} ({versions_line()}).",
-        "The machine has 2 CPU cores, shared with other work while this ran; the runs alternate so that",
+        f"Load average (1 min) before, after: {load_before:.2f}, {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); "
+        "the runs alternate so that",
         "load changes hit all of them alike. genesis-jax ran with metrics rows (every 5000 steps), its",
         "progress chunks and 10 Orbax checkpoints on; its steps/s is end to end: the whole `train` call",
         "(set-up, chunks, checkpoints, metrics rows, summary and plot) less the compile time; the",

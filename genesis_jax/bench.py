@@ -42,7 +42,7 @@ class Workload:
     kind: str  # a registered algorithm: ppo | world-model | ...
     settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
     vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
-    seconds: float | None = None  # host-loop PPO: total steps sized to about this long a run
+    seconds: float | None = None  # total steps sized to about this long a run (host-loop PPO)
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -101,11 +101,15 @@ def _train_or_stop(algorithm, config):
 
 
 def _steps_for_seconds(algorithm, settings: dict, precision: str, seconds: float) -> int:
-    """Total steps for a run of about `seconds`, from the steps/s of a two-update run."""
+    """Total steps for a run of about `seconds`, from the steps/s of a two-position run, in
+    whole positions (the algorithm's `unit_size` steps: PPO's update, DQN's and SAC's row)."""
     probe = algorithm.config_class(precision=precision, **settings)
-    probe = dataclasses.replace(probe, total_steps=2 * probe.batch_size)
+    sizing = algorithm(probe)
+    per_position = sizing.unit_size
+    sizing.close()
+    probe = dataclasses.replace(probe, total_steps=2 * per_position)
     steps_per_second = algorithm.train(probe, progress=False).summary["steps_per_second"]
-    return max(probe.total_steps, int(steps_per_second * seconds) // probe.batch_size * probe.batch_size)
+    return max(probe.total_steps, int(steps_per_second * seconds) // per_position * per_position)
 
 
 def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | None = None) -> dict:
