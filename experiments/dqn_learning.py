@@ -1,10 +1,11 @@
 """DQN learning in fp32 and fp16 (dynamic loss scaling): CartPole-v1 with PureJaxRL's settings
-over 5e5 steps, and MinAtar Breakout (the `minatar` settings, CNN torso) at equal steps. The
+over 5e5 steps, and the four gymnax MinAtar games (the `minatar` settings, CNN torso) at equal steps. The
 seeds of one precision train together under vmap (one compiled run, each seed its own loss
 scale). final_return: the mean return of each seed's last 10 finished training episodes
 (epsilon-greedy at epsilon_end).
 
-Usage: python experiments/dqn_learning.py [cartpole|breakout] [--steps N] [--seeds 3] [--out FILE]
+Usage: python experiments/dqn_learning.py TASK [--steps N] [--seeds 3] [--out FILE]
+(TASK: cartpole, breakout, asterix, freeway or spaceinvaders)
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ from _report import emit  # noqa: E402
 from genesis_jax.algos.dqn import DQNConfig, minatar, train  # noqa: E402
 from genesis_jax.run.probes import device_name, versions_line  # noqa: E402
 
+
+def minatar_task(env: str):
+    # epsilon falls over the first 10% of the steps, as in `minatar` (500k of 5M) and CleanRL's Atari DQN
+    def config(steps, **kw):
+        return minatar(env, total_steps=steps or 5_000_000, epsilon_steps=(steps or 5_000_000) // 10, **kw)
+
+    return config
+
+
 TASKS = {
     "cartpole": lambda steps, **kw: DQNConfig(total_steps=steps or 500_000, **kw),
-    # epsilon falls over the first 10% of the steps, as in `minatar` (500k of 5M) and CleanRL's Atari DQN
-    "breakout": lambda steps, **kw: minatar(
-        "Breakout-MinAtar", total_steps=steps or 5_000_000, epsilon_steps=(steps or 5_000_000) // 10, **kw
-    ),
+    **{game.lower(): minatar_task(f"{game}-MinAtar") for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")},
 }
 
 
@@ -83,7 +90,8 @@ def main(argv=None) -> None:
         f"# DQN {args.task}: fp32 vs fp16 (dynamic loss scaling)",
         "",
         f"`{command}` on {device_name()} ({versions_line()}).",
-        "The machine's 2 CPU cores were shared with other work while this ran: steps/s are not speed measurements.",
+        f"Load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: "
+        "steps/s are speed measurements only on an otherwise idle machine.",
         "final_return: the mean return of each seed's last 10 finished training episodes "
         "(epsilon-greedy at epsilon_end).",
         "",

@@ -93,10 +93,21 @@ def test_td_targets_match_a_numpy_reference():
     np.testing.assert_allclose(td_targets(q_target, q_target, reward, terminated, 0.9), plain, rtol=1e-6)
 
 
-def test_minatar_frames_are_stored_as_uint8():
-    algo = DQN(DQNConfig(env="Breakout-MinAtar", buffer_size=1_000, batch_size=32, network="cnn"))
-    state = jax.eval_shape(algo.replay.init)
-    assert state.experience["obs"].dtype == jnp.uint8 and state.experience["next_obs"].dtype == jnp.uint8
+@pytest.mark.parametrize(
+    "env, channels, actions",
+    [("Breakout-MinAtar", 4, 3), ("Asterix-MinAtar", 4, 5), ("Freeway-MinAtar", 7, 3), ("SpaceInvaders-MinAtar", 6, 4)],
+)
+def test_each_minatar_game_stores_uint8_frames_and_traces_a_whole_update(env, channels, actions):
+    # Traced, not compiled: the update's shapes and dtypes on each game's frames and actions.
+    algo = DQN(DQNConfig(env=env, buffer_size=1_000, batch_size=32, num_envs=2, train_frequency=2, row_steps=200))
+    state = jax.eval_shape(algo.init, jax.random.PRNGKey(0))
+    frames = state.buffer.experience["obs"]
+    assert frames.dtype == state.buffer.experience["next_obs"].dtype == jnp.uint8
+    assert frames.shape == (1, 1_000, 10, 10, channels) and algo.spec.action_dim == actions  # [1, capacity, ...]
+    new_state, metrics = jax.eval_shape(algo.update, state, None)
+    shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]  # noqa: E731
+    assert shapes(new_state) == shapes(state)
+    assert metrics["loss"].dtype == jnp.float32 and metrics["updates"].dtype == jnp.int32
 
 
 def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
