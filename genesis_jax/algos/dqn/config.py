@@ -130,8 +130,9 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
             )
         if self.updates_per_chunk is not None and self.updates_per_chunk < 1:
             raise ValueError(f"updates-per-chunk must be >= 1, got {self.updates_per_chunk}")
-        if self.devices > 1:
-            raise ValueError("dqn runs on one device; use num-seeds for several runs at once")
+        if self.devices > 1 and self.num_seeds > 1:
+            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
+        self.validate_parallel("batch-size", self.batch_size)
 
     @property
     def num_rows(self) -> int:

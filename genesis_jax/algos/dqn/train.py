@@ -3,10 +3,9 @@ averaging, linear epsilon-greedy exploration, a Huber or squared TD loss and a f
 buffer, the whole loop under jit (PureJaxRL's and CleanRL's DQN). gymnax environments step inside
 it; gymnasium ones (ALE Atari) on the host through `io_callback`, restarted from the seed on resume.
 
-One template position (a metrics row) is `row_steps` environment steps, in iterations of
-`train_frequency` steps (vector steps whose transitions enter the buffer), one gradient step
-once past `learning_starts`, and a target update when the step count reaches a multiple of
-`target_update_interval`. The buffer is part of the state: checkpointed and resumed with it.
+One template position (a metrics row) is `row_steps` environment steps, in iterations of `train_frequency` steps
+(vector steps whose transitions enter the buffer), one gradient step once past `learning_starts` (its batch's rows
+split over `devices`), a target update at multiples of `target_update_interval`. The buffer is checkpointed too.
 
 >>> from genesis_jax.algos.dqn import DQNConfig, train
 >>> result = train(DQNConfig(precision="fp16"))                     # doctest: +SKIP
@@ -31,6 +30,7 @@ from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import default_network
 from genesis_jax.run import plots
+from genesis_jax.run.parallel import constrain
 
 RECENT = 10  # final_return: the mean of the last RECENT finished training episodes
 
@@ -146,7 +146,7 @@ class DQN(Algorithm):
 
     def learn(self, train_state: TrainState, s: DQNState, key):
         """One gradient step, the TD target in float32 outside the gradient; `s` only read (not copied by cond)."""
-        c, b = self.config, self.replay.sample(s.buffer, key)
+        c, b = self.config, constrain(self.replay.sample(s.buffer, key), self.config.mesh())  # rows over devices
         q_next_target = self.net.apply(s.target_params, b["next_obs"])
         q_next_online = self.net.apply(train_state.params, b["next_obs"]) if c.double_q else q_next_target
         target = td_targets(q_next_target, q_next_online, b["reward"], b["terminated"], c.gamma)
