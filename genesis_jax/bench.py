@@ -1,10 +1,11 @@
-"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO and the
-world model, several seeds.
+"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO, DQN, SAC and
+the world model, several seeds.
 
 The full run (meant for a GPU) has the networks where half precision can pay: PPO with a
 width-1024 residual MLP and with the CNN on MinAtar Breakout, world models of width 1024
-and 2048, plus the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by
-time). `--quick` has small CartPole PPO and world-model configs for a CPU.
+and 2048, DQN with the CNN on MinAtar Breakout, SAC with a width-1024 residual torso, plus
+the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by time). `--quick`
+has small CartPole PPO and world-model configs for a CPU.
 
 Per workload x precision it records the total steps, steps/s (median over seeds,
 compilation excluded), compile seconds, the training step's device bytes (XLA's memory
@@ -65,6 +66,11 @@ def workloads(quick: bool) -> list[Workload]:
                 {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256},
             ),
         ]
+    minatar_dqn = {  # genesis_jax.algos.dqn.minatar's settings
+        **{"env": "Breakout-MinAtar", "network": "cnn", "num_envs": 4, "buffer_size": 100_000, "batch_size": 32},
+        **{"lr": 1e-4, "train_frequency": 4, "learning_starts": 20_000, "target_update_interval": 1_000},
+        **{"epsilon_end": 0.01, "row_steps": 20_000, "huber_delta": 1.0},
+    }
     big_ppo = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
     return [
         Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),
@@ -76,6 +82,9 @@ def workloads(quick: bool) -> list[Workload]:
         ),
         Workload("ppo-cnn-minatar", "ppo", {"env": "Breakout-MinAtar", "network": "cnn", **big_ppo}, True),
         Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
+        # Off-policy: DQN with MinAtar's settings (CNN), SAC with SimBa's residual torso 1024 wide.
+        Workload("dqn-cnn-minatar", "dqn", {**minatar_dqn, "total_steps": 200_000, "epsilon_steps": 20_000}, True),
+        Workload("sac-resmlp-1024", "sac", {"network": "resmlp", "width": 1024, "depth": 2, "total_steps": 20_000}),
         Workload(
             "wm-1024",
             "world-model",
