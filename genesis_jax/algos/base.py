@@ -250,21 +250,15 @@ class Algorithm:
         return lambda state: compiled(state, self.data)
 
     def initial_state(self):
-        """`init` as one compiled program (its compile time kept in `init_compile_seconds`):
-        run eagerly, its dozens of small ops (network initializers, an empty replay buffer)
-        would each be compiled and dispatched alone, seconds of start-up on a CPU. Host-side
-        work in `init` (a host environment's reset) runs once, while it is traced."""
+        # Run eagerly, not under one jit: a jitted init (an fp16-full PPO's orthogonal
+        # initializers, QR under vmap) deadlocked XLA's CPU runtime (jax 0.10.2).
         init = jax.vmap(self.init) if self.num_seeds > 1 else self.init
-        keys, mesh = self.seed_keys(), self.config.mesh()
-        if mesh is None:
-            jitted = jax.jit(init)
-        else:
-            jitted = jax.jit(init, out_shardings=self.shardings(jax.eval_shape(init, keys), mesh))
+        mesh = self.config.mesh()
+        if mesh is not None:
+            shardings = self.shardings(jax.eval_shape(init, self.seed_keys()), mesh)
+            init = jax.jit(init, out_shardings=shardings)
             self.data = jax.device_put(self.data, replicated(mesh)) if self.data is not None else None
-        start = time.perf_counter()
-        compiled = jitted.lower(keys).compile()
-        self.init_compile_seconds = time.perf_counter() - start
-        return compiled(keys)
+        return init(self.seed_keys())
 
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
         """The fields every algorithm's summary has: precision, speed, memory, overflow counts."""
@@ -367,7 +361,7 @@ class Algorithm:
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
             call = self.compile_chunk(state, per_chunk) if session.position < session.total else None
-            compile_seconds = time.perf_counter() - start + self.init_compile_seconds
+            compile_seconds = time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
             state = session.run(state, call, to_rows, per_chunk)
             if session.stopped and not session.timing.positions_run:
