@@ -1,4 +1,5 @@
-"""The lanes. The notebooks (run by nbmake) take minutes: they belong to the slow lane, `-m slow`.
+"""The lanes. The notebooks (run by nbmake) take over a minute even at their smoke size (below):
+they belong to the slow lane, `-m slow`.
 Tests marked `long` (benchmarks more than tests: the torture runs, a learning run whose result
 the committed benchmarks hold) are skipped unless `pytest --long` or GENESIS_LONG_TESTS=1.
 
@@ -9,6 +10,10 @@ module name `conftest`, which pytest refuses."""
 import os
 
 import pytest
+
+# nbmake's kernels inherit the environment: the notebooks run at their smoke size under the suite
+# (notebooks/precision_tour.ipynb reads it; GENESIS_NOTEBOOK_SMOKE=0 runs them at full size).
+os.environ.setdefault("GENESIS_NOTEBOOK_SMOKE", "1")
 
 LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
 
