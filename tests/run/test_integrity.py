@@ -75,11 +75,13 @@ LONGER = [
 ]
 
 
-@pytest.mark.slow  # three CLI subprocesses: 46 s
+@pytest.mark.slow  # three CLI subprocesses: 22-25 s
 def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
     run = tmp_path / "run"
     first = start(LONGER + ["--out", str(run)])
-    wait_until(lambda: (run / "metrics.jsonl").exists(), first)
+    # The run directory is locked before the run restores or compiles anything: the second
+    # process can start as soon as the lock names the first (which never needs to finish compiling).
+    wait_until(lambda: (run / ".lock").exists() and (run / ".lock").read_text().strip() == str(first.pid), first)
     second = start(LONGER + ["--out", str(run), "--resume"])
     assert second.wait(timeout=120) == 2
     err = second.stderr.read().strip().splitlines()

@@ -234,13 +234,21 @@ def straight_kill_run():
     return config, train_ppo(config, progress=False)
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A JAX persistent compilation cache shared by this module's KILL_ARGS subprocesses (as the
+    torture driver's restarts share one): the first compiles the chunk, the others load it."""
+    cache = tmp_path_factory.mktemp("jax-cache")
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def committed_steps(checkpoints: pathlib.Path) -> list[int]:
     return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
 
 
-def start(out, extra_env=None, script=None):
+def start(out, cache, extra_env=None, script=None):
     code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
-    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**(extra_env or {})))
+    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**cache, **(extra_env or {})))
 
 
 def resume_and_compare(out, straight):
@@ -252,10 +260,10 @@ def resume_and_compare(out, straight):
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
 
 
-@pytest.mark.slow  # kill-and-resume subprocess: 42 s + 13 s fixture
-def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run):
+@pytest.mark.slow  # kill-and-resume subprocess: 30 s (the first fills compile_cache) + 16 s fixture
+def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run, compile_cache):
     out = tmp_path / "run"
-    proc = start(out)
+    proc = start(out, compile_cache)
     wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -265,10 +273,10 @@ def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straig
     resume_and_compare(out, straight_kill_run)
 
 
-@pytest.mark.slow  # kill-and-resume subprocess: 33 s
-def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, caplog):
+@pytest.mark.slow  # kill-and-resume subprocess: 18 s
+def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, compile_cache, caplog):
     out, marker = tmp_path / "run", tmp_path / "saving"
-    proc = start(out, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
+    proc = start(out, compile_cache, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
     wait_until(marker.exists, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -279,11 +287,11 @@ def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, strai
     assert "incomplete checkpoint" in caplog.text
 
 
-@pytest.mark.slow  # signal-and-resume subprocess: 33 s each
+@pytest.mark.slow  # signal-and-resume subprocess: 17 s each
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, sig):
+def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, compile_cache, sig):
     out = tmp_path / "run"
-    proc = start(out)
+    proc = start(out, compile_cache)
     wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
