@@ -1,7 +1,8 @@
-"""Small shared fixtures: a regression MLP and its data."""
+"""Small shared fixtures: a regression MLP and its data, and an exact comparison of two pytrees."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from genesis_jax.nets import MLP
 
@@ -21,3 +22,8 @@ def mlp_loss(dtype, hidden=(32, 32)):
         return jnp.mean((model.apply(params, x) - y) ** 2), None
 
     return model, loss_fn
+
+
+def tree_equal(a, b):
+    """Every leaf of `a` equal to the same leaf of `b`, bit for bit."""
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))

@@ -1,13 +1,12 @@
-"""Nothing lost, duplicated or silently accepted: kills before the first checkpoint, bad
-arguments with --overwrite, corrupted checkpoints, changed settings on resume, two
-processes on one directory, torn metrics, bad values, damaged datasets and system failures.
-Real subprocesses, real signals, real corrupted bytes."""
+"""Nothing duplicated or silently accepted, in one process: bad arguments with --overwrite,
+corrupted checkpoints, changed settings on resume, torn metrics, bad values, damaged datasets
+and system failures, each refused in one line with the run on disk untouched. Real corrupted
+bytes. Killed runs and two processes on one directory are in test_integrity_processes.py."""
 
 import json
 import math
 import os
 import pathlib
-import signal
 import time
 
 import numpy as np
@@ -18,80 +17,12 @@ from genesis_jax.cli import main
 from genesis_jax.run import run_dir as runs
 from genesis_jax.run.checkpoint import CheckpointStore
 from tests.support.files import one_line_error, snapshot
-from tests.support.processes import start_python, wait_until
-
-SMALL = ["train", "ppo", "--precision", "fp16", "--total-steps", "2048", "--no-progress"]
-# A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
-LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]
-
-
-def start(argv, preamble=""):
-    script = f"import sys\n{preamble}\nfrom genesis_jax.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return start_python(["-c", script, *argv])
-
-
-def metric_updates(run: pathlib.Path) -> list[int]:
-    return [json.loads(line)["update"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+from tests.support.small_run import SMALL, copy_of, metric_updates, train_small_run
 
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "ppo"
-    assert main(SMALL + ["--out", str(run)]) == 0
-    return run
-
-
-def copy_of(run: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
-    import shutil
-
-    return pathlib.Path(shutil.copytree(run, tmp_path / "copy"))
-
-
-@pytest.mark.slow  # kills a CLI subprocess, resumes: 30 s
-def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(tmp_path):
-    run = tmp_path / "run"
-    proc = start(LONG + ["--out", str(run)])
-    wait_until(lambda: (run / "metrics.jsonl").exists() and len(metric_updates(run)) >= 8, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not any(p.name.isdigit() for p in (run / "checkpoints").iterdir())  # killed before any checkpoint
-    assert main(LONG + ["--out", str(run), "--resume"]) == 0
-    assert metric_updates(run) == list(range(1, 65))  # a clean start: no update twice
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["iterations"] == 64 and summary["total_steps"] == 32768
-
-
-# Long enough (about 15 s on 2 cores) for a second process to start while the first runs.
-LONGER = [
-    "train",
-    "ppo",
-    "--precision",
-    "fp16",
-    "--total-steps",
-    "1048576",
-    "--updates-per-chunk",
-    "64",
-    "--no-progress",
-]
-
-
-@pytest.mark.slow  # three CLI subprocesses: 22-25 s
-def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
-    run = tmp_path / "run"
-    first = start(LONGER + ["--out", str(run)])
-    # The run directory is locked before the run restores or compiles anything: the second
-    # process can start as soon as the lock names the first (which never needs to finish compiling).
-    wait_until(lambda: (run / ".lock").exists() and (run / ".lock").read_text().strip() == str(first.pid), first)
-    second = start(LONGER + ["--out", str(run), "--resume"])
-    assert second.wait(timeout=120) == 2
-    err = second.stderr.read().strip().splitlines()
-    assert len(err) == 1 and f"in use by another run (pid {first.pid})" in err[0], err
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    assert (run / ".lock").read_text().strip() == str(first.pid)  # stale: its holder is dead
-    third = start(SMALL + ["--out", str(run), "--overwrite"])  # takes the stale lock over
-    assert third.wait(timeout=300) == 0, third.stderr.read()[-2000:]
-    assert not (run / ".lock").exists() and metric_updates(run) == list(range(1, 5))
+    return train_small_run(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.mark.slow  # small_run fixture, a CLI PPO run: 9-58 s
@@ -290,25 +221,6 @@ def test_a_missing_optional_dependency_is_a_system_failure_in_one_line(capsys):
         pass
     assert main(["train", "ppo", "--env", "LunarLander-v3", "--no-progress"]) == 4
     assert "box2d" in one_line_error(capsys).lower()
-
-
-@pytest.mark.slow  # a CLI subprocess: 22 s
-def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkpoint_intact(small_run, tmp_path):
-    """RLIMIT_FSIZE makes every write past 4 KiB fail with EFBIG, as a full disk would: the
-    new checkpoint's files are larger than that."""
-    run = copy_of(small_run, tmp_path)
-    step = CheckpointStore(run / "checkpoints").latest_step()
-    preamble = (
-        "import resource, signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))"
-    )
-    proc = start(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"], preamble)
-    assert proc.wait(timeout=300) == 4
-    err = [line for line in proc.stderr.read().strip().splitlines() if line.startswith("genesis-jax")]
-    assert len(err) == 1 and "system failure" in err[0], err
-    with CheckpointStore(run / "checkpoints") as store:
-        assert store.latest_step() == step
-        store.restore_raw(step)  # still reads, checksum and all
 
 
 @pytest.mark.slow  # trains to divergence: 10-12 s each

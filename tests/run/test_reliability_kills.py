@@ -1,0 +1,124 @@
+"""Crash safety: a PPO run killed with SIGKILL (mid-run and mid-save) or stopped with SIGTERM
+and SIGINT in a real subprocess resumes to the state and metrics of a run never interrupted.
+The in-process reliability tests (fault injection, the guard, bad input) are in
+test_reliability_faults.py."""
+
+import json
+import pathlib
+import signal
+
+import pytest
+
+from genesis_jax.algos.ppo import train as train_ppo
+from genesis_jax.cli import parse_train_args, train_config
+from tests.support.helpers import tree_equal
+from tests.support.processes import cpu_env, start_python, wait_until
+
+# --- crash safety: real processes, real signals ---------------------------------------------
+
+KILL_ARGS = [
+    "train",
+    "ppo",
+    "--precision",
+    "fp16",
+    "--total-steps",
+    "131072",
+    "--updates-per-chunk",
+    "8",
+    "--checkpoint-every",
+    "4096",
+    "--seed",
+    "7",
+    "--no-progress",
+]
+
+# Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
+# can kill the process while that save is in progress.
+SLOW_SAVE = """
+import asyncio, os, sys
+from orbax.checkpoint._src.path import atomicity
+original = atomicity.AtomicRenameTemporaryPath.finalize
+async def held_finalize(self):
+    if self._final_path.name == os.environ["HOLD_SAVE"]:
+        open(os.environ["SAVE_MARKER"], "w").write("saving")
+        await asyncio.sleep(120)
+    return await original(self)
+atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
+from genesis_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def straight_kill_run():
+    config = train_config("ppo", parse_train_args("ppo", KILL_ARGS[2:])[0])
+    return config, train_ppo(config, progress=False)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A JAX persistent compilation cache shared by this module's KILL_ARGS subprocesses (as the
+    torture driver's restarts share one): the first compiles the chunk, the others load it."""
+    cache = tmp_path_factory.mktemp("jax-cache")
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+def committed_steps(checkpoints: pathlib.Path) -> list[int]:
+    return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
+
+
+def start(out, cache, extra_env=None, script=None):
+    code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
+    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**cache, **(extra_env or {})))
+
+
+def resume_and_compare(out, straight):
+    config, expected = straight
+    resumed = train_ppo(config, out_dir=str(out), resume=True, progress=False)
+    tree_equal(resumed.train_state.params, expected.train_state.params)
+    tree_equal(resumed.train_state.opt_state, expected.train_state.opt_state)
+    assert float(resumed.train_state.loss_scale.loss_scale) == float(expected.train_state.loss_scale.loss_scale)
+    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
+
+
+@pytest.mark.slow  # kill-and-resume subprocess: 30 s (the first fills compile_cache) + 16 s fixture
+def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run, compile_cache):
+    out = tmp_path / "run"
+    proc = start(out, compile_cache)
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    steps = committed_steps(out / "checkpoints")
+    assert steps and steps[-1] < 256  # killed mid-run
+    resume_and_compare(out, straight_kill_run)
+
+
+@pytest.mark.slow  # kill-and-resume subprocess: 18 s
+def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, compile_cache, caplog):
+    out, marker = tmp_path / "run", tmp_path / "saving"
+    proc = start(out, compile_cache, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
+    wait_until(marker.exists, proc, timeout=180)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    leftovers = [p.name for p in (out / "checkpoints").iterdir() if ".orbax-checkpoint-tmp" in p.name]
+    assert leftovers and committed_steps(out / "checkpoints") == [8]
+    with caplog.at_level("WARNING", logger="genesis_jax"):
+        resume_and_compare(out, straight_kill_run)
+    assert "incomplete checkpoint" in caplog.text
+
+
+@pytest.mark.slow  # signal-and-resume subprocess: 17 s each
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, compile_cache, sig):
+    out = tmp_path / "run"
+    proc = start(out, compile_cache)
+    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, stderr
+    assert f"{signal.Signals(sig).name} received" in stderr and "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] == signal.Signals(sig).name
+    assert committed_steps(out / "checkpoints")[-1] == summary["iterations"] < 256
+    resume_and_compare(out, straight_kill_run)
