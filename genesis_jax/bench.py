@@ -32,6 +32,8 @@ import time
 import numpy as np
 
 from genesis_jax.algos import get_algorithm
+from genesis_jax.algos.dqn import DQNConfig
+from genesis_jax.algos.dqn import minatar as dqn_minatar
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
@@ -66,11 +68,9 @@ def workloads(quick: bool) -> list[Workload]:
                 {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256},
             ),
         ]
-    minatar_dqn = {  # genesis_jax.algos.dqn.minatar's settings
-        **{"env": "Breakout-MinAtar", "network": "cnn", "num_envs": 4, "buffer_size": 100_000, "batch_size": 32},
-        **{"lr": 1e-4, "train_frequency": 4, "learning_starts": 20_000, "target_update_interval": 1_000},
-        **{"epsilon_end": 0.01, "row_steps": 20_000, "huber_delta": 1.0},
-    }
+    # DQN's MinAtar settings: the fields genesis_jax.algos.dqn.minatar sets apart from DQN's defaults.
+    defaults, minatar = dataclasses.asdict(DQNConfig()), dataclasses.asdict(dqn_minatar("Breakout-MinAtar"))
+    minatar_dqn = {k: v for k, v in minatar.items() if v != defaults[k]}
     big_ppo = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
     return [
         Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),

@@ -24,8 +24,8 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields
 from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.amp import TrainState
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step, observation_dtype
-from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.gymnasium_env import observation_dtype
+from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import default_network
@@ -94,15 +94,12 @@ class DQN(Algorithm):
         self.replay = make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
-        self.host_env = None if spec.backend == "gymnax" else GymnasiumVecEnv(c.env, c.num_envs)
-        self.env = GymnaxVecEnv(c.env, c.num_envs) if self.host_env is None else None
-        self.step_env = self.env.step if self.host_env is None else io_callback_step(self.host_env)
-        self.reset_env = self.env.reset if self.host_env is None else lambda _: (self.host_env.reset(seed=c.seed), ())
+        self.env = in_loop_env(spec, c.num_envs, c.seed)
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)
         params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
-        obs, env_state = self.reset_env(env_key)  # host environments restart from the seed
+        obs, env_state = self.env.reset(env_key)  # host environments restart from the seed
         return DQNState(
             train_state=self.config.create_train_state(params, optax.adam(self.config.lr)),
             target_params=jax.tree.map(jnp.copy, params),
@@ -123,7 +120,7 @@ class DQN(Algorithm):
         greedy = jnp.argmax(self.net.apply(s.train_state.params, s.obs), -1)
         explore = jax.random.uniform(explore_key, (n,)) < epsilon_at(self.config, s.steps)
         action = jnp.where(explore, jax.random.randint(random_key, (n,), 0, self.spec.action_dim), greedy)
-        step = self.step_env(jax.random.split(env_key, n), s.env_state, action)
+        step = self.env.step(jax.random.split(env_key, n), s.env_state, action)
         obs, env_state, reward, terminated, truncated, final_obs = step
         transition = dict(obs=s.obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
         done, returns = terminated | truncated, s.episode_return + reward
@@ -226,7 +223,7 @@ class DQN(Algorithm):
         }
 
     def close(self) -> None:
-        getattr(self.host_env, "close", lambda: None)()
+        self.env.close()
 
     def postfix(self, row: dict) -> dict:
         self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return

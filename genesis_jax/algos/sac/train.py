@@ -19,8 +19,7 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, share_scale, shared_scale_step, update_shared_scale
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step
-from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.torsos import ResidualMLP
@@ -90,17 +89,14 @@ class SAC(Algorithm):
         self.replay = make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
         needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
-        self.host_env = None if spec.backend == "gymnax" else GymnasiumVecEnv(c.env, c.num_envs, c.vectorization)
-        self.env = GymnaxVecEnv(c.env, c.num_envs) if self.host_env is None else None
-        self.env_step = self.env.step if self.host_env is None else io_callback_step(self.host_env)
-        self.env_reset = self.env.reset if self.host_env is None else lambda _: (self.host_env.reset(seed=c.seed), ())
+        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization)
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec
         k_critic, k_actor, k_env, rng = jax.random.split(key, 4)
         obs, act = jnp.zeros((1, *spec.obs_shape)), jnp.zeros((1, spec.action_dim))
         critic_params = self.critic.init(k_critic, obs, act)
-        env_obs, env_state = self.env_reset(k_env)  # host environments restart from the seed
+        env_obs, env_state = self.env.reset(k_env)  # host environments restart from the seed
         critic = c.create_train_state(critic_params, optax.adam(c.critic_lr))
         actor = c.create_train_state(self.actor.init(k_actor, obs), optax.adam(c.actor_lr))
         alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), optax.adam(c.alpha_lr))
@@ -154,7 +150,7 @@ class SAC(Algorithm):
         action, _ = self.policy(state.actor.params, state.obs, jax.random.normal(k_act, shape))
         uniform = jax.random.uniform(k_act, shape, minval=self.low, maxval=self.high)
         action = jnp.where(state.iteration * c.num_envs < c.learning_starts, uniform, action)
-        step = self.env_step(jax.random.split(k_env, c.num_envs), state.env_state, action)
+        step = self.env.step(jax.random.split(k_env, c.num_envs), state.env_state, action)
         obs, env_state, reward, terminated, truncated, final_obs = step
         done, returns = terminated | truncated, state.episode_return + reward
         buffer = self.replay.add(state.buffer, Transition(state.obs, action, reward, final_obs, terminated))
@@ -180,7 +176,7 @@ class SAC(Algorithm):
         }
 
     def close(self) -> None:
-        getattr(self.host_env, "close", lambda: None)()
+        self.env.close()
 
     def rows(self, metrics: dict, done: int) -> list[dict]:
         m = {k: np.asarray(v, np.float64).reshape(self.num_seeds, -1) for k, v in metrics.items()}

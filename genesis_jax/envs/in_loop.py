@@ -1,0 +1,36 @@
+"""Vectorised environments stepped from inside a compiled loop, whatever backend holds them:
+gymnax environments inside the program, gymnasium ones on the host through `io_callback`
+(their state lives on the host, so it is not checkpointed: they restart from the seed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step
+from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.spec import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class InLoopEnv:
+    """`step(keys, env_state, action) -> (obs, env_state, reward, terminated, truncated,
+    final_obs)` and `reset(key) -> (obs, env_state)`, both callable under jit; `host` is the
+    gymnasium environments where they run on the host (None on gymnax)."""
+
+    step: Callable
+    reset: Callable
+    host: GymnasiumVecEnv | None = None
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()
+
+
+def in_loop_env(spec: EnvSpec, num_envs: int, seed: int, vectorization: str = "sync") -> InLoopEnv:
+    """`num_envs` copies of `spec`'s environment for a compiled loop; host ones reset from `seed`."""
+    if spec.backend == "gymnax":
+        env = GymnaxVecEnv(spec.env_id, num_envs)
+        return InLoopEnv(env.step, env.reset)
+    host = GymnasiumVecEnv(spec.env_id, num_envs, vectorization)
+    return InLoopEnv(io_callback_step(host), lambda _key: (host.reset(seed=seed), ()), host)
