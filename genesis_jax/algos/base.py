@@ -152,6 +152,8 @@ class Algorithm:
     unit_size: int = 1
     progress_unit: str = "update"
     data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
+    host_init: bool = False  # `init` resets environments on the host: run it eagerly, not compiled
+    init_compile_seconds: float = 0.0
 
     def __init__(self, config, grad_transform: Callable | None = None):
         self.config = config
@@ -250,15 +252,22 @@ class Algorithm:
         return lambda state: compiled(state, self.data)
 
     def initial_state(self):
-        # Run eagerly, not under one jit: a jitted init (an fp16-full PPO's orthogonal
-        # initializers, QR under vmap) deadlocked XLA's CPU runtime (jax 0.10.2).
-        init = jax.vmap(self.init) if self.num_seeds > 1 else self.init
+        """The initial state, from one compiled program (a Flax init run eagerly compiles
+        dozens of small ops one by one: seconds). Seeds go through `lax.map`, not `vmap`: a
+        vmapped init (an fp16-full PPO's orthogonal initializers, batched QR) deadlocked XLA's
+        CPU runtime (jax 0.10.2). An init that resets host environments runs eagerly."""
+        keys = self.seed_keys()
+        init = self.init if self.num_seeds == 1 else (lambda keys: jax.lax.map(self.init, keys))
         mesh = self.config.mesh()
         if mesh is not None:
-            shardings = self.shardings(jax.eval_shape(init, self.seed_keys()), mesh)
-            init = jax.jit(init, out_shardings=shardings)
             self.data = jax.device_put(self.data, replicated(mesh)) if self.data is not None else None
-        return init(self.seed_keys())
+        if self.host_init:  # host environments refuse devices > 1: there is no mesh
+            return init(keys)
+        shardings = None if mesh is None else self.shardings(jax.eval_shape(init, keys), mesh)
+        start = time.perf_counter()
+        compiled = jax.jit(init, out_shardings=shardings).lower(keys).compile()
+        self.init_compile_seconds = time.perf_counter() - start
+        return compiled(keys)
 
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
         """The fields every algorithm's summary has: precision, speed, memory, overflow counts."""
@@ -361,7 +370,7 @@ class Algorithm:
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
             call = self.compile_chunk(state, per_chunk) if session.position < session.total else None
-            compile_seconds = time.perf_counter() - start
+            compile_seconds = self.init_compile_seconds + time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
             state = session.run(state, call, to_rows, per_chunk)
             if session.stopped and not session.timing.positions_run:

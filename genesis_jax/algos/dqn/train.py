@@ -95,6 +95,7 @@ class DQN(Algorithm):
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
         self.env = in_loop_env(spec, c.num_envs, c.seed)
+        self.host_init = self.env.host is not None  # init resets them
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)

@@ -66,6 +66,7 @@ class PPO(Algorithm):
             from genesis_jax.algos.ppo.host_loop import make_host_ppo
 
             self.init, self.host_chunk, self.warmup, self.host_env = make_host_ppo(config, self.train_step)
+            self.host_init = True  # init resets the host environments
 
     def update(self, runner, data):
         return self.one_update(runner)

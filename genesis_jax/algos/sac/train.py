@@ -90,6 +90,7 @@ class SAC(Algorithm):
         needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization)
+        self.host_init = self.env.host is not None  # init resets them
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec
