@@ -8,6 +8,9 @@ testpaths, and two directories without __init__.py (notebooks/, docs/) would bot
 module name `conftest`, which pytest refuses."""
 
 import os
+import shutil
+import sys
+import tempfile
 
 import pytest
 
@@ -16,6 +19,30 @@ import pytest
 os.environ.setdefault("GENESIS_NOTEBOOK_SMOKE", "1")
 
 LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
+
+
+def pytest_configure(config):
+    """One JAX persistent compilation cache for the whole run, shared by the xdist workers
+    (they inherit the environment) and the CLI subprocesses the tests start: a program compiled
+    once (a resumed run's chunk, a killed run's restart, the same tiny config in two files) is
+    loaded after that, not compiled again. A fresh directory each run, removed at the end:
+    nothing compiled by an earlier run is reused. JAX_COMPILATION_CACHE_DIR already set: that one."""
+    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return  # an xdist worker (it inherited the controller's), or the caller chose one
+    cache = tempfile.mkdtemp(prefix="genesis-jax-test-cache-")
+    config._jax_test_cache = cache
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tests' programs compile fast
+    if "jax" in sys.modules:  # imported already (a conftest of the arguments): too late for the variables
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_jax_test_cache", None):
+        shutil.rmtree(config._jax_test_cache, ignore_errors=True)
 
 
 def pytest_addoption(parser):

@@ -11,11 +11,16 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def cpu_env(*, host_devices: int | None = None, drop_xla_flags: bool = False, **extra: str) -> dict[str, str]:
+def cpu_env(
+    *, host_devices: int | None = None, drop_xla_flags: bool = False, compile_cache: bool = True, **extra: str
+) -> dict[str, str]:
     """This process's environment with JAX on CPU. `host_devices` splits the CPU into that many
     XLA devices (XLA_FLAGS, read when JAX starts); `drop_xla_flags` clears an inherited XLA_FLAGS
-    (for `genesis-jax launch`, which sets its own per process); `extra` is added last."""
+    (for `genesis-jax launch`, which sets its own per process); `compile_cache=False` leaves out
+    the test run's shared compilation cache (a process whose every write may fail); `extra` is added last."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if not compile_cache:
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if drop_xla_flags:
         env.pop("XLA_FLAGS", None)
     if host_devices is not None:
