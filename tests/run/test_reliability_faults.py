@@ -199,6 +199,12 @@ def snapshot(path: pathlib.Path) -> dict:
     }
 
 
+def tiny_world_model_argv(out, epochs: int) -> list[str]:
+    """`genesis-jax train world-model` on 64 sequences, 16 wide, into `out`."""
+    sizes = ["--epochs", str(epochs), "--num-sequences", "64", "--batch-size", "256", "--width", "16"]
+    return ["train", "world-model", *sizes, "--out", str(out), "--no-progress"]
+
+
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
@@ -218,26 +224,7 @@ def small_runs(tmp_path_factory):
         )
         == 0
     )
-    assert (
-        main(
-            [
-                "train",
-                "world-model",
-                "--epochs",
-                "1",
-                "--num-sequences",
-                "64",
-                "--batch-size",
-                "256",
-                "--width",
-                "16",
-                "--out",
-                str(root / "wm"),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert main(tiny_world_model_argv(root / "wm", epochs=1)) == 0
     return root
 
 
@@ -297,23 +284,7 @@ def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
         ([], "holds another run"),
     ):
         resume = [] if words == "holds another run" else ["--resume"]
-        argv = [
-            "train",
-            "world-model",
-            "--epochs",
-            "2",
-            "--num-sequences",
-            "64",
-            "--batch-size",
-            "256",
-            "--width",
-            "16",
-            "--out",
-            str(run),
-            "--no-progress",
-            *resume,
-        ]
-        assert main(argv + extra) == 2
+        assert main(tiny_world_model_argv(run, epochs=2) + resume + extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
     assert snapshot(run) == before
