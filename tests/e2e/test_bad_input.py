@@ -7,8 +7,6 @@ cannot write or of a size that does not fit, and a session state no checkpoint c
 from __future__ import annotations
 
 import math
-import os
-import pathlib
 import re
 import sys
 import warnings
@@ -24,6 +22,7 @@ from genesis_jax.amp.policy import get_precision
 from genesis_jax.cli import main, parse_train_args, train_config
 from genesis_jax.envs import registry
 from genesis_jax.run.session import Session
+from tests.support.files import unwritable_path
 
 
 def one_line(capsys) -> str:
@@ -241,14 +240,7 @@ def test_collect_to_a_missing_directory_fails_at_once(tmp_path, capsys, no_colle
 
 
 def test_collect_to_an_unwritable_directory_is_a_system_failure_at_once(tmp_path, capsys, no_collecting):
-    # Root ignores permission bits, so as root take a directory no one may write: sysfs.
-    if os.geteuid() == 0:
-        out = pathlib.Path("/sys/genesis-jax-test.npz")
-    else:
-        parent = tmp_path / "read-only"
-        parent.mkdir()
-        parent.chmod(0o555)
-        out = parent / "data.npz"
+    out = unwritable_path(tmp_path, "data.npz")
     assert main(["collect", "--env", "CartPole-v1", "--out", str(out)]) == 4
     line = one_line(capsys)
     assert line.startswith("genesis-jax: system failure: cannot write to") and str(out) in line

@@ -5,8 +5,6 @@ bytes. Killed runs and two processes on one directory are in test_integrity_proc
 
 import json
 import math
-import os
-import pathlib
 import time
 
 import numpy as np
@@ -16,7 +14,7 @@ from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.cli import main
 from genesis_jax.run import run_dir as runs
 from genesis_jax.run.checkpoint import CheckpointStore
-from tests.support.files import one_line_error, snapshot
+from tests.support.files import one_line_error, snapshot, unwritable_path
 from tests.support.small_run import SMALL, copy_of, metric_updates, train_small_run
 
 
@@ -252,14 +250,7 @@ def test_divergence_advice_fits_the_precision(tmp_path, capsys, precision, scale
 
 
 def test_an_unwritable_output_directory_is_a_system_failure_in_one_line(tmp_path, capsys):
-    # Root ignores permission bits, so as root take a directory no one may create: sysfs refuses it.
-    if os.geteuid() == 0:
-        out = pathlib.Path("/sys/genesis-jax-test-run")
-    else:
-        parent = tmp_path / "read-only"
-        parent.mkdir()
-        parent.chmod(0o555)
-        out = parent / "run"
+    out = unwritable_path(tmp_path, "run")
     assert main(SMALL + ["--out", str(out)]) == 4
     line = one_line_error(capsys)
     assert line.startswith("genesis-jax: system failure") and str(out) in line

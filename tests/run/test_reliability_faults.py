@@ -118,22 +118,22 @@ def test_clean_steps_reset_the_streak():
     assert int(state.skip_streak) == streak
 
 
+def tiny_ppo_argv(out, total_steps: int) -> list[str]:
+    """`genesis-jax train ppo` in fp16 for `total_steps` into `out`."""
+    sizes = ["--precision", "fp16", "--total-steps", str(total_steps)]
+    return ["train", "ppo", *sizes, "--out", str(out), "--no-progress"]
+
+
+def tiny_world_model_argv(out, epochs: int) -> list[str]:
+    """`genesis-jax train world-model` on 64 sequences, 16 wide, into `out`."""
+    sizes = ["--epochs", str(epochs), "--num-sequences", "64", "--batch-size", "256", "--width", "16"]
+    return ["train", "world-model", *sizes, "--out", str(out), "--no-progress"]
+
+
 @pytest.mark.slow  # a PPO run through the CLI: 16 s
 def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "ppo",
-        "--precision",
-        "fp16",
-        "--total-steps",
-        "51200",
-        "--inject-nonfinite",
-        "0.3",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    argv = tiny_ppo_argv(out, 51200) + ["--inject-nonfinite", "0.3"]
     assert main(argv) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "diverged" in err[0] and "--min-loss-scale" in err[0] and "growth-interval" in err[0]
@@ -199,31 +199,10 @@ def snapshot(path: pathlib.Path) -> dict:
     }
 
 
-def tiny_world_model_argv(out, epochs: int) -> list[str]:
-    """`genesis-jax train world-model` on 64 sequences, 16 wide, into `out`."""
-    sizes = ["--epochs", str(epochs), "--num-sequences", "64", "--batch-size", "256", "--width", "16"]
-    return ["train", "world-model", *sizes, "--out", str(out), "--no-progress"]
-
-
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    assert (
-        main(
-            [
-                "train",
-                "ppo",
-                "--precision",
-                "fp16",
-                "--total-steps",
-                "2048",
-                "--out",
-                str(root / "ppo"),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert main(tiny_ppo_argv(root / "ppo", 2048)) == 0
     assert main(tiny_world_model_argv(root / "wm", epochs=1)) == 0
     return root
 
@@ -256,18 +235,7 @@ def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
 def test_bad_resume_or_settings_leave_the_run_untouched(small_runs, tmp_path, capsys, case, extra, words):
     run = corrupt_copy(small_runs / "ppo", tmp_path / "bad") if case == "corrupt" else small_runs / case
     before = snapshot(run)
-    argv = [
-        "train",
-        "ppo",
-        "--precision",
-        "fp16",
-        "--total-steps",
-        "4096",
-        "--out",
-        str(run),
-        "--resume",
-        "--no-progress",
-    ]
+    argv = tiny_ppo_argv(run, 4096) + ["--resume"]
     assert main(argv + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
