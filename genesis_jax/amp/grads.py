@@ -28,9 +28,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import jmp
-import optax
 
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
+from genesis_jax.amp.optim import global_norm
 from genesis_jax.amp.policy import Precision, get_precision
 
 AxisName = str | tuple[str, ...] | None
@@ -184,10 +184,12 @@ def float32_loss(loss) -> jax.Array:
 def unscale(scaled_grads, loss_scale: LossScale):
     """(float32 unscaled gradients, their global norm, all finite) in one pass.
 
-    Every gradient is multiplied by 1/scale in float32, as `GradScaler.unscale_` does. An
-    inf or NaN anywhere makes the norm non-finite, so one scalar decides for all gradients
-    (finite gradients whose norm overflows float32, above ~1e19, count as non-finite too).
-    Clipping belongs to the optimizer: `skip_nonfinite(max_grad_norm=...)`.
+    Every gradient is multiplied by 1/scale in float32, as `GradScaler.unscale_` does (with
+    `NoOpLossScale`, fp32 and bf16, nothing is multiplied: the compiled step has no scale in
+    it). The decision is `global_norm`'s: an inf or NaN anywhere makes the norm non-finite,
+    so one scalar decides for all gradients, and finite gradients whose squares overflow
+    float32 still count as finite. Clipping belongs to the optimizer:
+    `skip_nonfinite(max_grad_norm=...)`, which reuses this norm.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -198,10 +200,9 @@ def unscale(scaled_grads, loss_scale: LossScale):
         (Array([3., 4.], dtype=float32), 5.0, True)
     """
     check_scaler(loss_scale)
-    inv_scale = jnp.reciprocal(loss_scale.loss_scale)
-    grads = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), scaled_grads)
-    norm = optax.tree.norm(grads) * inv_scale
-    return jax.tree.map(lambda g: g * inv_scale, grads), norm, jnp.isfinite(norm)
+    grads = loss_scale.unscale(scaled_grads)
+    norm, finite = global_norm(grads)
+    return grads, norm, finite
 
 
 def _split_micro_batches(args, num: int):

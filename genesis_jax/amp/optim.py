@@ -120,22 +120,69 @@ def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, para
         raise TypeError(f"the optimizer must be an optax GradientTransformation, got {inner!r}")
     if finite is None:
         raise TypeError("finite must be a scalar bool (such as value_and_grad's grads_finite), got None")
-    finite = _checked_decision("finite", finite)
+    return _step_if(inner, grads, inner_state, params, _checked_decision("finite", finite), **extra_args)
+
+
+def _step_if(inner, grads, inner_state, params, take, **extra_args):
+    """`step_if_finite` on checked arguments: one `lax.cond`, no select on the taken path."""
 
     def step():
         return inner.update(grads, inner_state, params, **extra_args)
 
-    updates_shape, _ = jax.eval_shape(step)
+    updates_shape, _ = jax.eval_shape(step)  # at trace time only
 
     def skip():
-        return jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), updates_shape), inner_state
+        return _negative_zeros(updates_shape), inner_state
 
-    return jax.lax.cond(finite, step, skip)
+    return jax.lax.cond(take, step, skip)
+
+
+def _negative_zeros(shapes):
+    return jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), shapes)
 
 
 def clip_coefficient(norm, max_norm):
-    """torch `clip_grad_norm_`'s factor: max_norm / (norm + 1e-6), at most 1."""
-    return jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    """torch `clip_grad_norm_`'s factor: max_norm / (norm + 1e-6), at most 1, in float32."""
+    return jnp.minimum(1.0, jnp.float32(max_norm) / (jnp.asarray(norm, jnp.float32) + 1e-6))
+
+
+def global_norm(tree) -> tuple[jax.Array, jax.Array]:
+    """(the float32 global norm of `tree`, whether every element is finite), in one pass.
+
+    Half-precision leaves are squared in float32. An inf or NaN anywhere makes the sum of
+    squares non-finite; so can finite values above ~1.8e19, whose squares overflow float32.
+    Only then a second pass (`lax.cond`: skipped at run time otherwise) tells the two apart
+    and takes the norm scaled by the largest magnitude, max|g| * sqrt(sum((g / max|g|)^2)),
+    so finite gradients are never taken for non-finite ones.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from genesis_jax.amp.optim import global_norm
+        >>> norm, finite = global_norm({"a": jnp.array([3e20, 4e20]), "b": jnp.zeros(2)})
+        >>> f"{float(norm):.6g}", bool(finite)   # the plain sum of squares overflows float32
+        ('5e+20', True)
+        >>> norm, finite = global_norm({"a": jnp.array([3.0, jnp.nan])})
+        >>> bool(finite)
+        False
+    """
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)) for leaf in leaves]
+    if not leaves:
+        return jnp.asarray(0.0, jnp.float32), jnp.asarray(True)
+    sum_of_squares = sum(jnp.sum(jnp.square(leaf)) for leaf in leaves)
+    norm = jnp.sqrt(sum_of_squares)
+
+    def fast():
+        return norm, jnp.asarray(True)
+
+    def scaled():
+        largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0) for leaf in leaves]))
+        finite = jnp.isfinite(largest)  # NaN propagates through max, inf is the max
+        divisor = jnp.where(finite & (largest > 0), largest, 1.0)
+        rescaled = largest * jnp.sqrt(sum(jnp.sum(jnp.square(leaf / divisor)) for leaf in leaves))
+        return jnp.where(finite, rescaled, jnp.asarray(jnp.nan, rescaled.dtype)), finite
+
+    return jax.lax.cond(jnp.isfinite(sum_of_squares), fast, scaled)
 
 
 def check_max_grad_norm(max_grad_norm) -> None:
@@ -154,12 +201,14 @@ def check_max_grad_norm(max_grad_norm) -> None:
         raise ValueError(f"max_grad_norm must be finite and > 0 (None: no clipping), got {max_grad_norm!r}")
 
 
-def _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard) -> None:
+def _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard, strict) -> None:
     if not isinstance(inner, optax.GradientTransformation):
         raise TypeError(f"the optimizer to wrap must be an optax GradientTransformation, got {inner!r}")
     check_max_grad_norm(max_grad_norm)
     if not isinstance(advance_schedule_on_skip, (bool, np.bool_)):
         raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
+    if not isinstance(strict, (bool, np.bool_)):
+        raise TypeError(f"strict must be True or False, got {strict!r}")
     if guard is not None and not isinstance(guard, DivergenceGuard):
         raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
 
@@ -178,6 +227,14 @@ def _checked_decision(name: str, value):
     if not _is_scalar_of(value, (jnp.bool_,)):
         raise TypeError(f"{name} must be a scalar bool (such as value_and_grad's grads_finite), got {value!r}")
     return jnp.asarray(value, bool)
+
+
+def _checked_norm(grad_norm):
+    if grad_norm is None:
+        return None
+    if not _is_scalar_of(grad_norm, (jnp.floating,)):
+        raise TypeError(f"grad_norm must be a scalar float (value_and_grad's global norm), got {grad_norm!r}")
+    return jnp.asarray(grad_norm, jnp.float32)
 
 
 def _checked_scale(loss_scale):
@@ -210,11 +267,10 @@ def _step_if_safe(inner, grads, inner_state, params, take, **extra_args):
         new_state = jax.tree.map(lambda n, o: jnp.where(safe, n, o), new_state, inner_state)
         return updates, new_state, safe
 
-    updates_shape, _, _ = jax.eval_shape(step)
+    updates_shape, _, _ = jax.eval_shape(step)  # at trace time only
 
     def skip():
-        updates = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), updates_shape)
-        return updates, inner_state, jnp.asarray(False)
+        return _negative_zeros(updates_shape), inner_state, jnp.asarray(False)
 
     return jax.lax.cond(take, step, skip)
 
@@ -225,18 +281,31 @@ def skip_nonfinite(
     max_grad_norm: float | None = None,
     advance_schedule_on_skip: bool = False,
     guard: DivergenceGuard | None = None,
+    strict: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps an optax optimizer so that a step whose gradients are not all finite changes
-    nothing: the params (its updates are -0.0) and the inner state stay bit-identical. So
-    does, and is counted as skipped, a step whose updates, new params (`params + updates`,
-    when `params` is given) or new inner state would hold a non-finite value where there was
-    none (Adam's second moment of a huge gradient overflowing, an fp16 parameter overflowing).
+    nothing, PyTorch `GradScaler`'s rule: the params (its updates are -0.0) and the inner
+    state stay bit-identical, and the step is counted as skipped.
 
-    `update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args)`:
-    `grads_finite` is the decision (from `value_and_grad`; pass it so every replica and
-    the scaler agree); without it the wrapper decides from the gradients' global norm.
-    Unlike `optax.apply_if_finite`, a non-finite update is never applied, however many
-    come in a row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
+    The decision comes from one scalar: the gradients' global norm, which clipping needs
+    anyway (an inf or NaN anywhere makes it non-finite; finite gradients whose squares
+    overflow float32 never count as non-finite, see `global_norm`). Under `jit` the skipped
+    branch does no optimizer work and the taken one pays no select (`lax.cond`).
+
+    `strict=True` adds the post-step checks, and with them a second promise: no non-finite
+    value is ever written to the params or the optimizer state. A step taken on finite
+    gradients whose updates, new params (`params + updates`, when `params` is given) or new
+    inner state would hold a non-finite value where there was none (an fp16 parameter or
+    Adam moment overflowing) is skipped and counted too. It costs extra passes over the
+    params, updates and state each step; `TrainState.create` turns it on where parameters
+    are stored in float16 (fp16-full), where such overflows happen.
+
+    `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
+    **extra_args)`: `grads_finite` is the decision (from `value_and_grad`; pass it so every
+    replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
+    (clipping reuses it); without them the wrapper computes both from `grads`. Unlike
+    `optax.apply_if_finite`, a non-finite update is never applied, however many come in a
+    row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
 
     Args:
         inner: the optax optimizer to run on finite steps.
@@ -252,6 +321,7 @@ def skip_nonfinite(
             passed to `update`, already adjusted) below its floor, or the skips in a row
             exceed its limit, the state halts: this and every later update is skipped and
             no longer counted, so params stay at the last good values.
+        strict: also skip (and count) a step whose result would hold a non-finite value.
 
     Returns:
         An optax `GradientTransformationExtraArgs` whose state is a `SkipNonFiniteState`.
@@ -268,8 +338,12 @@ def skip_nonfinite(
         >>> updates, state = tx.update(grads, state, params, grads_finite=jnp.array(False))
         >>> updates["w"], int(state.skipped), int(state.consecutive_skips)
         (Array([-0., -0.], dtype=float32), 1, 1)
+        >>> strict = amp.skip_nonfinite(optax.sgd(1e38), strict=True)   # finite grads, params overflow
+        >>> updates, state = strict.update({"w": jnp.full(2, -4.0)}, strict.init(params), params)
+        >>> updates["w"], int(state.skipped)
+        (Array([-0., -0.], dtype=float32), 1)
     """
-    _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard)
+    _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard, strict)
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
@@ -278,30 +352,35 @@ def skip_nonfinite(
             inner.init(params), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(False)
         )
 
-    def update(grads, state, params=None, *, grads_finite=None, loss_scale=None, **extra_args):
-        grads_finite, loss_scale = _checked_decision("grads_finite", grads_finite), _checked_scale(loss_scale)
-        norm = optax.tree.norm(grads) if grads_finite is None or max_grad_norm is not None else None
-        finite = jnp.isfinite(norm) if grads_finite is None else grads_finite
+    def update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None, **extra_args):
+        finite, norm = _checked_decision("grads_finite", grads_finite), _checked_norm(grad_norm)
+        loss_scale = _checked_scale(loss_scale)
+        if finite is None or (norm is None and max_grad_norm is not None):
+            computed_norm, computed_finite = global_norm(grads)
+            norm = computed_norm if norm is None else norm
+            finite = computed_finite if finite is None else finite
         if max_grad_norm is not None:
             # Where the norm is not finite the step is skipped; a finite factor keeps the
             # skipped branch's shapes and dtypes without a NaN.
             factor = jnp.where(finite, clip_coefficient(norm, max_grad_norm), 1.0)
             grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
         active = ~state.halted
-        updates, inner_state, applied = _step_if_safe(
-            inner, grads, state.inner_state, params, finite & active, **extra_args
-        )
-        skipped_now = active & ~applied  # non-finite gradients, or a step that would be non-finite
+        take = finite & active
+        if strict:
+            updates, inner_state, applied = _step_if_safe(inner, grads, state.inner_state, params, take, **extra_args)
+        else:
+            updates, inner_state = _step_if(inner, grads, state.inner_state, params, take, **extra_args)
+            applied = take
+        skipped_now = active & ~applied
         streak = jnp.where(applied, 0, state.consecutive_skips + 1).astype(jnp.int32)
         tripped = jnp.asarray(False)
         if guard is not None:  # only a skip can trip it
             tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
         if advance_schedule_on_skip:
             inner_state = jax.lax.cond(skipped_now, advance_schedules, lambda s: s, inner_state)
-        counted = skipped_now
         return updates, SkipNonFiniteState(
             inner_state,
-            state.skipped + counted.astype(jnp.int32),
+            state.skipped + skipped_now.astype(jnp.int32),
             jnp.where(active, streak, state.consecutive_skips).astype(jnp.int32),
             state.halted | tripped,
         )

@@ -41,7 +41,9 @@ from genesis_jax.amp.policy import Precision, get_precision
 LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
 
 
-def _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip) -> None:
+def _check_create_args(
+    tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip, strict
+) -> None:
     """`TrainState.create`'s arguments, each refused with a sentence naming it, before any array is made."""
     if not isinstance(tx, optax.GradientTransformation):
         raise TypeError(f"tx must be an optax GradientTransformation (such as optax.adam(1e-3)), got {tx!r}")
@@ -56,6 +58,8 @@ def _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard
         raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
     if not isinstance(advance_schedule_on_skip, bool):
         raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
+    if strict is not None and not isinstance(strict, bool):
+        raise TypeError(f"strict must be True, False or None, got {strict!r}")
 
 
 def _check_train_step_args(state, loss_fn, faults, grad_transform) -> None:
@@ -67,6 +71,11 @@ def _check_train_step_args(state, loss_fn, faults, grad_transform) -> None:
         raise TypeError(f"faults must be a FaultInjection or None, got {faults!r}")
     if grad_transform is not None and not callable(grad_transform):
         raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
+
+
+def stores_float16(params) -> bool:
+    """Whether any parameter is stored in float16 (fp16-full): where a step can overflow them."""
+    return any(jnp.asarray(leaf).dtype == jnp.float16 for leaf in jax.tree.leaves(params))
 
 
 def _keep_if(keep, new, old):
@@ -102,10 +111,11 @@ class TrainState(train_state.TrainState):
         max_grad_norm: float | None = None,
         guard: DivergenceGuard | None = None,
         advance_schedule_on_skip: bool = False,
+        strict: bool | None = None,
         **kwargs,
     ) -> "TrainState":
         """A new state; `tx` is wrapped in `skip_nonfinite(tx, max_grad_norm=..., guard=...,
-        advance_schedule_on_skip=...)` unless it already is one.
+        advance_schedule_on_skip=..., strict=...)` unless it already is one.
 
         Args:
             params: the parameters (cast to the precision's param dtype when one is given).
@@ -118,20 +128,27 @@ class TrainState(train_state.TrainState):
             guard: `skip_nonfinite`'s: a `DivergenceGuard` that halts the state (None: none).
             advance_schedule_on_skip: `skip_nonfinite`'s: whether a skipped step advances
                 learning-rate schedules.
+            strict: `skip_nonfinite`'s post-step checks (no non-finite value is ever written
+                to the params or optimizer state); None: on exactly where the parameters
+                are stored in float16 (fp16-full), off elsewhere.
             **kwargs: other fields, as in Flax.
         """
-        _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip)
+        _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip, strict)
         prec = get_precision(precision) if isinstance(precision, str) else precision
         if prec is not None:
             params = prec.policy.cast_to_param(params)
         if loss_scale is None:
             loss_scale = make_loss_scale(prec.loss_scaling) if prec is not None else NoOpLossScale()
         if is_skip_nonfinite(tx):
-            if max_grad_norm is not None or guard is not None or advance_schedule_on_skip:
+            if max_grad_norm is not None or guard is not None or advance_schedule_on_skip or strict is not None:
                 raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
         else:
             tx = skip_nonfinite(
-                tx, max_grad_norm=max_grad_norm, guard=guard, advance_schedule_on_skip=advance_schedule_on_skip
+                tx,
+                max_grad_norm=max_grad_norm,
+                guard=guard,
+                advance_schedule_on_skip=advance_schedule_on_skip,
+                strict=stores_float16(params) if strict is None else strict,
             )
         return cls(
             step=jnp.asarray(0, jnp.int32),
@@ -144,13 +161,16 @@ class TrainState(train_state.TrainState):
             **kwargs,
         )
 
-    def apply_gradients(self, *, grads, grads_finite=None, loss_scale: LossScale | None = None, **kwargs):
+    def apply_gradients(
+        self, *, grads, grads_finite=None, grad_norm=None, loss_scale: LossScale | None = None, **kwargs
+    ):
         """One optimizer step from unscaled gradients; a non-finite one changes nothing but
         the skip counts (and the scaler, which the caller adjusted).
 
         Args:
             grads: unscaled gradients (cast to the params' dtypes: float16 in fp16-full).
             grads_finite: the finite decision from `value_and_grad` (None: from the norm).
+            grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
             loss_scale: the scaler adjusted for this step (None: keep the current one). A
                 halted state keeps its scaler, whatever is passed.
             **kwargs: other fields to replace, as in Flax.
@@ -159,7 +179,12 @@ class TrainState(train_state.TrainState):
         new_scale = self.loss_scale if loss_scale is None else loss_scale
         was_halted = self.halted
         updates, opt_state = self.tx.update(
-            grads, self.opt_state, self.params, grads_finite=grads_finite, loss_scale=new_scale.loss_scale
+            grads,
+            self.opt_state,
+            self.params,
+            grads_finite=grads_finite,
+            grad_norm=grad_norm,
+            loss_scale=new_scale.loss_scale,
         )
         halted = skip_state(opt_state).halted
         return self.replace(
@@ -240,7 +265,7 @@ def train_step(
         loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
     )
     ((loss, aux), grads, finite, scaler), grad_norm = grad_fn.with_norm(state.loss_scale, state.params, batch)
-    new_state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=scaler)
+    new_state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, loss_scale=scaler)
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm.astype(jnp.float32),

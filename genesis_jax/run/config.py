@@ -188,6 +188,9 @@ class MixedPrecisionConfig:
     """A floor for the dynamic scale. None: no floor."""
     max_grad_norm: float | None = 1.0
     """Clip the unscaled gradients' global norm to this. None: no clipping."""
+    strict_finite_checks: bool | None = None
+    """Also skip a step whose new params or optimizer state would hold inf or NaN (extra
+    passes each step). None: on where params are stored in float16 (fp16-full), else off."""
     guard_min_scale: float | None = DEFAULT_GUARD_MIN_SCALE
     """Stop the run when a skip would bring the loss scale below this. None: no floor."""
     max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
@@ -252,4 +255,5 @@ class MixedPrecisionConfig:
             precision=self.train_precision(),
             max_grad_norm=self.max_grad_norm,
             guard=self.divergence_guard(),
+            strict=self.strict_finite_checks,
         )

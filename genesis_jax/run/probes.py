@@ -14,6 +14,21 @@ def device_name() -> str:
     return f"{device.platform}:{kind} x{jax.device_count()}"
 
 
+def machine_name() -> str:
+    """The accelerator (`device_name`) and the host's CPU model and core count, for benchmark
+    reports: the same CPU family can hide or show a per-step cost."""
+    import os
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{device_name()}; host CPU {model}, {os.cpu_count()} cores"
+
+
 def peak_device_bytes() -> int | None:
     """Peak memory of this process's first device so far, where the backend reports it (GPUs
     do, CPUs not)."""

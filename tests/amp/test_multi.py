@@ -189,12 +189,12 @@ def test_one_optimizer_under_the_shared_api_is_train_step():
 
 
 def test_the_given_scale_scales_the_loss_and_the_state_scaler_is_left_alone():
-    # The scaled gradients are scale * 1e16: their float32 norm (a sum of squares, which
-    # decides "finite") is finite at a scale of 2^8 and overflows at 2^16.
+    # The scaled gradients are scale * 1e34: finite float32 at a scale of 2^8 (2.6e36),
+    # inf at 2^16 (6.6e38 is above float32's largest, 3.4e38).
     def loss_fn(params, batch):
-        return 1e16 * jnp.sum(params["w"]), {}
+        return 1e34 * jnp.sum(params["w"]), {}
 
-    state = amp.TrainState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(1e-20), precision="fp16")
+    state = amp.TrainState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(1e-30), precision="fp16")
     own = jax.device_get(state.loss_scale)
     assert float(own.loss_scale) == 2.0**16
     stepped, metrics = amp.shared_scale_step(state, None, loss_fn, amp.DynamicLossScale(init_scale=2.0**8))

@@ -1,7 +1,9 @@
 """Property-based tests (hypothesis) of the amp pieces' promises, over generated optimizers,
 precisions, loss-scale settings and step sequences with chosen non-finite steps:
 
-- no non-finite value ever reaches the params;
+- default mode: exactly the steps with a non-finite gradient are skipped, finite gradients
+  too large to square in float32 included;
+- strict mode: no non-finite value ever reaches the params or the optimizer state;
 - a skipped step leaves the params and the optimizer state bit-identical;
 - the loss scale stays finite, positive and at or above its floor;
 - the skip count equals the number of non-finite steps, exactly.
@@ -76,9 +78,9 @@ def gradient_steps(draw, max_steps=6):
 
 
 @functools.lru_cache(maxsize=None)
-def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool):
+def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool, strict: bool = False):
     """(tx, a jitted step (params, opt_state, grads) -> (params, opt_state)) for one configuration."""
-    tx = amp.skip_nonfinite(OPTIMIZERS[optimizer](), max_grad_norm=max_grad_norm)
+    tx = amp.skip_nonfinite(OPTIMIZERS[optimizer](), max_grad_norm=max_grad_norm, strict=strict)
 
     @jax.jit
     def step(params, opt_state, grads):
@@ -91,9 +93,15 @@ def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool):
 
 @settings(max_examples=40, **PROFILE)
 @given(
-    # (optimizer, max_grad_norm, grads_finite passed or decided from the norm): one program each
+    # (optimizer, max_grad_norm, grads_finite passed or decided from the norm, strict): one program each
     config=st.sampled_from(
-        [("sgd", None, False), ("sgd_momentum", 0.5, True), ("adam", None, True), ("adam", 0.5, False)]
+        [
+            ("sgd", None, False, False),
+            ("sgd_momentum", 0.5, True, False),
+            ("adam", None, True, True),
+            ("adam", 0.5, False, False),
+            ("sgd", 0.5, False, True),
+        ]
     ),
     steps=gradient_steps(),
 )
@@ -238,9 +246,9 @@ def test_train_step_in_every_precision_keeps_its_promises(config, init_scale, gr
 
 
 @functools.lru_cache(maxsize=None)
-def injected_sgd_step():
+def injected_sgd_step(strict: bool):
     """sgd with its learning rate in the state (one program for every rate), params given."""
-    tx = amp.skip_nonfinite(optax.inject_hyperparams(optax.sgd)(learning_rate=1.0))
+    tx = amp.skip_nonfinite(optax.inject_hyperparams(optax.sgd)(learning_rate=1.0), strict=strict)
 
     @jax.jit
     def step(params, opt_state, grads):
@@ -257,11 +265,13 @@ def injected_sgd_step():
     signs=st.lists(st.sampled_from([-1.0, 1.0]), min_size=4, max_size=4),
     params=st.lists(st.sampled_from([-3e38, -1.0, 0.0, 1.0, 3e38]), min_size=4, max_size=4),
 )
-def test_a_finite_gradient_whose_step_would_overflow_the_params_is_skipped(lr_exponent, grad_exponents, signs, params):
-    """Finite gradients (their norm too), but lr * g or params - lr * g overflows float32:
-    the step is skipped and counted, as a non-finite gradient is. The exponents leave a wide
-    margin on both sides of float32's largest value, so the float64 reference decides."""
-    tx, step = injected_sgd_step()
+def test_strict_mode_skips_a_finite_gradient_whose_step_would_overflow_the_params(
+    lr_exponent, grad_exponents, signs, params
+):
+    """Strict mode. Finite gradients (their norm too), but lr * g or params - lr * g overflows
+    float32: the step is skipped and counted, as a non-finite gradient is. The exponents leave
+    a wide margin on both sides of float32's largest value, so the float64 reference decides."""
+    tx, step = injected_sgd_step(strict=True)
     p = {"w": jnp.asarray(params, jnp.float32)}
     grads = {"w": jnp.asarray([s * 10.0**e for s, e in zip(signs, grad_exponents)], jnp.float32)}
     opt_state = tx.init(p)
@@ -280,7 +290,7 @@ def test_a_finite_gradient_whose_step_would_overflow_the_params_is_skipped(lr_ex
 
 @functools.lru_cache(maxsize=None)
 def adam_with_decision_step():
-    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    tx = amp.skip_nonfinite(optax.adam(1e-3), strict=True)
 
     @jax.jit
     def step(params, opt_state, grads):
@@ -292,9 +302,9 @@ def adam_with_decision_step():
 
 @settings(max_examples=30, **PROFILE)
 @given(exponents=st.lists(st.one_of(st.integers(-30, 18), st.integers(20, 38)), min_size=4, max_size=4))
-def test_adam_never_takes_a_step_that_overflows_its_second_moment(exponents):
-    """Gradients declared finite, but a square above float32's largest (|g| >= 1e20) would
-    put inf into Adam's second moment for good: that step is skipped, its state kept."""
+def test_strict_adam_never_takes_a_step_that_overflows_its_second_moment(exponents):
+    """Strict mode. Gradients declared finite, but a square above float32's largest (|g| >=
+    1e20) would put inf into Adam's second moment for good: that step is skipped, its state kept."""
     tx, step = adam_with_decision_step()
     params = initial_params()
     grads = {"w": jnp.asarray([10.0**e for e in exponents], jnp.float32), "b": jnp.ones(2, jnp.float32)}
@@ -307,6 +317,36 @@ def test_adam_never_takes_a_step_that_overflows_its_second_moment(exponents):
     if overflows:
         assert_bit_identical(params, new_params)
         assert_bit_identical(opt_state.inner_state, new_state.inner_state)
+
+
+@settings(max_examples=40, **PROFILE)
+@given(
+    exponents=st.lists(st.integers(-40, 38), min_size=6, max_size=6),
+    signs=st.lists(st.sampled_from([-1.0, 1.0]), min_size=6, max_size=6),
+    poison=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.sampled_from(NONFINITE))),
+)
+def test_default_mode_skips_exactly_the_nonfinite_gradients_however_large_the_finite_ones(exponents, signs, poison):
+    """Default mode decides from the global norm alone: finite gradients up to float32's
+    largest (whose squares overflow the sum) are taken, clipped as the float64 reference
+    norm says; one inf or NaN anywhere is a skip. sgd's step may overflow the params here:
+    default mode does not look (that is strict mode's promise)."""
+    tx, step = injected_sgd_step(strict=False)
+    # A large clipping norm keeps the clip factor (max_norm / norm) a normal float32.
+    clipped = amp.skip_nonfinite(optax.sgd(1.0), max_grad_norm=1e30)
+    values = np.array([s * 10.0**e for s, e in zip(signs, exponents)], np.float32)
+    if poison is not None:
+        values[poison[0]] = poison[1]
+    p = {"w": jnp.zeros(4, jnp.float32), "b": jnp.zeros(2, jnp.float32)}
+    grads = {"w": jnp.asarray(values[:4]), "b": jnp.asarray(values[4:])}
+    _, new_state = step(p, tx.init(p), grads)
+    assert int(new_state.skipped) == int(poison is not None)
+    updates, clip_state = jax.jit(clipped.update)(grads, clipped.init(p), p)
+    assert int(clip_state.skipped) == int(poison is not None)
+    if poison is None:
+        reference = np.sqrt(np.sum(np.square(values.astype(np.float64))))
+        expected = -values.astype(np.float64) * min(1.0, 1e30 / (reference + 1e-6))
+        got = np.concatenate([np.asarray(updates["w"]), np.asarray(updates["b"])]).astype(np.float64)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-30)
 
 
 def float32_of(value):

@@ -133,6 +133,25 @@ def test_fp16_full_keeps_dtypes_through_steps():
 # --- TrainState.create and apply_gradients ---------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:fp16-full")
+@pytest.mark.parametrize(
+    ("precision", "strict", "skipped"),
+    [("fp16-full", None, 1), ("fp32", None, 0), ("fp16", None, 0), ("fp32", True, 1), ("fp16-full", False, 0)],
+)
+def test_strict_mode_is_on_by_default_exactly_where_params_are_float16(precision, strict, skipped):
+    """Finite gradients whose sgd step overflows the params (float16 above 65504, float32
+    above 3.4e38): strict mode skips and counts it, default mode takes it."""
+    lr = 1e5 if precision == "fp16-full" else 1e37
+    params = {"w": jnp.full(2, 60000.0)}
+    state = TrainState.create(params=params, tx=optax.sgd(lr), precision=precision, strict=strict)
+    grads = {"w": jnp.full(2, -100.0)}
+    new = jax.jit(lambda s: s.apply_gradients(grads=grads))(state)
+    assert int(new.skipped) == skipped
+    assert bool(np.all(np.isfinite(np.asarray(new.params["w"], np.float32)))) == bool(skipped)
+
+
+
+
 def test_create_wraps_a_plain_optimizer_in_skip_nonfinite():
     params = {"w": jnp.ones(3)}
     state = TrainState.create(params=params, tx=optax.adam(1e-3))
@@ -148,7 +167,8 @@ def test_create_wraps_a_plain_optimizer_in_skip_nonfinite():
 
 
 @pytest.mark.parametrize(
-    "option", [{"max_grad_norm": 1.0}, {"guard": amp.DivergenceGuard()}, {"advance_schedule_on_skip": True}]
+    "option",
+    [{"max_grad_norm": 1.0}, {"guard": amp.DivergenceGuard()}, {"advance_schedule_on_skip": True}, {"strict": False}],
 )
 def test_create_refuses_skip_options_for_an_already_wrapped_optimizer(option):
     with pytest.raises(ValueError, match="already wrapped in skip_nonfinite"):
