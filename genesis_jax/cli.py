@@ -57,6 +57,8 @@ class RunOptions:
     """Also write TensorBoard event files to OUT/tensorboard (pip install 'genesis-jax[tensorboard]')."""
     wandb: bool = False
     """Also log to a Weights & Biases run in OUT (pip install 'genesis-jax[wandb]'; WANDB_MODE=offline: no network)."""
+    quiet: bool = False
+    """Print no notices (such as the one that half precision is slow on a CPU)."""
 
     def train_kwargs(self) -> dict:
         writers = tuple(name for name in ("tensorboard", "wandb") if getattr(self, name))
@@ -336,9 +338,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cpu_precision_notice(precision, backend: str) -> str | None:
+    """One line for a half-precision run on a CPU backend, which has no float16 or bfloat16
+    arithmetic (it converts through float32): slower than fp32, not faster. None otherwise."""
+    import jax.numpy as jnp
+
+    compute = jnp.dtype(precision.compute_dtype)
+    if backend != "cpu" or compute not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return None
+    return (
+        f"note: {precision.name} computes in {compute.name}, which a CPU does not have: expect it slower "
+        "than fp32 here (it pays on a GPU); see docs/precision.md#when-each-is-a-bad-idea. --quiet hides this."
+    )
+
+
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     _, _, algorithm = _trainer(workload)
-    result = algorithm.train(train_config(workload, parts), **run.train_kwargs())
+    import jax
+
+    from genesis_jax.run.parallel import start_distributed
+
+    config = train_config(workload, parts)
+    start_distributed(config)  # before the backend is asked for (train() would do it next)
+    notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
+    if notice and not run.quiet and _primary():
+        print(notice, file=sys.stderr)
+    result = algorithm.train(config, **run.train_kwargs())
     if _primary():
         print(result.line)
         if run.out:

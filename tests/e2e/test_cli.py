@@ -196,3 +196,31 @@ def test_a_sigint_while_a_train_command_starts_up_stops_it_before_training(tmp_p
     assert len(err) == 1 and "SIGINT received before training began" in err[0]
     assert not (out / "metrics.jsonl").exists() and not (out / "summary.json").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the CLI's catcher is gone again
+
+
+@pytest.mark.parametrize(
+    ("precision", "backend", "says"),
+    [("fp16", "cpu", True), ("bf16", "cpu", True), ("fp32", "cpu", False), ("fp16", "gpu", False)],
+)
+def test_the_cpu_notice_is_for_half_precision_compute_on_a_cpu_only(precision, backend, says):
+    from genesis_jax.amp.policy import get_precision
+    from genesis_jax.cli import cpu_precision_notice
+
+    notice = cpu_precision_notice(get_precision(precision), backend)
+    assert (notice is not None) == says
+    if says:
+        assert notice.count("\n") == 0 and "docs/precision.md" in notice and precision in notice
+
+
+@pytest.mark.parametrize(("argv", "printed"), [([], 1), (["--quiet"], 0)])
+def test_train_prints_the_cpu_notice_once_unless_quiet(argv, printed, capsys, monkeypatch):
+    """The CLI's wiring on this CPU backend, the training itself replaced by a stand-in."""
+    from genesis_jax.algos import get_algorithm
+
+    ran = []
+    stand_in = lambda config, **kwargs: ran.append(config) or type("R", (), {"line": "trained"})()  # noqa: E731
+    monkeypatch.setattr(get_algorithm("ppo"), "train", stand_in)
+    assert main(["train", "ppo", "--precision", "fp16", "--no-progress", *argv]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("note: fp16 computes in float16") == printed
+    assert ran[0].precision == "fp16" and "trained" in captured.out
