@@ -191,7 +191,10 @@ class TrainState(train_state.TrainState):
             step=self.step + (~was_halted).astype(jnp.int32),
             params=optax.apply_updates(self.params, updates),
             opt_state=opt_state,
-            loss_scale=_keep_if(~halted, new_scale, self.loss_scale),
+            # A scaler that did not change (NoOpLossScale, StaticLossScale) needs no select.
+            loss_scale=self.loss_scale
+            if new_scale is self.loss_scale
+            else _keep_if(~halted, new_scale, self.loss_scale),
             **kwargs,
         )
 

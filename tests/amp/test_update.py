@@ -150,8 +150,6 @@ def test_strict_mode_is_on_by_default_exactly_where_params_are_float16(precision
     assert bool(np.all(np.isfinite(np.asarray(new.params["w"], np.float32)))) == bool(skipped)
 
 
-
-
 def test_create_wraps_a_plain_optimizer_in_skip_nonfinite():
     params = {"w": jnp.ones(3)}
     state = TrainState.create(params=params, tx=optax.adam(1e-3))
@@ -233,3 +231,20 @@ def test_create_finds_skip_nonfinite_inside_other_wrappers():
     for _ in range(5):
         state = state.apply_gradients(grads={"w": jnp.full(3, jnp.nan)})
     assert bool(state.halted) and int(state.skipped) == 3 and int(state.skip_streak) == 3
+
+
+@pytest.mark.parametrize(("precision", "scaled"), [("fp32", False), ("bf16", False), ("fp16", True)])
+def test_without_loss_scaling_the_step_never_reads_the_scale(precision, scaled):
+    """fp32 and bf16 pay for no loss scaling: in the traced step the scaler's value feeds no
+    operation (no scale multiply, no unscale, no scaler update, no select), it is passed
+    through to the new state; fp16's dynamic scale feeds all of those."""
+    state = TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision=precision, max_grad_norm=1.0)
+
+    def loss_fn(params, x):
+        return jnp.mean(jnp.square(x @ params["w"])), {}
+
+    closed = jax.make_jaxpr(functools.partial(train_step, loss_fn=loss_fn))(state, jnp.ones((4, 3)))
+    (position,) = [i for i, leaf in enumerate(jax.tree.leaves(state)) if leaf is state.loss_scale.loss_scale]
+    scale_var = closed.jaxpr.invars[position]
+    readers = [eqn.primitive.name for eqn in closed.jaxpr.eqns if any(v is scale_var for v in eqn.invars)]
+    assert bool(readers) == scaled, readers
