@@ -248,3 +248,14 @@ def test_without_loss_scaling_the_step_never_reads_the_scale(precision, scaled):
     scale_var = closed.jaxpr.invars[position]
     readers = [eqn.primitive.name for eqn in closed.jaxpr.eqns if any(v is scale_var for v in eqn.invars)]
     assert bool(readers) == scaled, readers
+
+
+@pytest.mark.filterwarnings("ignore:fp16-full")
+def test_fp16_full_takes_the_norm_in_float32_so_a_finite_step_is_never_lost():
+    """Float16 gradients whose sum of squares (1e6) overflows float16 (65504) but whose
+    every element is finite: the step is taken and clipped to the float32 norm, 1000."""
+    state = TrainState.create(params={"w": jnp.zeros(4)}, tx=optax.sgd(1.0), precision="fp16-full", max_grad_norm=1.0)
+    grads = {"w": jnp.full(4, 500.0, jnp.float16)}
+    new = jax.jit(lambda s: s.apply_gradients(grads=grads))(state)
+    assert int(new.skipped) == 0
+    np.testing.assert_allclose(np.asarray(new.params["w"], np.float32), np.full(4, -0.5), rtol=1e-3)
