@@ -39,20 +39,20 @@ from genesis_jax.amp import state as amp_state  # noqa: E402
 from genesis_jax.run import probes  # noqa: E402
 
 MODES = ("plain", "default", "strict")
-SMALL_PPO = {"num_envs": 16, "num_steps": 64, "num_minibatches": 4}
+SMALL_PPO = {"num_envs": 8, "num_steps": 32, "num_minibatches": 4}
 # name: (algorithm, settings, smoke settings). CPU-sized versions of the precision benchmark's
-# workloads (genesis_jax/bench.py): the same networks, budgets of seconds.
+# workloads (genesis_jax/bench.py): the same networks, budgets of seconds on 2 cores.
 WORKLOADS = {
     "ppo-mlp": ("ppo", {"total_steps": 262_144}, {"total_steps": 4096}),
     "ppo-resmlp-1024": (
         "ppo",
-        {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO, "total_steps": 32_768},
         {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO, "total_steps": 2048},
+        {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO, "total_steps": 512},
     ),
     "ppo-cnn-minatar": (
         "ppo",
-        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 32_768},
-        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 2048},
+        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 16_384},
+        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 1024},
     ),
     "dqn": ("dqn", {"total_steps": 100_000}, {"total_steps": 10_000, "learning_starts": 1000}),
     "sac": ("sac", {"total_steps": 4000, "learning_starts": 500}, {"total_steps": 600, "learning_starts": 400}),
