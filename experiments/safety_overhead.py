@@ -1,20 +1,24 @@
-"""The overhead ledger: what genesis-jax's safety costs each algorithm's training loop, in fp32.
+"""The overhead ledger: what genesis-jax's safety costs each algorithm's training step, in fp32.
 
-Per workload, three builds of the same training run, alternating round by round:
+Per workload, three builds of the same trainer:
 - `plain`: the trainer's step as a plain optax loop (`jax.value_and_grad`, the same gradient
   clipping, the optimizer, `optax.apply_updates`): no loss scaler, no finite decision, no skip;
 - `default`: `amp.train_step` as the trainers ship it (skip non-finite gradients, decided from
   the global norm that clipping takes anyway);
 - `strict`: the same plus the post-step checks (`--strict-finite-checks True`).
 
-Each figure is the run's steps/s with compilation excluded (the trainer's own summary: the
-compiled chunks, environment steps included), the median of `--repeats` runs; the cost is
-plain's steps/s over the mode's, minus one. The plain build swaps the step in by patching
-the two places the trainers call `amp.train_step` from (the template and `shared_scale_step`)
-and the optimizer wrapper `TrainState.create` applies; nothing else in the run changes.
+Each build compiles the trainer's own chunk (`Algorithm.compile_chunk`: `--positions` of its
+progress positions, PPO's updates with their rollouts, DQN's and SAC's rows, the world
+model's epochs) and the chunk is timed call by call, the three builds interleaved call by
+call, so that a machine whose speed drifts (a shared CPU does, by tens of percent over
+minutes) slows all three alike; each figure is the median of `--calls` timed calls after
+`--warmup` untimed ones (which also fill the replay buffers past learning-starts). The cost
+is the mode's median time over plain's, minus one. The plain build swaps the step in by
+patching the two places the trainers call `amp.train_step` from (the template and
+`shared_scale_step`) and the optimizer wrapper `TrainState.create` applies, while it traces.
 
-    python experiments/safety_overhead.py --repeats 3 --out benchmarks/safety-overhead-cpu.md
-    python experiments/safety_overhead.py --smoke            # every workload, tiny budgets
+    python experiments/safety_overhead.py --out benchmarks/safety-overhead-cpu.md
+    python experiments/safety_overhead.py --smoke            # every workload, a few calls
 """
 
 from __future__ import annotations
@@ -40,27 +44,15 @@ from genesis_jax.run import probes  # noqa: E402
 
 MODES = ("plain", "default", "strict")
 SMALL_PPO = {"num_envs": 8, "num_steps": 32, "num_minibatches": 4}
-# name: (algorithm, settings, smoke settings). CPU-sized versions of the precision benchmark's
-# workloads (genesis_jax/bench.py): the same networks, budgets of seconds on 2 cores.
+# name: (algorithm, settings, positions per timed call). CPU-sized versions of the precision
+# benchmark's workloads (genesis_jax/bench.py): the same networks, calls of 0.05-2 s on 2 cores.
 WORKLOADS = {
-    "ppo-mlp": ("ppo", {"total_steps": 262_144}, {"total_steps": 4096}),
-    "ppo-resmlp-1024": (
-        "ppo",
-        {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO, "total_steps": 2048},
-        {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO, "total_steps": 512},
-    ),
-    "ppo-cnn-minatar": (
-        "ppo",
-        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 16_384},
-        {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO, "total_steps": 1024},
-    ),
-    "dqn": ("dqn", {"total_steps": 100_000}, {"total_steps": 10_000, "learning_starts": 1000}),
-    "sac": ("sac", {"total_steps": 4000, "learning_starts": 500}, {"total_steps": 600, "learning_starts": 400}),
-    "world-model": (
-        "world-model",
-        {"width": 128, "depth": 2, "batch_size": 512, "epochs": 6, "num_sequences": 1024},
-        {"width": 64, "depth": 2, "batch_size": 256, "epochs": 1, "num_sequences": 256},
-    ),
+    "ppo-mlp": ("ppo", {}, 16),
+    "ppo-resmlp-1024": ("ppo", {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO}, 1),
+    "ppo-cnn-minatar": ("ppo", {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO}, 4),
+    "dqn": ("dqn", {"learning_starts": 1000, "row_steps": 1000}, 2),
+    "sac": ("sac", {"learning_starts": 256, "steps_per_row": 50}, 2),
+    "world-model": ("world-model", {"width": 128, "depth": 2, "batch_size": 512, "num_sequences": 1024}, 1),
 }
 
 
@@ -115,68 +107,80 @@ def plain_steps():
         base.train_step, multi.train_step, amp_state.skip_nonfinite = saved
 
 
-def run_once(kind: str, settings: dict, mode: str, seed: int) -> float:
-    """steps/s of one fp32 run, compilation excluded."""
+def compiled_chunk(kind: str, settings: dict, mode: str, positions: int):
+    """(the first state, a compiled `state -> (state, metrics)` of `positions` positions)."""
     algorithm = get_algorithm(kind)
-    config = algorithm.config_class(precision="fp32", seed=seed, strict_finite_checks=(mode == "strict"), **settings)
+    config = algorithm.config_class(precision="fp32", strict_finite_checks=(mode == "strict"), **settings)
     with plain_steps() if mode == "plain" else contextlib.nullcontext():
-        result = algorithm.train(config, progress=False)
-    return result.summary["steps_per_second"]
+        algo = algorithm(config)
+        state = algo.initial_state()
+        return state, algo.compile_chunk(state, positions)
 
 
-def measure(names: list[str], repeats: int, smoke: bool) -> dict:
-    speeds = {name: {mode: [] for mode in MODES} for name in names}
-    for round_number in range(repeats):
-        for name in names:
-            kind, settings, smoke_settings = WORKLOADS[name]
-            order = MODES if round_number % 2 == 0 else MODES[::-1]  # drift hits every mode alike
+def measure(names: list[str], calls: int, warmup: int) -> dict:
+    """{workload: {mode: [seconds of each timed call]}}."""
+    seconds = {}
+    for name in names:
+        kind, settings, positions = WORKLOADS[name]
+        built = {mode: compiled_chunk(kind, settings, mode, positions) for mode in MODES}
+        states = {mode: state for mode, (state, _) in built.items()}
+        seconds[name] = {mode: [] for mode in MODES}
+        for number in range(warmup + calls):
+            order = MODES if number % 2 == 0 else MODES[::-1]
             for mode in order:
-                sps = run_once(kind, smoke_settings if smoke else settings, mode, seed=round_number)
-                speeds[name][mode].append(sps)
-                print(f"round {round_number}: {name} {mode} {sps:,.0f} steps/s", file=sys.stderr, flush=True)
-    return speeds
+                start = time.perf_counter()
+                states[mode], metrics = built[mode][1](states[mode])
+                jax.block_until_ready(metrics)
+                if number >= warmup:
+                    seconds[name][mode].append(time.perf_counter() - start)
+        med = {mode: statistics.median(v) for mode, v in seconds[name].items()}
+        print(f"{name}: " + ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in med.items()), file=sys.stderr, flush=True)
+    return seconds
 
 
-def report(speeds: dict, repeats: int, command: str) -> list[str]:
+def report(seconds: dict, calls: int, command: str) -> list[str]:
     lines = [
-        f"Overhead ledger, fp32, median of {repeats} alternating rounds; machine: {probes.machine_name()}; "
-        f"{probes.versions_line()}",
+        f"Overhead ledger, fp32, median of {calls} interleaved calls of each trainer's compiled chunk; "
+        f"machine: {probes.machine_name()}; {probes.versions_line()}",
         f"command: `{command}`",
         "",
-        "| workload | plain optax steps/s | amp default steps/s | amp strict steps/s | default cost | strict cost"
-        " | GPU column |",
+        "| workload (positions per call) | plain optax ms | amp default ms | amp strict ms | default cost "
+        "| strict cost | GPU |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, by_mode in speeds.items():
-        med = {mode: statistics.median(v) for mode, v in by_mode.items()}
-        cost = {mode: med["plain"] / med[mode] - 1 for mode in ("default", "strict")}
+    for name, by_mode in seconds.items():
+        med = {mode: statistics.median(v) * 1e3 for mode, v in by_mode.items()}
+        cost = {mode: med[mode] / med["plain"] - 1 for mode in ("default", "strict")}
         lines.append(
-            f"| {name} | {med['plain']:,.0f} | {med['default']:,.0f} | {med['strict']:,.0f} "
+            f"| {name} ({WORKLOADS[name][2]}) | {med['plain']:.2f} | {med['default']:.2f} | {med['strict']:.2f} "
             f"| {cost['default']:+.1%} | {cost['strict']:+.1%} | not run |"
         )
     lines += [
         "",
-        "Cost: plain steps/s / mode steps/s - 1 (positive: slower than plain optax). Steps/s are whole",
-        "training loops (compiled chunks, environment steps included), compilation excluded.",
+        "ms: one call of the compiled chunk (PPO: rollout and update; DQN and SAC: a row of environment",
+        "and gradient steps; world model: an epoch). Cost: mode ms / plain ms - 1 (positive: slower",
+        "than plain optax).",
     ]
     return lines
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--calls", type=int, default=15, help="timed calls per build (default 15)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, from: " + ", ".join(WORKLOADS))
-    p.add_argument("--smoke", action="store_true", help="tiny budgets: checks that every build runs")
+    p.add_argument("--smoke", action="store_true", help="2 calls after 3 warm-up ones: checks that every build runs")
     p.add_argument("--out", default=None, help="write the markdown report here too")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; accepted: {', '.join(WORKLOADS)}")
+    calls, warmup = (2, 3) if args.smoke else (args.calls, args.warmup)
     start = time.perf_counter()
-    speeds = measure(names, args.repeats, args.smoke)
+    seconds = measure(names, calls, warmup)
     command = "python experiments/safety_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = report(speeds, args.repeats, command.strip())
+    lines = report(seconds, calls, command.strip())
     lines.append(f"\nWall time of the whole ledger: {time.perf_counter() - start:.0f} s.")
     emit(lines, args.out)
     return 0
