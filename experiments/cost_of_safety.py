@@ -1,0 +1,197 @@
+"""The cost of safety: genesis-jax against PureJaxRL's own `ppo.py` and `dqn.py`, fp32 and fp16,
+side by side in one process, rounds alternating.
+
+Runs, all on CartPole-v1 with PureJaxRL's CartPole settings (`--steps` environment steps):
+- PureJaxRL's `ppo.py` (benchmarks/peers/purejaxrl_ppo.py), its whole run under one jit;
+- `genesis-jax train ppo --precision fp32` and `fp16`: the trainer the CLI runs, with its
+  metrics rows, progress chunks, the Session and 10 Orbax checkpoints on;
+- PureJaxRL's `ppo.py` converted to `genesis_jax.amp` (benchmarks/peers/purejaxrl_ppo_amp.py),
+  run in fp32 compute and in fp16: the library's cost in a user's own loop;
+- PureJaxRL's `dqn.py` and `genesis-jax train dqn --precision fp32` (the functions of
+  experiments/dqn_vs_purejaxrl.py).
+A round runs each once, in reversed order every other round; each figure is the median of
+`--repeats` rounds. Steps/s exclude compilation: PureJaxRL's runs (and the amp-converted
+file) are compiled once and timed around the call; genesis-jax's are end to end (the whole
+`train` call: set-up, chunks, rows, checkpoints, summary, plot) less its compile time.
+
+    python experiments/cost_of_safety.py --repeats 3 --out benchmarks/cost-of-safety-cpu.md
+    python experiments/cost_of_safety.py --smoke      # tiny budgets: every run, once
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dqn_vs_purejaxrl  # noqa: E402
+from _report import emit  # noqa: E402
+
+from genesis_jax.algos.ppo import PPOConfig, train  # noqa: E402
+from genesis_jax.run import probes  # noqa: E402
+
+PEERS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "peers")
+PPO_CONFIG = {  # ppo.py's own `__main__` settings, without its per-update debug printing
+    "LR": 2.5e-4,
+    "NUM_ENVS": 4,
+    "NUM_STEPS": 128,
+    "UPDATE_EPOCHS": 4,
+    "NUM_MINIBATCHES": 4,
+    "GAMMA": 0.99,
+    "GAE_LAMBDA": 0.95,
+    "CLIP_EPS": 0.2,
+    "ENT_COEF": 0.01,
+    "VF_COEF": 0.5,
+    "MAX_GRAD_NORM": 0.5,
+    "ACTIVATION": "tanh",
+    "ENV_NAME": "CartPole-v1",
+    "ANNEAL_LR": True,
+    "DEBUG": False,
+}
+PEER_PPO = "PureJaxRL ppo.py (fp32)"
+TARGETS = {  # run: (its reference, the ratio it must reach)
+    "genesis-jax train ppo --precision fp32": (PEER_PPO, 1.0),
+    "ppo.py with genesis_jax.amp, fp32 compute": (PEER_PPO, 0.97),
+    "genesis-jax train dqn --precision fp32": ("PureJaxRL dqn.py (fp32)", 0.97),
+}
+
+
+def load_peer(filename: str):
+    """A vendored PureJaxRL file as a module, `distrax` resolved to the shim beside it."""
+    shim = importlib.util.spec_from_file_location("distrax", os.path.join(PEERS, "distrax_shim.py"))
+    sys.modules.setdefault("distrax", importlib.util.module_from_spec(shim))
+    shim.loader.exec_module(sys.modules["distrax"])
+    spec = importlib.util.spec_from_file_location(filename[:-3], os.path.join(PEERS, filename))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compiled_peer_ppo(module, steps: int, precision: str | None = None):
+    """A `() -> steps/s` timing one call of the file's `make_train`, compiled once here."""
+    config = dict(PPO_CONFIG, TOTAL_TIMESTEPS=steps, **({"PRECISION": precision} if precision else {}))
+    rng = jax.random.PRNGKey(30)
+    compiled = jax.jit(module.make_train(config)).lower(rng).compile()
+
+    def run() -> dict:
+        start = time.perf_counter()
+        out = jax.block_until_ready(compiled(rng))
+        seconds = time.perf_counter() - start
+        returns = np.asarray(out["metrics"]["returned_episode_returns"])
+        return {"steps_per_second": steps / seconds, "final_return": float(returns[-1].mean())}
+
+    return run
+
+
+def genesis_ppo(steps: int, precision: str, seed: int) -> dict:
+    """`train ppo` as the CLI runs it (its defaults are PureJaxRL's CartPole settings)."""
+    config = PPOConfig(precision=precision, total_steps=steps, seed=seed)
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        result = train(config, out_dir=out, checkpoint_every=steps // 10, progress=False)
+        seconds = time.perf_counter() - start
+    summary = result.summary
+    return {
+        "steps_per_second": steps / (seconds - summary["compile_seconds"]),
+        "final_return": summary["final_return"],
+    }
+
+
+def check_defaults_match() -> None:
+    """genesis-jax's PPO defaults are ppo.py's settings: a drift would compare unlike runs."""
+    ours = dataclasses.asdict(PPOConfig())
+    pairs = {"lr": "LR", "num_envs": "NUM_ENVS", "num_steps": "NUM_STEPS", "update_epochs": "UPDATE_EPOCHS"}
+    pairs |= {"num_minibatches": "NUM_MINIBATCHES", "gamma": "GAMMA", "gae_lambda": "GAE_LAMBDA"}
+    pairs |= {"clip_eps": "CLIP_EPS", "ent_coef": "ENT_COEF", "vf_coef": "VF_COEF", "max_grad_norm": "MAX_GRAD_NORM"}
+    pairs |= {"activation": "ACTIVATION", "anneal_lr": "ANNEAL_LR"}
+    differ = {k: (ours[k], PPO_CONFIG[v]) for k, v in pairs.items() if ours[k] != PPO_CONFIG[v]}
+    if differ or ours["hidden"] != (64, 64):
+        raise SystemExit(f"genesis-jax's PPO defaults no longer match ppo.py's: {differ}")
+
+
+def make_runs(ppo_steps: int, dqn_steps: int) -> dict:
+    """{run name: (round number) -> {"steps_per_second", "final_return"}}, compiled where the run allows."""
+    ppo, ppo_amp, dqn = load_peer("purejaxrl_ppo.py"), load_peer("purejaxrl_ppo_amp.py"), dqn_vs_purejaxrl.load_peer()
+    peer_ppo = compiled_peer_ppo(ppo, ppo_steps)
+    amp_fp32 = compiled_peer_ppo(ppo_amp, ppo_steps, "fp32")
+    amp_fp16 = compiled_peer_ppo(ppo_amp, ppo_steps, "fp16")
+    return {
+        PEER_PPO: lambda r: peer_ppo(),
+        "genesis-jax train ppo --precision fp32": lambda r: genesis_ppo(ppo_steps, "fp32", r),
+        "genesis-jax train ppo --precision fp16": lambda r: genesis_ppo(ppo_steps, "fp16", r),
+        "ppo.py with genesis_jax.amp, fp32 compute": lambda r: amp_fp32(),
+        "ppo.py with genesis_jax.amp, fp16": lambda r: amp_fp16(),
+        "PureJaxRL dqn.py (fp32)": lambda r: dqn_vs_purejaxrl.run_peer(dqn, dqn_steps),
+        "genesis-jax train dqn --precision fp32": lambda r: dqn_vs_purejaxrl.run_ours(dqn_steps, double_q=False),
+    }
+
+
+def measure(runs: dict, repeats: int) -> dict:
+    results = {name: [] for name in runs}
+    for round_number in range(repeats):
+        names = list(runs) if round_number % 2 == 0 else list(runs)[::-1]
+        for name in names:
+            results[name].append(runs[name](round_number))
+            print(
+                f"round {round_number}: {name}: {results[name][-1]['steps_per_second']:,.0f} steps/s", file=sys.stderr
+            )
+    return results
+
+
+def report(results: dict, args, command: str) -> list[str]:
+    median = {name: statistics.median(r["steps_per_second"] for r in rs) for name, rs in results.items()}
+    reference = {name: PEER_PPO if "ppo" in name else "PureJaxRL dqn.py (fp32)" for name in results}
+    lines = [
+        "# The cost of safety: genesis-jax vs PureJaxRL's ppo.py and dqn.py, CartPole-v1",
+        "",
+        f"`{command}`; machine: {probes.machine_name()}; {probes.versions_line()}.",
+        f"PPO {args.ppo_steps:,} steps, DQN {args.dqn_steps:,} steps; median of {args.repeats} rounds, the runs",
+        "alternating within a round (reversed every other round); compilation excluded.",
+        "",
+        "| run | steps/s per round | median steps/s | vs PureJaxRL | target | final return |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, rs in results.items():
+        ratio = median[name] / median[reference[name]]
+        target = TARGETS.get(name)
+        verdict = f">= {target[1]:.2f}x: {'met' if ratio >= target[1] else 'not met'}" if target else ""
+        speeds = ", ".join(format(r["steps_per_second"], ",.0f") for r in rs)
+        returns = ", ".join(format(r["final_return"], ".1f") for r in rs)
+        lines.append(f"| {name} | {speeds} | {median[name]:,.0f} | {ratio:.2f}x | {verdict} | {returns} |")
+    lines += [
+        "",
+        "vs PureJaxRL: PPO runs against ppo.py, DQN runs against dqn.py. Final return: PureJaxRL's is its",
+        "LogWrapper's mean over the envs' last finished episodes; genesis-jax's the mean of the last",
+        "finished training episodes. fp16 runs slower than fp32 on a CPU (no float16 arithmetic there).",
+    ]
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ppo-steps", type=int, default=500_000)
+    p.add_argument("--dqn-steps", type=int, default=500_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="one round of 16,384 PPO and 20,000 DQN steps")
+    p.add_argument("--out", default=None, help="write the markdown report here too")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.ppo_steps, args.dqn_steps, args.repeats = 16_384, 20_000, 1
+    check_defaults_match()
+    results = measure(make_runs(args.ppo_steps, args.dqn_steps), args.repeats)
+    command = "python experiments/cost_of_safety.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    emit(report(results, args, command.strip()), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
