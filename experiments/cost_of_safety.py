@@ -3,19 +3,25 @@ side by side in one process, rounds alternating.
 
 Runs, all on CartPole-v1 with PureJaxRL's CartPole settings (`--steps` environment steps):
 - PureJaxRL's `ppo.py` (benchmarks/peers/purejaxrl_ppo.py), its whole run under one jit;
-- `genesis-jax train ppo --precision fp32` and `fp16`: the trainer the CLI runs, with its
-  metrics rows, progress chunks, the Session and 10 Orbax checkpoints on;
+- `genesis-jax train ppo --precision fp32` and `fp16`: the trainer the CLI runs with `--out`,
+  its defaults otherwise: metrics rows, progress chunks, the Session, an Orbax checkpoint at
+  the end;
 - PureJaxRL's `ppo.py` converted to `genesis_jax.amp` (benchmarks/peers/purejaxrl_ppo_amp.py),
   run in fp32 compute and in fp16: the library's cost in a user's own loop;
 - PureJaxRL's `dqn.py` and `genesis-jax train dqn --precision fp32` (the functions of
-  experiments/dqn_vs_purejaxrl.py).
+  experiments/dqn_vs_purejaxrl.py: 10 checkpoints in the run).
 A round runs each once, in reversed order every other round; each figure is the median of
 `--repeats` rounds. Steps/s exclude compilation: PureJaxRL's runs (and the amp-converted
-file) are compiled once and timed around the call; genesis-jax's are end to end (the whole
-`train` call: set-up, chunks, rows, checkpoints, summary, plot) less its compile time.
+file) are compiled once and timed around the call. genesis-jax's have two figures: its
+training loop (the steps/s the CLI reports: the compiled chunks with the host's rows and
+saves between them, the span PureJaxRL's one call is timed over), on which the targets are
+judged, and end to end (the whole `train` call: set-up, initial state, chunks, rows, the
+checkpoints, summary and plot) less its compile time.
 
-    python experiments/cost_of_safety.py --repeats 3 --out benchmarks/cost-of-safety-cpu.md
-    python experiments/cost_of_safety.py --smoke      # tiny budgets: every run, once
+The PureJaxRL files import distrax: pip install -e '.[bench]'.
+
+    python experiments/cost_of_safety.py --steps 500000 --repeats 3   # writes benchmarks/cost-of-safety-cpu.md
+    python experiments/cost_of_safety.py --smoke      # 20,480 steps, one round; no file unless --out
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ PPO_CONFIG = {  # ppo.py's own `__main__` settings, without its per-update debug
     "DEBUG": False,
 }
 PEER_PPO = "PureJaxRL ppo.py (fp32)"
+DEFAULT_OUT = os.path.join("benchmarks", "cost-of-safety-cpu.md")
 TARGETS = {  # run: (its reference, the ratio it must reach)
     "genesis-jax train ppo --precision fp32": (PEER_PPO, 1.0),
     "ppo.py with genesis_jax.amp, fp32 compute": (PEER_PPO, 0.97),
@@ -66,10 +73,9 @@ TARGETS = {  # run: (its reference, the ratio it must reach)
 
 
 def load_peer(filename: str):
-    """A vendored PureJaxRL file as a module, `distrax` resolved to the shim beside it."""
-    shim = importlib.util.spec_from_file_location("distrax", os.path.join(PEERS, "distrax_shim.py"))
-    sys.modules.setdefault("distrax", importlib.util.module_from_spec(shim))
-    shim.loader.exec_module(sys.modules["distrax"])
+    """A vendored PureJaxRL file (benchmarks/peers/) as a module."""
+    if importlib.util.find_spec("distrax") is None:
+        raise SystemExit("PureJaxRL's ppo.py imports distrax: pip install -e '.[bench]'")
     spec = importlib.util.spec_from_file_location(filename[:-3], os.path.join(PEERS, filename))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -81,13 +87,14 @@ def compiled_peer_ppo(module, steps: int, precision: str | None = None):
     config = dict(PPO_CONFIG, TOTAL_TIMESTEPS=steps, **({"PRECISION": precision} if precision else {}))
     rng = jax.random.PRNGKey(30)
     compiled = jax.jit(module.make_train(config)).lower(rng).compile()
+    done = config["NUM_UPDATES"] * config["NUM_STEPS"] * config["NUM_ENVS"]  # whole updates, as genesis-jax
 
     def run() -> dict:
         start = time.perf_counter()
         out = jax.block_until_ready(compiled(rng))
         seconds = time.perf_counter() - start
         returns = np.asarray(out["metrics"]["returned_episode_returns"])
-        return {"steps_per_second": steps / seconds, "final_return": float(returns[-1].mean())}
+        return {"steps_per_second": done / seconds, "final_return": float(returns[-1].mean())}
 
     return run
 
@@ -97,11 +104,12 @@ def genesis_ppo(steps: int, precision: str, seed: int) -> dict:
     config = PPOConfig(precision=precision, total_steps=steps, seed=seed)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        result = train(config, out_dir=out, checkpoint_every=steps // 10, progress=False)
+        result = train(config, out_dir=out, progress=False)
         seconds = time.perf_counter() - start
     summary = result.summary
     return {
-        "steps_per_second": steps / (seconds - summary["compile_seconds"]),
+        "steps_per_second": summary["total_steps"] / (seconds - summary["compile_seconds"]),
+        "loop_steps_per_second": summary["steps_per_second"],
         "final_return": summary["final_return"],
     }
 
@@ -147,26 +155,38 @@ def measure(runs: dict, repeats: int) -> dict:
     return results
 
 
+def loop_speed(result: dict) -> float:
+    """The training loop's steps/s: PureJaxRL's call, genesis-jax's Session (see the docstring)."""
+    return result.get("loop_steps_per_second", result.get("session_steps_per_second", result["steps_per_second"]))
+
+
 def report(results: dict, args, command: str) -> list[str]:
-    median = {name: statistics.median(r["steps_per_second"] for r in rs) for name, rs in results.items()}
+    loop = {name: statistics.median(loop_speed(r) for r in rs) for name, rs in results.items()}
+    whole = {name: statistics.median(r["steps_per_second"] for r in rs) for name, rs in results.items()}
     reference = {name: PEER_PPO if "ppo" in name else "PureJaxRL dqn.py (fp32)" for name in results}
     lines = [
         "# The cost of safety: genesis-jax vs PureJaxRL's ppo.py and dqn.py, CartPole-v1",
         "",
-        f"`{command}`; machine: {probes.machine_name()}; {probes.versions_line()}.",
+        f"`{command}`; machine: {probes.machine_name()}; {probes.versions_line()}, {peer_versions()}.",
         f"PPO {args.ppo_steps:,} steps, DQN {args.dqn_steps:,} steps; median of {args.repeats} rounds, the runs",
-        "alternating within a round (reversed every other round); compilation excluded.",
+        "alternating within a round (reversed every other round); compilation excluded. Training loop:",
+        "PureJaxRL's one call; genesis-jax's Session (the steps/s the CLI reports). End to end:",
+        "genesis-jax's whole `train` call less compiling (PureJaxRL's runs: the same as their loop).",
         "",
-        "| run | steps/s per round | median steps/s | vs PureJaxRL | target | final return |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | training loop steps/s per round | median | vs PureJaxRL | target | end to end, median "
+        "| vs PureJaxRL | final return |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, rs in results.items():
-        ratio = median[name] / median[reference[name]]
+        ratio = loop[name] / loop[reference[name]]
         target = TARGETS.get(name)
         verdict = f">= {target[1]:.2f}x: {'met' if ratio >= target[1] else 'not met'}" if target else ""
-        speeds = ", ".join(format(r["steps_per_second"], ",.0f") for r in rs)
+        speeds = ", ".join(format(loop_speed(r), ",.0f") for r in rs)
         returns = ", ".join(format(r["final_return"], ".1f") for r in rs)
-        lines.append(f"| {name} | {speeds} | {median[name]:,.0f} | {ratio:.2f}x | {verdict} | {returns} |")
+        lines.append(
+            f"| {name} | {speeds} | {loop[name]:,.0f} | {ratio:.2f}x | {verdict} | {whole[name]:,.0f} "
+            f"| {whole[name] / whole[reference[name]]:.2f}x | {returns} |"
+        )
     lines += [
         "",
         "vs PureJaxRL: PPO runs against ppo.py, DQN runs against dqn.py. Final return: PureJaxRL's is its",
@@ -176,20 +196,37 @@ def report(results: dict, args, command: str) -> list[str]:
     return lines
 
 
+def peer_versions() -> str:
+    """The versions the PureJaxRL files run on, beyond `probes.versions_line`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("gymnax", "flashbax", "distrax", "tfp-nightly"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ppo-steps", type=int, default=500_000)
-    p.add_argument("--dqn-steps", type=int, default=500_000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="one round of 16,384 PPO and 20,000 DQN steps")
-    p.add_argument("--out", default=None, help="write the markdown report here too")
+    p.add_argument(
+        "--steps", "--ppo-steps", dest="ppo_steps", metavar="N", type=int, default=500_000, help="steps of every run"
+    )
+    p.add_argument("--dqn-steps", type=int, default=None, help="the DQN pair's steps (default: --steps)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; each figure is their median")
+    p.add_argument("--smoke", action="store_true", help="one round of 20,480 steps; no file unless --out")
+    p.add_argument("--out", default=None, help=f"the markdown report (default {DEFAULT_OUT}; none with --smoke)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.ppo_steps, args.dqn_steps, args.repeats = 16_384, 20_000, 1
+        args.ppo_steps, args.repeats = 20_480, 1
+    args.dqn_steps = args.dqn_steps or args.ppo_steps
+    out = args.out or (None if args.smoke else DEFAULT_OUT)
     check_defaults_match()
     results = measure(make_runs(args.ppo_steps, args.dqn_steps), args.repeats)
     command = "python experiments/cost_of_safety.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    emit(report(results, args, command.strip()), args.out)
+    emit(report(results, args, command.strip()), out)
     return 0
 
 

@@ -3,12 +3,15 @@
 # Copyright 2023 Chris Lu. Licensed under the Apache License, Version 2.0
 # (http://www.apache.org/licenses/LICENSE-2.0); distributed on an "AS IS" BASIS, WITHOUT
 # WARRANTIES OR CONDITIONS OF ANY KIND.
-# Changes, for running it as the speed reference of experiments/cost_of_safety.py, which
-# loads it with `distrax` resolved to benchmarks/peers/distrax_shim.py (distrax 0.1.9 needs
-# tfp-nightly): `from wrappers import ...` is gymnax's own copy of those wrappers
-# (gymnax.wrappers.purerl), and gymnax 1.0's step returns (terminated, truncated) where older
-# gymnax returned one done (done = terminated or truncated, as before).
-# Nothing else is changed.
+# Changes, for running it as the speed reference of experiments/cost_of_safety.py:
+# `from wrappers import ...` is gymnax's own copy of those wrappers (gymnax.wrappers.purerl,
+# as benchmarks/peers/purejaxrl_dqn.py: the same LogWrapper and FlattenObservationWrapper,
+# ported by gymnax to its (terminated, truncated) step, LogWrapper also keeping a
+# `returned_episode_valid` flag), and gymnax 1.0's step returns (terminated, truncated) where
+# older gymnax returned one done (done = terminated or truncated, as before).
+# Nothing else is changed. It imports distrax: pip install -e '.[bench]' (distrax 0.1.9, with
+# tfp-nightly, runs under jax 0.10.2). The ruff line keeps upstream's whitespace as it is.
+# ruff: noqa: W293
 import jax
 import jax.numpy as jnp
 import flax.linen as nn

@@ -1,11 +1,16 @@
 # PureJaxRL's ppo.py (benchmarks/peers/purejaxrl_ppo.py: its origin, license and adapters)
 # converted to genesis_jax.amp the way a user would, config["PRECISION"] naming the precision
-# ("fp32", "bf16", "fp16"): amp.TrainState.create(..., precision=...) in place of Flax's
-# TrainState (its optimizer, the optax chain with clip_by_global_norm, is wrapped to skip
-# non-finite steps; the clip sees unscaled gradients), amp.value_and_grad in place of
-# jax.value_and_grad, apply_gradients given the finite decision and the adjusted loss scale,
-# and the network's Dense layers computing in the precision's dtype, their outputs cast to
-# float32 for the distribution and the losses. `diff` the two files for every changed line.
+# ("fp32", "bf16", "fp16"). The changes, each on its own line (`diff` the two files):
+# - Flax's TrainState -> amp.TrainState.create(..., precision=...): a loss scaler beside the
+#   params, and the optimizer (the optax chain with clip_by_global_norm) wrapped to skip
+#   non-finite steps; the clip sees unscaled gradients;
+# - jax.value_and_grad -> amp.value_and_grad: it takes the loss scaler first and returns the
+#   finite decision and the adjusted scaler, which apply_gradients is given;
+# - ActorCritic gets a `dtype` field, the precision's compute dtype, which its four hidden
+#   Dense layers compute in; the two heads keep no dtype, so that they compute in float32
+#   (half-precision hidden activations promoted to the float32 params), as the library's own
+#   networks run their heads; logits and value come out float32.
+# ruff: noqa: W293, E501
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
@@ -39,9 +44,9 @@ class ActorCritic(nn.Module):
         )(actor_mean)
         actor_mean = activation(actor_mean)
         actor_mean = nn.Dense(
-            self.action_dim, kernel_init=orthogonal(0.01), bias_init=constant(0.0), dtype=self.dtype
+            self.action_dim, kernel_init=orthogonal(0.01), bias_init=constant(0.0)
         )(actor_mean)
-        pi = distrax.Categorical(logits=actor_mean.astype(jnp.float32))
+        pi = distrax.Categorical(logits=actor_mean)
 
         critic = nn.Dense(
             64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0), dtype=self.dtype
@@ -51,11 +56,11 @@ class ActorCritic(nn.Module):
             64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0), dtype=self.dtype
         )(critic)
         critic = activation(critic)
-        critic = nn.Dense(1, kernel_init=orthogonal(1.0), bias_init=constant(0.0), dtype=self.dtype)(
+        critic = nn.Dense(1, kernel_init=orthogonal(1.0), bias_init=constant(0.0))(
             critic
         )
 
-        return pi, jnp.squeeze(critic, axis=-1).astype(jnp.float32)
+        return pi, jnp.squeeze(critic, axis=-1)
 
 
 class Transition(NamedTuple):
