@@ -361,9 +361,8 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     config = train_config(workload, parts)
     start_distributed(config)  # before the backend is asked for (train() would do it next)
     notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
-    if notice and not run.quiet and _primary():
-        print(notice, file=sys.stderr)
-    result = algorithm.train(config, **run.train_kwargs())
+    announce = {"announce": lambda: print(notice, file=sys.stderr)} if notice and not run.quiet and _primary() else {}
+    result = algorithm.train(config, **run.train_kwargs(), **announce)
     if _primary():
         print(result.line)
         if run.out:

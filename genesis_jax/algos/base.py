@@ -346,6 +346,7 @@ class Algorithm:
             algo.close()
 
     def _train(self, out_dir, checkpoint_every: int, run_options: dict) -> RunResult:
+        announce = run_options.pop("announce", None)  # called once training is about to begin
         per_chunk = chunk_size(self.total, getattr(self.config, "updates_per_chunk", None))
         every = max(1, checkpoint_every // self.unit_size) if checkpoint_every else 0
         if every and out_dir is not None:
@@ -372,7 +373,7 @@ class Algorithm:
             call = self.compile_chunk(state, per_chunk) if session.position < session.total else None
             compile_seconds = self.init_compile_seconds + time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
-            state = session.run(state, call, to_rows, per_chunk)
+            state = session.run(state, call, to_rows, per_chunk, on_start=announce)
             if session.stopped and not session.timing.positions_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = {

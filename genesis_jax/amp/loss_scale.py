@@ -30,6 +30,23 @@ def _scale_tree(tree, factor):
     return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor, tree)
 
 
+def checked_finite_flag(grads_finite):
+    """The "all gradients finite" flag as a bool array, or a TypeError for anything else.
+
+    Only booleans are taken: a float such as PyTorch's `found_inf` (1.0 on overflow, the
+    opposite sense), nan, or a string would otherwise convert to True and count as finite."""
+    if isinstance(grads_finite, (bool, np.bool_)):
+        return jnp.asarray(grads_finite)
+    dtype = getattr(grads_finite, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) != jnp.bool_:
+        shown = f"dtype {dtype}" if dtype is not None else type(grads_finite).__name__
+        raise TypeError(
+            f"adjust takes the step's 'all gradients finite' flag as a bool, got {shown} {grads_finite!r:.40}; "
+            "from PyTorch's found_inf (1.0 on overflow) pass found_inf == 0"
+        )
+    return jnp.asarray(grads_finite)
+
+
 class _LossScaleBase:
     """Shared pytree plumbing: every field listed in `_fields` is a leaf."""
 
@@ -85,7 +102,7 @@ class NoOpLossScale(_LossScaleBase):
         return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), tree)
 
     def adjust(self, grads_finite) -> "NoOpLossScale":
-        del grads_finite
+        checked_finite_flag(grads_finite)
         return self
 
 
@@ -108,7 +125,7 @@ class StaticLossScale(_LossScaleBase):
         self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
 
     def adjust(self, grads_finite) -> "StaticLossScale":
-        del grads_finite
+        checked_finite_flag(grads_finite)
         return self
 
 
@@ -167,7 +184,7 @@ class DynamicLossScale(_LossScaleBase):
 
     def adjust(self, grads_finite) -> "DynamicLossScale":
         """The scaler after one step whose gradients were (not) all finite."""
-        grads_finite = jnp.asarray(grads_finite, bool)
+        grads_finite = checked_finite_flag(grads_finite)
         backed_off = jnp.maximum(self.loss_scale * self.backoff_factor, jnp.maximum(self.min_scale, SMALLEST_SCALE))
         successful = self.growth_tracker + 1
         grows = successful == self.growth_interval

@@ -30,10 +30,12 @@ after `growth_interval` iterations clean for all of them. Here each optimizer ha
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from genesis_jax.amp.guard import FaultInjection
 from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, StaticLossScale
@@ -143,17 +145,19 @@ def update_shared_scale(loss_scale: LossScale, grads_finite: Sequence[jax.Array]
         (8.0, 1)
     """
     _check_loss_scale(loss_scale)
+    if isinstance(grads_finite, Iterator):  # a generator is no pytree: take its flags once
+        grads_finite = list(grads_finite)
     flags = jax.tree.leaves(grads_finite)
     if not flags:
         raise ValueError(f"grads_finite must hold each optimizer's finite decision, got none: {grads_finite!r}")
-    flags = [jnp.asarray(flag) for flag in flags]
     for flag in flags:
-        if flag.shape != () or flag.dtype != jnp.bool_:
+        is_bool = isinstance(flag, (bool, np.bool_)) or getattr(flag, "dtype", None) == jnp.bool_
+        if not is_bool or np.shape(flag) != ():
             raise ValueError(
                 "grads_finite must hold scalar bools (each shared_scale_step's metrics['grads_finite']), "
-                f"got one of shape {flag.shape} and dtype {flag.dtype}"
+                f"got {type(flag).__name__} of shape {np.shape(flag)} and dtype {getattr(flag, 'dtype', None)}"
             )
-    return loss_scale.adjust(jnp.all(jnp.stack(flags)))
+    return loss_scale.adjust(jnp.all(jnp.stack([jnp.asarray(flag) for flag in flags])))
 
 
 def share_scale(states, loss_scale: LossScale):

@@ -10,6 +10,7 @@ import typing
 from typing import Any, Literal, Mapping
 
 import numpy as np
+import optax
 
 from genesis_jax.amp.guard import (
     DEFAULT_GUARD_MIN_SCALE,
@@ -243,6 +244,13 @@ class MixedPrecisionConfig:
         """The fault injection for `train_step`, or None when none is asked for."""
         faults = self.fault_injection(seed)
         return faults if faults.active else None
+
+    def adam(self, learning_rate, eps: float = 1e-8) -> optax.GradientTransformation:
+        """`optax.adam`, its eps at least 1e-5 where the moments are stored in float16 (fp16-full):
+        1e-8 flushes to 0 there, and a zero gradient's update 0 / (0 + 0) is non-finite."""
+        if np.dtype(self.train_precision().param_dtype) == np.float16:
+            eps = max(eps, 1e-5)
+        return optax.adam(learning_rate, eps=eps)
 
     def create_train_state(self, params, tx, apply_fn=None) -> TrainState:
         """An `amp.TrainState` as this config says: the precision, its loss scaler, clipping

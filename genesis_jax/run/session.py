@@ -318,12 +318,15 @@ class Session:
         to_rows: Callable[[Any, int], list[dict]],
         per_call: int = 1,
         checkpoint_meta: dict | None = None,
+        on_start: Callable[[], None] | None = None,
     ):
         """Calls `step(state) -> (state, metrics)` until `total` positions ran, the guard halted
         (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, position)` and saves on
-        the cadence and at the end. The next call is dispatched before this one's rows are
-        written, so the device and the host overlap, except where this call's state is still
-        needed (a save or a stop). Returns the last state; `stopped` says why it ended early."""
+        the cadence and at the end. `on_start()` is called once just before the first step, when
+        one runs: past every refusal, so a note it prints never joins a one-line error. The next
+        call is dispatched before this one's rows are written, so the device and the host
+        overlap, except where this call's state is still needed (a save or a stop). Returns the
+        last state; `stopped` says why it ended early."""
         bar = progress.progress_bar(
             self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
         )
@@ -333,6 +336,8 @@ class Session:
                 early = self.position < self.total and parallel.any_process(signals.received is not None)
                 if early:
                     self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
+                if on_start is not None and self.position < self.total and not early:
+                    on_start()
                 dispatched = time.perf_counter()
                 pending = step(state) if self.position < self.total and not early else None
                 while pending is not None:

@@ -29,7 +29,9 @@ def test_registration_gives_the_cli_command(registered, tmp_path, capsys):
     assert summary["precision"] == "fp16" and summary["total_updates"] == 64 and summary["final_loss"] < 0.05
     assert summary["skipped_updates"] == sum(r["skipped"] for r in rows)
     assert (out / "checkpoints").is_dir() and (out / "curves.png").is_file()
-    assert capsys.readouterr().out.startswith("toy [fp16]")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("toy [fp16]")
+    assert captured.err.count("note: fp16 computes in float16") == 1  # printed as training started
     assert main(["train", "toy", "--help"]) == 0
     assert "--lr" in capsys.readouterr().out
 

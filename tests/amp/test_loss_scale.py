@@ -136,3 +136,21 @@ def test_static_and_noop():
     assert float(n.adjust(False).loss_scale) == 1.0 and float(n.scale(jnp.asarray(3.0))) == 3.0
     with pytest.raises(ValueError):
         StaticLossScale(0.0)
+
+
+SCALERS = [DynamicLossScale(), StaticLossScale(8.0), NoOpLossScale()]
+
+
+@pytest.mark.parametrize("flag", [float("nan"), 0.5, 1.0, 0, "False", None, jnp.float32(0.0), np.int32(1)])
+@pytest.mark.parametrize("scaler", SCALERS, ids=lambda s: type(s).__name__)
+def test_adjust_takes_only_a_bool(scaler, flag):
+    # A PyTorch user's found_inf=1.0 (overflow) once converted to True and grew the scale.
+    with pytest.raises(TypeError, match="as a bool.*found_inf == 0"):
+        scaler.adjust(flag)
+
+
+def test_adjust_takes_every_kind_of_bool_also_traced():
+    s = DynamicLossScale(init_scale=8.0)
+    for finite, expected in ((True, 8.0), (np.bool_(False), 4.0), (jnp.array(False), 4.0)):
+        assert float(s.adjust(finite).loss_scale) == expected
+    assert float(jax.jit(lambda s, f: s.adjust(f))(s, jnp.array(False)).loss_scale) == 4.0

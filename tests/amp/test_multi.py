@@ -221,6 +221,8 @@ def test_update_shared_scale_takes_any_tree_of_decisions():
     three = {"critic": jnp.array(True), "actor": jnp.array(True), "temperature": np.bool_(False)}
     assert float(amp.update_shared_scale(scaler, three).loss_scale) == 4.0
     assert float(amp.update_shared_scale(scaler, (True, True, True)).loss_scale) == 16.0
+    generator = (flag for flag in (jnp.array(True), jnp.array(False)))  # once a raw TypeError
+    assert float(amp.update_shared_scale(scaler, generator).loss_scale) == 4.0
 
 
 @pytest.mark.parametrize(
@@ -229,6 +231,8 @@ def test_update_shared_scale_takes_any_tree_of_decisions():
         (lambda s: amp.update_shared_scale(s, []), ValueError, "got none"),
         (lambda s: amp.update_shared_scale(s, [jnp.array([True, False])]), ValueError, "scalar bools"),
         (lambda s: amp.update_shared_scale(s, [jnp.float32(1.0)]), ValueError, "dtype float32"),
+        (lambda s: amp.update_shared_scale(s, ["False"]), ValueError, "got str"),
+        (lambda s: amp.update_shared_scale(s, [0.0]), ValueError, "got float"),
         (lambda s: amp.update_shared_scale(2.0, [True]), TypeError, "loss_scale must be"),
         (lambda s: amp.share_scale({"a": 1}, s), ValueError, "at least one amp.TrainState"),
         (lambda s: amp.share_scale(new_state(optax.sgd(0.1), 0), 1024.0), TypeError, "got 1024.0"),

@@ -14,6 +14,7 @@ from genesis_jax.algos.world_model import WorldModelConfig
 from genesis_jax.cli import _box_message, main, parse_train_args, train_config
 from genesis_jax.run.config import MixedPrecisionConfig
 from genesis_jax.run.parallel import ParallelConfig
+from tests.support.files import one_line_error
 
 CONFIGS = {"ppo": PPOConfig, "world-model": WorldModelConfig}
 
@@ -189,13 +190,14 @@ def test_a_sigint_while_a_train_command_starts_up_stops_it_before_training(tmp_p
         return parsed
 
     monkeypatch.setattr(cli, "_parse", parse_then_interrupt)
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where a background shell started the tests
     out = tmp_path / "run"
     status = cli.main(["train", "toy", "--total-steps", "32", "--out", str(out), "--no-progress"])
     assert status == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "SIGINT received before training began" in err[0]
     assert not (out / "metrics.jsonl").exists() and not (out / "summary.json").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the CLI's catcher is gone again
+    assert signal.getsignal(signal.SIGINT) == before  # the CLI's catcher is gone again
 
 
 @pytest.mark.parametrize(
@@ -214,13 +216,25 @@ def test_the_cpu_notice_is_for_half_precision_compute_on_a_cpu_only(precision, b
 
 @pytest.mark.parametrize(("argv", "printed"), [([], 1), (["--quiet"], 0)])
 def test_train_prints_the_cpu_notice_once_unless_quiet(argv, printed, capsys, monkeypatch):
-    """The CLI's wiring on this CPU backend, the training itself replaced by a stand-in."""
+    """The CLI's wiring on this CPU backend, the training itself replaced by a stand-in that
+    starts training (the note is printed as the first chunk starts, past every refusal)."""
     from genesis_jax.algos import get_algorithm
 
     ran = []
-    stand_in = lambda config, **kwargs: ran.append(config) or type("R", (), {"line": "trained"})()  # noqa: E731
+
+    def stand_in(config, announce=lambda: None, **kwargs):
+        announce()
+        ran.append(config)
+        return type("R", (), {"line": "trained"})()
+
     monkeypatch.setattr(get_algorithm("ppo"), "train", stand_in)
     assert main(["train", "ppo", "--precision", "fp16", "--no-progress", *argv]) == 0
     captured = capsys.readouterr()
     assert captured.err.count("note: fp16 computes in float16") == printed
     assert ran[0].precision == "fp16" and "trained" in captured.out
+
+
+def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
+    # The note waits for training to start: a refusal stays one line.
+    assert main(["train", "ppo", "--precision", "fp16", "--devices", "2", "--no-progress"]) == 2
+    assert one_line_error(capsys).startswith("genesis-jax: error: devices 2")

@@ -117,6 +117,7 @@ def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys)
             == 0
         )
         before = snapshot(run)
+        capsys.readouterr()  # the training run's own output (fp16 on a CPU: a note)
         assert (
             main(
                 [

@@ -120,7 +120,7 @@ def test_clean_steps_reset_the_streak():
 
 def tiny_ppo_argv(out, total_steps: int) -> list[str]:
     """`genesis-jax train ppo` in fp16 for `total_steps` into `out`."""
-    sizes = ["--precision", "fp16", "--total-steps", str(total_steps)]
+    sizes = ["--precision", "fp16", "--quiet", "--total-steps", str(total_steps)]
     return ["train", "ppo", *sizes, "--out", str(out), "--no-progress"]
 
 

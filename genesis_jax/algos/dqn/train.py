@@ -101,9 +101,10 @@ class DQN(Algorithm):
         net_key, env_key, rng = jax.random.split(key, 3)
         params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
         obs, env_state = self.env.reset(env_key)  # host environments restart from the seed
+        train_state = self.config.create_train_state(params, self.config.adam(self.config.lr))
         return DQNState(
-            train_state=self.config.create_train_state(params, optax.adam(self.config.lr)),
-            target_params=jax.tree.map(jnp.copy, params),
+            train_state=train_state,
+            target_params=jax.tree.map(jnp.copy, train_state.params),  # as stored: float16 in fp16-full
             buffer=self.replay.init(),
             env_state=env_state,
             obs=obs,

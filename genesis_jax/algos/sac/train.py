@@ -98,10 +98,10 @@ class SAC(Algorithm):
         obs, act = jnp.zeros((1, *spec.obs_shape)), jnp.zeros((1, spec.action_dim))
         critic_params = self.critic.init(k_critic, obs, act)
         env_obs, env_state = self.env.reset(k_env)  # host environments restart from the seed
-        critic = c.create_train_state(critic_params, optax.adam(c.critic_lr))
-        actor = c.create_train_state(self.actor.init(k_actor, obs), optax.adam(c.actor_lr))
-        alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), optax.adam(c.alpha_lr))
-        target = jax.tree.map(jnp.copy, critic_params)  # its own buffers: the state is donated
+        critic = c.create_train_state(critic_params, c.adam(c.critic_lr))
+        actor = c.create_train_state(self.actor.init(k_actor, obs), c.adam(c.actor_lr))
+        alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), c.adam(c.alpha_lr))
+        target = jax.tree.map(jnp.copy, critic.params)  # its own buffers (the state is donated), as stored
         zeros = jnp.zeros(c.num_envs)
         return SACState(critic, actor, alpha, target, self.replay.init(), env_state, env_obs, zeros, rng, jnp.int32(0))
 

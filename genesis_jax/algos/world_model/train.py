@@ -142,9 +142,7 @@ class WorldModelTrainer(Algorithm):
         init_key, run_key = jax.random.split(key)
         sample = jax.tree.map(lambda x: x[:1], self.data[0])
         params = self.model.init(init_key, sample["obs"], sample["action"], method=WorldModel.unroll)
-        # Adam's default eps (1e-8) underflows to 0 in float16 moments (fp16-full): use 1e-5 there.
-        eps = 1e-5 if jnp.dtype(self.precision.param_dtype) == jnp.float16 else 1e-8
-        return WorldModelState(self.config.create_train_state(params, optax.adam(self.config.lr, eps=eps)), run_key)
+        return WorldModelState(self.config.create_train_state(params, self.config.adam(self.config.lr)), run_key)
 
     def update(self, state: WorldModelState, data):
         """One epoch: shuffled minibatches (rows split over the devices), then the eval loss."""
