@@ -159,6 +159,9 @@ class Algorithm:
         self.config = config
         self.grad_transform = grad_transform
         self.faults = config.faults(config.seed)
+        # Every setting is checked before a file is touched, in one order for every algorithm:
+        # the config's own fields (its constructor), then the devices, then the algorithm's setup.
+        config.mesh()
         self.setup()
 
     # -- what an algorithm fills in -----------------------------------------------------
@@ -177,6 +180,11 @@ class Algorithm:
 
     def summary(self, rows: list[dict], state) -> dict:
         return {}
+
+    def optimizer_states(self, state) -> list:
+        """Every amp `TrainState` in `state`, one per optimizer. "skipped" has one meaning: the
+        skips of all of them (per optimizer, summed, and per seed), in the rows and the summary."""
+        return [at_path(state, self.train_state_path)]
 
     def postfix(self, row: dict) -> dict:
         """The algorithm's own progress-bar fields for the newest row."""
@@ -272,9 +280,11 @@ class Algorithm:
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
         """The fields every algorithm's summary has: precision, speed, memory, overflow counts."""
         ts = at_path(state, self.train_state_path)
-        steps_per_seed = np.atleast_1d(np.asarray(ts.step))
-        total_updates = int(np.sum(steps_per_seed))
-        skipped = int(np.sum(np.asarray(ts.skipped)))
+        steps_per_seed = np.atleast_1d(np.asarray(ts.step))  # the faults are injected into this one's steps
+        optimizers = self.optimizer_states(state)
+        total_updates = sum(int(np.sum(np.asarray(o.step))) for o in optimizers)
+        skipped_per_seed = sum(np.atleast_1d(np.asarray(o.skipped)) for o in optimizers)
+        skipped = int(np.sum(skipped_per_seed))
         seeds = self.config.seed + np.arange(len(steps_per_seed))  # seed k's faults are seeded by seed + k
         injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
@@ -282,7 +292,7 @@ class Algorithm:
         if self.num_seeds > 1:
             per_seed = {
                 "seeds": seeds.tolist(),
-                "skipped_updates_per_seed": np.asarray(ts.skipped).tolist(),
+                "skipped_updates_per_seed": skipped_per_seed.tolist(),
                 "loss_scale_per_seed": np.asarray(ts.loss_scale.loss_scale, float).tolist(),
                 "halted_per_seed": np.asarray(ts.halted).tolist(),
                 "injected_nonfinite_per_seed": injected,

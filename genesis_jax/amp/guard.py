@@ -123,7 +123,10 @@ class DivergenceGuard:
         `dynamic_scale`: only a dynamic loss scale can be tuned out of a skip streak; without
         one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
         if self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips:
-            cause = f"{skip_streak} consecutive updates had non-finite gradients (limit {self.max_consecutive_skips})"
+            cause = (  # strict mode (fp16-full's default) also skips a finite gradient's non-finite update
+                f"{skip_streak} consecutive updates were skipped as non-finite (their gradients, or in strict mode "
+                f"the update or new state; limit {self.max_consecutive_skips})"
+            )
         elif self.min_scale is not None:
             cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
         else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)

@@ -144,6 +144,15 @@ class ImpalaCNN(nn.Module):
         return nn.relu(Dense(self.features, self.dtype, self.param_dtype, init, name="dense")(x))
 
 
+def check_network(network: str | None, obs_shape: Sequence[int]) -> None:
+    """Refuses an image network for observations that are not images: a trainer calls it as it
+    is set up, before its run directory is touched (the torso itself is built later)."""
+    if network in IMAGE_NETWORKS and len(obs_shape) != 3:
+        raise ValueError(
+            f"network {network!r} needs image observations (height, width, channels), got shape {tuple(obs_shape)}"
+        )
+
+
 def make_torso(
     network: str, obs_shape: Sequence[int], *, width=256, depth=2, dtype=jnp.float32, param_dtype=jnp.float32, name=None
 ) -> nn.Module:
@@ -157,10 +166,7 @@ def make_torso(
     ((2, 128), dtype('float32'))
     """
     common = {"dtype": dtype, "param_dtype": param_dtype, "name": name}
-    if network in IMAGE_NETWORKS and len(obs_shape) != 3:
-        raise ValueError(
-            f"network {network!r} needs image observations (height, width, channels), got shape {tuple(obs_shape)}"
-        )
+    check_network(network, obs_shape)
     if network == "resmlp":
         return ResidualMLP(width, depth, **common)
     if network == "cnn":

@@ -57,4 +57,19 @@ def test_a_few_updates_at_every_precision(name, precision):
             assert leaf.dtype == STORED[precision], (name, precision, leaf.dtype)
             assert np.isfinite(np.asarray(leaf, np.float32)).all()
         assert int(np.max(ts.step)) > 0  # it took optimizer steps, not only skips
-    assert result.summary["skipped_updates"] == sum(int(np.sum(ts.skipped)) for ts in states)
+    # One meaning of "skipped": every optimizer's skips, in the summary and added up over the rows.
+    skipped = sum(int(np.sum(ts.skipped)) for ts in states)
+    assert result.summary["skipped_updates"] == skipped == sum(row["skipped"] for row in result.metrics)
+    assert result.summary["total_updates"] == sum(int(np.sum(ts.step)) for ts in states)
+
+
+@pytest.mark.slow  # a two-seed SAC run in fp16-full: about 10 s
+@pytest.mark.filterwarnings("ignore:precision 'fp16-full'")
+def test_per_seed_skips_count_every_optimizer():
+    # They once counted the critic's only, while the total counted all three.
+    algorithm = get_algorithm("sac")
+    config = algorithm.config_class(precision="fp16-full", num_seeds=2, **TINY["sac"])
+    result = algorithm.train(config, progress=False)
+    per_seed = sum(np.asarray(ts.skipped) for ts in train_states(result.state))
+    assert result.summary["skipped_updates_per_seed"] == per_seed.tolist()
+    assert sum(per_seed) == result.summary["skipped_updates"] > 0

@@ -110,8 +110,11 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
                 raise ValueError(f"{name} {value} must be a multiple of {of_name} {of}")
         if self.total_steps < self.row_steps:
             raise ValueError(f"total-steps {self.total_steps} is less than one row (row-steps {self.row_steps})")
-        if self.learning_starts < 0:
-            raise ValueError(f"learning-starts must be >= 0, got {self.learning_starts}")
+        if not 0 <= self.learning_starts < self.total_steps:  # at or past the end: not one gradient step
+            raise ValueError(
+                f"learning-starts must lie in [0, total-steps {self.total_steps}) for any gradient step to be "
+                f"taken, got {self.learning_starts}"
+            )
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not (0 <= self.gamma <= 1 and 0 < self.tau <= 1):

@@ -28,7 +28,7 @@ from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.q_network import QNetwork
-from genesis_jax.nets.torsos import default_network
+from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
 
@@ -86,6 +86,7 @@ class DQN(Algorithm):
             raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
         self.total, self.unit_size, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
         precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
+        check_network(network, spec.obs_shape)
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
         minatar = spec.backend == "gymnax" and len(spec.obs_shape) == 3  # gymnax's frames: MinAtar's 0/1, as bool
         obs = jnp.zeros(spec.obs_shape, bool if minatar else observation_dtype(spec))  # else Atari's uint8, or float32

@@ -19,6 +19,7 @@ from genesis_jax.algos.ppo.core import make_network
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
+from genesis_jax.nets.torsos import check_network
 from genesis_jax.run import plots
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.parallel import replicated, sharded
@@ -52,7 +53,9 @@ class PPO(Algorithm):
     def setup(self) -> None:
         config = self.config
         # A bad id or an unsupported space fails here, before anything is written.
-        self.backend = resolve_env(config.env, config.env_backend).backend
+        spec = resolve_env(config.env, config.env_backend)
+        self.backend = spec.backend
+        check_network(config.network, spec.obs_shape)
         if config.devices > 1 and self.backend != "gymnax":
             raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
         self.total, self.unit_size = config.num_updates, config.batch_size

@@ -95,10 +95,12 @@ class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
             raise ValueError(f"steps-per-row {self.steps_per_row} is not a multiple of num-envs {self.num_envs}")
         if self.total_steps % self.steps_per_row:
             raise ValueError(f"total-steps {self.total_steps} is not a multiple of steps-per-row {self.steps_per_row}")
-        if not self.batch_size <= self.learning_starts <= self.total_steps:
+        last_due = self.total_steps - self.num_envs  # the last vector step a gradient step can follow
+        if not self.batch_size <= self.learning_starts <= last_due:
             raise ValueError(
-                f"learning-starts must lie between batch-size {self.batch_size} and total-steps "
-                f"{self.total_steps}, got {self.learning_starts}"
+                f"learning-starts must lie between batch-size {self.batch_size} and total-steps less one vector "
+                f"step ({self.total_steps} - {self.num_envs}) for any gradient step to be taken, "
+                f"got {self.learning_starts}"
             )
         for name in ("critic_lr", "actor_lr", "alpha_lr", "init_alpha"):
             if not getattr(self, name) > 0:

@@ -138,7 +138,9 @@ class SAC(Algorithm):
         temperature, tm = shared_scale_step(state.alpha, None, alpha_loss, scale)
         new_scale = update_shared_scale(scale, [cm["grads_finite"], am["grads_finite"], tm["grads_finite"]])
         critic, actor, temperature = share_scale((critic, actor, temperature), new_scale)
-        skips = {f"{n}_skipped": (~m["grads_finite"]).astype(jnp.int32) for n, m in zip(OPTIMIZERS, (cm, am, tm))}
+        # The skips as each state counted them (strict mode also skips finite gradients whose update is not).
+        new_states = dict(zip(OPTIMIZERS, (critic, actor, temperature)))
+        skips = {f"{n}_skipped": new_states[n].skipped - getattr(state, n).skipped for n in OPTIMIZERS}
         losses = (cm["loss"], am["loss"], tm["loss"], alpha, cm["aux"]["q_mean"], -logp)
         metrics = {**dict(zip(LOSSES, losses)), **skips, "skipped": sum(skips.values()), "updates": jnp.int32(1)}
         target_params = optax.incremental_update(critic.params, state.target, c.tau)
@@ -198,10 +200,9 @@ class SAC(Algorithm):
         ]
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
-        """final_return(_per_seed): the mean return of the episodes that ended in the last tenth of the rows.
-        skipped_updates, total_updates, overflow_rate: all three optimizers' (the template's: the critics')."""
+        """final_return(_per_seed): the mean return of the episodes that ended in the last tenth of the rows;
+        each optimizer's skips."""
         skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
-        attempted = sum(int(np.sum(getattr(state, n).step)) for n in OPTIMIZERS)
         last = rows[-max(1, len(rows) // 10) :]
         sums, episodes = (np.sum([r[f"{k}_per_seed"] for r in last], 0) for k in ("return_sum", "episodes"))
         return {
@@ -212,11 +213,11 @@ class SAC(Algorithm):
             "final_return_per_seed": [float(r / e) if e else float("nan") for r, e in zip(sums, episodes)],
             "gradient_iterations": int(np.sum(state.critic.step)),
             "buffer_bytes": buffer_bytes(state.buffer),
-            **skips,
-            "skipped_updates": sum(skips.values()),
-            "total_updates": attempted,
-            "overflow_rate": sum(skips.values()) / max(attempted, 1),
+            **skips,  # per optimizer; the template's skipped_updates, total_updates and overflow_rate sum all three
         }
+
+    def optimizer_states(self, state: SACState) -> list:
+        return [getattr(state, n) for n in OPTIMIZERS]
 
     def plot(self, rows: list[dict], file) -> None:
         plots.plot_curves(rows, "step", ["episode_return", "critic_loss", "actor_loss"], file, title=self.title())
