@@ -245,6 +245,10 @@ class MixedPrecisionConfig:
         faults = self.fault_injection(seed)
         return faults if faults.active else None
 
+    def check_resume(self, saved: dict) -> None:
+        """Refuses, in one sentence saying what works, a resume whose state these settings
+        would shape differently from the saved run's (`saved`: its config as a dict)."""
+
     def adam(self, learning_rate, eps: float = 1e-8) -> optax.GradientTransformation:
         """`optax.adam`, its eps at least 1e-5 where the moments are stored in float16 (fp16-full):
         1e-8 flushes to 0 there, and a zero gradient's update 0 / (0 + 0) is non-finite."""

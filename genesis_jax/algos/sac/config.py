@@ -125,7 +125,21 @@ class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
 
     @property
     def buffer_capacity(self) -> int:
+        """buffer-size, capped at total-steps: a short run allocates no more than it fills."""
         return min(self.buffer_size, self.total_steps)
+
+    def check_resume(self, saved: dict) -> None:
+        """An extended run keeps its replay buffer: the capacity follows total-steps only up to
+        buffer-size, so a run shorter than its buffer-size is extended with that capacity kept."""
+        if not {"buffer_size", "total_steps"} <= set(saved):
+            return
+        kept = min(saved["buffer_size"], saved["total_steps"])
+        if kept != self.buffer_capacity:
+            raise ValueError(
+                f"this run's replay buffer holds {kept} transitions (buffer-size capped at the total-steps it "
+                f"started with), these settings give {self.buffer_capacity} and its checkpoint would not fit: "
+                f"to extend it, keep the buffer with --buffer-size {kept} --allow-config-change"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,0 +1,32 @@
+"""A finished run of every registered algorithm is extended by a resume with a longer budget
+(the docs: "longer: allowed"); SAC's buffer, capped at the first budget, is kept explicitly."""
+
+import dataclasses
+
+import pytest
+
+from genesis_jax.algos import get_algorithm
+from tests.algos.test_every_precision import TINY
+
+LONGER = {"ppo": "total_steps", "dqn": "total_steps", "sac": "total_steps", "world-model": "epochs"}
+
+
+def test_every_registered_algorithm_says_how_it_is_extended():
+    assert set(LONGER) == set(TINY)
+
+
+@pytest.mark.slow  # two tiny trainings per algorithm: about 60 s
+@pytest.mark.parametrize("name", sorted(LONGER))
+def test_a_finished_run_is_extended(name, tmp_path):
+    algorithm, field = get_algorithm(name), LONGER[name]
+    config = algorithm.config_class(**TINY[name])
+    first = algorithm.train(config, str(tmp_path), progress=False)
+    longer = dataclasses.replace(config, **{field: 2 * getattr(config, field)})
+    options = {}
+    if name == "sac":  # its buffer held total-steps transitions (fewer than buffer-size): kept, not grown
+        with pytest.raises(ValueError, match=f"holds {config.total_steps} transitions.*--buffer-size"):
+            algorithm.train(longer, str(tmp_path), resume=True, progress=False)
+        longer, options = dataclasses.replace(longer, buffer_size=config.total_steps), {"allow_config_change": True}
+    extended = algorithm.train(longer, str(tmp_path), resume=True, progress=False, **options)
+    assert len(extended.metrics) == 2 * len(first.metrics)
+    assert extended.metrics[: len(first.metrics)] == first.metrics  # the first half as it was
