@@ -25,6 +25,9 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+LARGEST_NORMAL_RECIPROCAL = 2.0**126  # the largest scale whose reciprocal is a normal float32
+
+
 def _scale_tree(tree, factor):
     # Multiply in float32 (or wider) so a scaled float32 loss never rounds through half.
     return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor, tree)
@@ -70,8 +73,17 @@ class _LossScaleBase:
         return f"{type(self).__name__}({inner})"
 
     def unscale(self, tree):
-        """Divides every leaf by the scale, in float32, as `x * (1 / scale)` like PyTorch."""
-        return _scale_tree(tree, jnp.reciprocal(self.loss_scale))
+        """Divides every leaf by the scale, in float32, as `x * (1 / scale)` like PyTorch.
+
+        Above 2^126, 1 / scale is a denormal, which XLA's CPU backend flushes to 0 (a division
+        by the scale too: XLA rewrites it so): every gradient would unscale to 0, count as
+        finite, and training would stall unseen. There the factor is split, x * 2^-2 * (2^2 /
+        scale): the same value, no denormal factor. (A scale XLA sees as a constant, one closed
+        over rather than passed in, may be folded back into one factor.)"""
+        split = self.loss_scale > LARGEST_NORMAL_RECIPROCAL
+        first = jnp.where(split, jnp.float32(0.25), jnp.float32(1.0))
+        second = jnp.where(split, jnp.float32(4.0), jnp.float32(1.0)) / self.loss_scale
+        return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * first * second, tree)
 
     def scale(self, tree):
         """Multiplies every leaf by the scale (in float32 for half-precision leaves)."""

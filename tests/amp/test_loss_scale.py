@@ -154,3 +154,11 @@ def test_adjust_takes_every_kind_of_bool_also_traced():
     for finite, expected in ((True, 8.0), (np.bool_(False), 4.0), (jnp.array(False), 4.0)):
         assert float(s.adjust(finite).loss_scale) == expected
     assert float(jax.jit(lambda s, f: s.adjust(f))(s, jnp.array(False)).loss_scale) == 4.0
+
+
+@pytest.mark.parametrize("scale", [2.0**126, 2.0**127, float(np.finfo(np.float32).max)])
+def test_unscaling_by_a_scale_whose_reciprocal_is_denormal_still_gives_the_gradient(scale):
+    # GradScaler grows to 2^127, where 1 / scale is denormal: flushed to 0 on XLA's CPU, every
+    # gradient unscaled to 0 and counted finite, and training stalled unseen (found by test_fuzz.py).
+    scaler, g = DynamicLossScale(init_scale=scale), jnp.array([0.5, -0.25, 1e-3], jnp.float32)  # finite once scaled
+    np.testing.assert_allclose(jax.jit(lambda s, g: s.unscale(s.scale(g)))(scaler, g), g, rtol=1e-6)
