@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
 from flax import serialization
 
 from genesis_jax.amp.loss_scale import SCALER_TYPES, SMALLEST_SCALE, DynamicLossScale, NoOpLossScale, StaticLossScale
@@ -85,16 +86,41 @@ def _flat_spec(state_dict) -> dict[str, str]:
     return spec
 
 
-def state_digest(state_dict) -> str:
-    """sha256 of every leaf's path, dtype, shape and bytes: written with a checkpoint and
-    checked on restore, so a corrupted checkpoint is refused rather than loaded. Leaves split
+def _digest(leaves) -> str:
+    """sha256 of each (path text, leaf)'s path, dtype, shape and bytes, in order. Leaves split
     over several processes are gathered first, so every process computes the same digest."""
     digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
+    for path, leaf in leaves:
         arr = np.ascontiguousarray(host_array(leaf))
-        digest.update(f"{jax.tree_util.keystr(path)}|{arr.dtype.name}|{arr.shape}|".encode())
+        digest.update(f"{path}|{arr.dtype.name}|{arr.shape}|".encode())
         digest.update(arr.tobytes())
     return digest.hexdigest()
+
+
+def state_digest(state_dict) -> str:
+    """sha256 of every leaf's path, dtype, shape and bytes: written with a checkpoint and
+    checked on restore, so a corrupted checkpoint is refused rather than loaded. Paths are
+    spelled, and leaves ordered, as in the plain nested dict a checkpoint reads back as
+    without a target (`restore_raw`): a dataclass's field (flashbax's buffer state) and a
+    dict's key give the same digest. For a state of dicts alone it is `_keystr_digest`'s."""
+    named = [
+        (tuple(_key_name(k) for k in path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
+    ]
+    named.sort(key=lambda item: item[0])  # a dict's order: jax flattens its keys sorted, a dataclass's in field order
+    return _digest(("".join(f"[{name!r}]" for name in names), leaf) for names, leaf in named)
+
+
+def _keystr_digest(state_dict) -> str:
+    """The digest as genesis-jax wrote it before `state_digest`'s spelling: jax's key paths, in
+    flattening order. Still accepted: a DQN or SAC checkpoint read into its target matches it."""
+    return _digest(
+        (jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
+    )
+
+
+def matches_digest(state_dict, digest: str) -> bool:
+    """Whether `digest` is `state_dict`'s, in this version's spelling or the earlier one."""
+    return state_digest(state_dict) == digest or _keystr_digest(state_dict) == digest
 
 
 def at_path(tree, path: tuple[str, ...]):
@@ -170,18 +196,26 @@ def check_spec(meta: dict, target_dict: dict, *, step: int) -> None:
 # -- a restored state is untrusted input ---------------------------------------------------
 
 
-def _restored_rules(train_state) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-    """(field, values, which values a run can have written, what is accepted) for a restored
-    `TrainState`, in checking order: a bound (growth_interval, min_scale, step) is checked
-    before what it bounds. Each value has one entry per seed where the state has a seed axis."""
-    read = lambda x: np.asarray(host_array(x))  # noqa: E731  (a collective where leaves are split)
+# (field, values, which values a run can have written, what is accepted): each value has one
+# entry per seed where the state has a seed axis.
+Rule = tuple[str, np.ndarray, np.ndarray, str]
+
+
+def _read(x) -> np.ndarray:
+    """A restored leaf's values on the host (a collective where leaves are split over processes)."""
+    return np.asarray(host_array(x))
+
+
+def _restored_rules(train_state) -> list[Rule]:
+    """The `Rule`s of a restored `TrainState`, in checking order: a bound (growth_interval,
+    min_scale, step) is checked before what it bounds."""
     scaler = train_state.loss_scale
-    scale = read(scaler.loss_scale).astype(np.float64)
+    scale = _read(scaler.loss_scale).astype(np.float64)
     rules = []
     if isinstance(scaler, DynamicLossScale):
-        interval, tracker = read(scaler.growth_interval), read(scaler.growth_tracker)
+        interval, tracker = _read(scaler.growth_interval), _read(scaler.growth_tracker)
         growth, backoff, floor = (
-            read(x).astype(np.float64) for x in (scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
+            _read(x).astype(np.float64) for x in (scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
         )
         rules += [
             ("loss_scale.growth_interval", interval, interval >= 1, "an integer >= 1"),
@@ -202,17 +236,81 @@ def _restored_rules(train_state) -> list[tuple[str, np.ndarray, np.ndarray, str]
         )
     elif isinstance(scaler, NoOpLossScale):
         rules.append(("loss_scale.loss_scale", scale, scale == 1, "1 (no loss scaling)"))
-    step = read(train_state.step)
+    step = _read(train_state.step)
     rules.append(("step", step, step >= 0, ">= 0"))
+    return rules + _skip_rules(train_state.opt_state, step) + _optimizer_count_rules(train_state.opt_state)
+
+
+def _skip_rules(opt_state, step: np.ndarray) -> list[Rule]:
+    """amp.skip_nonfinite's counts: no more skips than updates attempted, no longer a streak."""
     try:
-        skips = skip_state(train_state.opt_state)
+        skips = skip_state(opt_state)
     except ValueError:  # an optimizer without skip_nonfinite keeps no counts
-        return rules
-    skipped, streak = read(skips.skipped), read(skips.consecutive_skips)
-    return rules + [
+        return []
+    skipped, streak = _read(skips.skipped), _read(skips.consecutive_skips)
+    return [
         ("opt_state.skipped", skipped, (skipped >= 0) & (skipped <= step), "from 0 to step (the updates attempted)"),
         ("opt_state.consecutive_skips", streak, (streak >= 0) & (streak <= skipped), "from 0 to skipped"),
     ]
+
+
+def _optimizer_count_rules(opt_state) -> list[Rule]:
+    """optax's own step counts (Adam's bias correction, a schedule's position): one below 0
+    makes Adam divide by 0 (every update then skipped) or a schedule run backwards."""
+    rules = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        if path and _key_name(path[-1]) == "count" and jnp.issubdtype(leaf.dtype, jnp.signedinteger):
+            count = _read(leaf)
+            rules.append((f"opt_state.{_dotted(path)}", count, count >= 0, ">= 0 (the updates the optimizer applied)"))
+    return rules
+
+
+def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
+    """The `Rule`s of a restored flashbax buffer state: the slot the next transition goes to
+    lies in the buffer, and a buffer not yet full holds nothing at or past that slot (flashbax
+    fills the slots in order, from zeros: data there means it has wrapped, so `is_full` was
+    cleared or the index moved back). A full buffer's index may be anywhere."""
+    index, full = _read(buffer.current_index), _read(buffer.is_full)
+    experience = jax.tree.leaves(buffer.experience)
+    capacity = np.shape(experience[0])[index.ndim + 1]  # experience: [seeds..., add batch (1), capacity, ...]
+    written = _written_from(experience, np.clip(index, 0, capacity), full)
+    return [
+        ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
+        (
+            "is_full",
+            full,
+            full | ~written,
+            "True where slots at or past current_index hold transitions (flashbax fills them in order)",
+        ),
+    ]
+
+
+def _written_from(experience: list, start: np.ndarray, full: np.ndarray) -> np.ndarray:
+    """Per seed whose buffer is not full: whether any slot from `start` on holds a byte other
+    than the zeros it started with (bytes: -0.0 and bfloat16 count too). Each leaf is read once;
+    a full buffer, the usual one, is not read at all."""
+    written = np.zeros(np.shape(start), bool)
+    if np.all(full):
+        return written
+    for leaf in experience:
+        values = _read(leaf)
+        for seed in np.ndindex(np.shape(start)):
+            slots = np.ascontiguousarray(values[seed][:, start[seed] :])
+            written[seed] |= not full[seed] and bool(np.any(slots.view(np.uint8)))
+    return written
+
+
+def _counter_rules(state, seeds_shape: tuple) -> list[Rule]:
+    """An algorithm state's own counters: its signed-integer fields with one value per seed
+    (DQN's steps and episodes, SAC's iteration) count what the run did, so never below 0."""
+    if isinstance(state, TrainState):  # its step is checked with it
+        return []
+    rules = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if len(path) == 1 and jnp.issubdtype(leaf.dtype, jnp.signedinteger) and np.shape(leaf) == seeds_shape:
+            count = _read(leaf)
+            rules.append((_dotted(path), count, count >= 0, ">= 0 (a count of what the run did)"))
+    return rules
 
 
 def check_restored(train_state, *, step: int, directory: str, field_prefix: str = "") -> None:
@@ -224,7 +322,27 @@ def check_restored(train_state, *, step: int, directory: str, field_prefix: str 
     `field_prefix` names where the `TrainState` sits ("train_state.")."""
     if train_state is None or not hasattr(train_state, "loss_scale"):
         return
-    for field, values, good, accepted in _restored_rules(train_state):
+    refuse_unwritten(_restored_rules(train_state), step=step, directory=directory, field_prefix=field_prefix)
+
+
+def check_restored_state(state, *, step: int, directory: str) -> None:
+    """`check_restored` for every `TrainState` in a restored `state` (SAC holds three), then
+    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`) and its own
+    counters (`_counter_rules`): one place for every algorithm, none checks its own."""
+    train_states = _nodes_of(state, TrainState)
+    for prefix, train_state in train_states:
+        check_restored(train_state, step=step, directory=directory, field_prefix=prefix)
+    for prefix, buffer in _nodes_of(state, TrajectoryBufferState):
+        refuse_unwritten(_buffer_rules(buffer), step=step, directory=directory, field_prefix=prefix)
+    if train_states:  # the seed axis: a counter has one value per seed, as a train state's step
+        seeds_shape = np.shape(train_states[0][1].step)
+        refuse_unwritten(_counter_rules(state, seeds_shape), step=step, directory=directory)
+
+
+def refuse_unwritten(rules: list[Rule], *, step: int, directory: str, field_prefix: str = "") -> None:
+    """Refuses, in one sentence naming the field (after `field_prefix`), its value, its seed
+    and what is accepted, the first value of `rules` that no run writes."""
+    for field, values, good, accepted in rules:
         bad = np.flatnonzero(~np.broadcast_to(good, np.shape(values)))
         if not bad.size:
             continue
@@ -286,7 +404,7 @@ def restore(
     Raises:
         CheckpointMismatchError: in one sentence, for a checkpoint that does not fit the run,
             fails its checksum, has none (unless `allow_unverified`), or holds values no run
-            writes (`check_restored`).
+            writes (`check_restored_state`).
     """
     step = store.resolve_step(step)
     meta = store.read_meta(step)
@@ -306,15 +424,19 @@ def restore(
         )
         restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.loss_scale))
     state = serialization.from_state_dict(target, restored)
-    for prefix, restored_train_state in _train_states(state):
-        check_restored(restored_train_state, step=step, directory=store.directory, field_prefix=prefix)
+    check_restored_state(state, step=step, directory=store.directory)
     return state, meta
 
 
-def _train_states(state) -> list[tuple[str, TrainState]]:
-    """Every `TrainState` in `state` (SAC holds three), with where it sits: "critic."."""
-    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: isinstance(node, TrainState))[0]
-    return [("".join(f"{_key_name(k)}." for k in path), node) for path, node in found if isinstance(node, TrainState)]
+def _nodes_of(state, cls) -> list[tuple[str, Any]]:
+    """Every `cls` in `state` (SAC holds three `TrainState`s), with where it sits: "critic."."""
+    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: isinstance(node, cls))[0]
+    return [("".join(f"{_key_name(k)}." for k in path), node) for path, node in found if isinstance(node, cls)]
+
+
+def _dotted(path) -> str:
+    """A key path as a field name: "opt_state.inner_state.0.count"."""
+    return ".".join(_key_name(k) for k in path)
 
 
 def _key_name(key) -> str:
@@ -508,7 +630,7 @@ class CheckpointStore:
         }
         self.wait()  # a failure of the save before this one is raised here, naming its step
         if force and int(step) in self.all_steps():  # unforced, Orbax skips steps up to the newest
-            return self._saved_already(int(step), full_meta["digest"])
+            return self._saved_already(int(step), state_dict)
         with self._writing(int(step)):
             saved = self._manager.save(
                 int(step),
@@ -519,9 +641,9 @@ class CheckpointStore:
             self._pending = int(step)
         return saved
 
-    def _saved_already(self, step: int, digest: str) -> bool:
+    def _saved_already(self, step: int, state_dict: dict) -> bool:
         """False for a save of the state `step` already holds; a refusal for another state."""
-        if self.read_meta(step).get("digest") == digest:
+        if matches_digest(state_dict, self.read_meta(step).get("digest", "")):
             return False
         raise CheckpointMismatchError(
             f"checkpoint at step {step} in {self.directory} already exists with other contents; "
@@ -579,7 +701,7 @@ class CheckpointStore:
                 )
             logger.warning("checkpoint at step %d in %s has no checksum: restored unverified", step, self.directory)
             return state
-        if state_digest(state) != meta["digest"]:
+        if not matches_digest(state, meta["digest"]):
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
                 "saved with it"
