@@ -19,6 +19,10 @@ metric rows of a chunk (`to_rows`) and its summary fields:
 >>> summary["final_loss"], session.position
 (2.0, 3)
 
+With a directory (`Session("runs/toy", ...)`) the state is checkpointed, so it must be a dict,
+dataclass or flax struct of arrays, `session.restore({"w": jnp.float32(8.0)})`: a bare array
+is refused at `restore`, before anything runs.
+
 With several processes (`jax.distributed`), every process runs the same session; only
 process 0 writes the run directory, the metrics and the progress bar, and the processes agree
 on every stop so their collectives stay in step.

@@ -77,7 +77,7 @@ def test_per_seed_columns_become_per_seed_tags():
 
 
 @pytest.mark.slow
-def test_ppo_seed_k_of_n_matches_its_one_seed_run():
+def test_ppo_seed_k_of_n_matches_its_one_seed_run_over_8_updates():
     from genesis_jax.algos.ppo import PPOConfig, train
 
     settings = dict(total_steps=2048, num_envs=4, num_steps=64)
