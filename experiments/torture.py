@@ -4,8 +4,10 @@ without a stop (metric rows, every leaf of the final checkpoint, the summary, le
 
     python experiments/torture.py --algo ppo --kills 25 --seed 0 --out benchmarks/torture-cpu.md
     python experiments/torture.py --algo world-model --kills 25 --seed 0 --out benchmarks/torture-cpu.md --append
+    python experiments/torture.py --algo dqn --kills 25 --seed 0 --out benchmarks/torture-cpu.md --append
+    python experiments/torture.py --algo sac --kills 25 --seed 0 --out benchmarks/torture-cpu.md --append
 
-Bigger runs: --total-steps (PPO) or --epochs (world model), --width. A failing schedule
+Bigger runs: --total-steps (PPO, DQN, SAC) or --epochs (world model), --width. A failing schedule
 replays with the same --seed (the same moments, signals and fractions; the instants depend
 on the machine). Exit status 1 when the tortured run is not the uninterrupted one.
 """
@@ -34,6 +36,11 @@ def command(args, workdir: str) -> tuple[list[str], int]:
         sizes = ["--total-steps", str(args.total_steps), "--num-envs", str(args.num_envs)]
         sizes += ["--num-steps", str(args.num_steps), "--checkpoint-every", str(every)]
         return ["train", "ppo", *sizes, *common], args.total_steps // per_update
+    if args.algo in torture.OFF_POLICY:
+        sizes, row_steps = torture.OFF_POLICY[args.algo]
+        rows = args.total_steps // row_steps
+        every = ["--checkpoint-every", str(row_steps * args.checkpoint_every)]
+        return ["train", args.algo, "--total-steps", str(args.total_steps), *sizes, *every, *common], rows
     from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
 
     data = os.path.join(workdir, "cartpole.npz")
@@ -84,18 +91,18 @@ def report(args, argv, result: torture.Torture, total: int, problems: list[str],
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algo", choices=("ppo", "world-model"), default="ppo")
+    p.add_argument("--algo", choices=("ppo", "world-model", "dqn", "sac"), default="ppo")
     p.add_argument("--kills", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the kill schedule's seed")
     p.add_argument("--run-seed", type=int, default=3, help="the training run's --seed")
     p.add_argument("--precision", default="fp16")
-    p.add_argument("--total-steps", type=int, default=16384, help="PPO")
+    p.add_argument("--total-steps", type=int, default=None, help="PPO (16384), DQN (4000), SAC (320)")
     p.add_argument("--num-envs", type=int, default=4, help="PPO")
     p.add_argument("--num-steps", type=int, default=64, help="PPO")
     p.add_argument("--epochs", type=int, default=40, help="world model")
     p.add_argument("--width", type=int, default=32, help="world model")
     p.add_argument("--num-sequences", type=int, default=64, help="world model: collected CartPole sequences")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="positions between checkpoints (0: 2 PPO, 1 WM)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="positions between checkpoints (0: 1 WM, else 2)")
     p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache: every restart compiles")
     p.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
     p.add_argument("--out", default=None, help="markdown file for the report")
@@ -103,7 +110,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.kills < 1:
         p.error(f"--kills must be a positive integer, got {args.kills}")
-    args.checkpoint_every = args.checkpoint_every or (2 if args.algo == "ppo" else 1)
+    args.checkpoint_every = args.checkpoint_every or (1 if args.algo == "world-model" else 2)
+    args.total_steps = args.total_steps or {"ppo": 16384, "dqn": 4000, "sac": 320}.get(args.algo)
     workdir = args.workdir or tempfile.mkdtemp(prefix="torture-")
     os.makedirs(workdir, exist_ok=True)
     began, load_start = time.perf_counter(), os.getloadavg()[0]

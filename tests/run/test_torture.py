@@ -1,4 +1,4 @@
-"""The torture test: a PPO run and a world-model run, each killed at random moments
+"""The torture test: a PPO, a world-model, a DQN and a SAC run, each killed at random moments
 (interpreter start, compilation, mid-chunk, mid-save) with SIGKILL, SIGTERM and SIGINT and
 resumed each time, end exactly as the same command run once without a stop: the same metric
 rows, every update once, the same bits in every leaf of the final checkpoint, the same summary,
@@ -94,6 +94,39 @@ def test_world_model_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
     save_dataset(collect_dataset("CartPole-v1", 64, 32, seed=0), str(data))
     result = torture.torture(world_model_args(data), tmp_path, KILLS, SEED)
     assert_survived(result, WM_EPOCHS)
+
+
+def off_policy_args(algo: str, total_steps: int) -> list[str]:
+    """A small DQN or SAC run, a checkpoint every 2 rows (each chunk ends in a save)."""
+    sizes, row_steps = torture.OFF_POLICY[algo]
+    every = ["--checkpoint-every", str(2 * row_steps)]
+    return [
+        "train",
+        algo,
+        "--total-steps",
+        str(total_steps),
+        *sizes,
+        *every,
+        "--precision",
+        "fp16",
+        "--seed",
+        "3",
+        "--no-progress",
+    ]
+
+
+@pytest.mark.long
+@pytest.mark.slow  # 14 processes, about 110 CPU seconds (15 the first; about 7 each restart)
+def test_dqn_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
+    result = torture.torture(off_policy_args("dqn", 4000), tmp_path, KILLS, SEED)
+    assert_survived(result, 20)  # rows of 200 steps: the replay buffer, in every checkpoint, comes back bit for bit
+
+
+@pytest.mark.long
+@pytest.mark.slow  # 14 processes, about 150 CPU seconds (26 the first; about 10 each restart)
+def test_sac_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
+    result = torture.torture(off_policy_args("sac", 320), tmp_path, KILLS, SEED)
+    assert_survived(result, 40)  # rows of 8 steps; three optimizers under one scaler
 
 
 # --- the driver itself (fast) ------------------------------------------------------------------

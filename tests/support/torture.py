@@ -88,6 +88,20 @@ class Torture:
     restart_cpu: float  # CPU seconds of all the tortured processes
 
 
+# DQN's and SAC's small runs: (their sizes, environment steps per metrics row, the position).
+OFF_POLICY = {
+    "dqn": (
+        "--num-envs 2 --train-frequency 2 --row-steps 200 --learning-starts 400 --buffer-size 1000 --batch-size 32 "
+        "--target-update-interval 100 --epsilon-steps 2000 --hidden 16".split(),
+        200,
+    ),
+    "sac": (
+        "--num-envs 8 --steps-per-row 8 --batch-size 8 --learning-starts 8 --buffer-size 512 --hidden 16 16".split(),
+        8,
+    ),
+}
+
+
 def schedule(kills: int, seed: int) -> list[Plan]:
     """`kills` plans from `seed`: every moment x signal pair as evenly as `kills` allows, in a
     seeded random order, each with a seeded fraction of its moment."""
