@@ -337,9 +337,7 @@ def test_every_registered_algorithm_has_settings_refused_before_the_disk():
     assert set(REFUSED_BEFORE_THE_DISK) == set(REGISTRY)
 
 
-@pytest.mark.parametrize(
-    "name, argv", [(n, a) for n, cases in REFUSED_BEFORE_THE_DISK.items() for a in cases], ids=str
-)
+@pytest.mark.parametrize("name, argv", [(n, a) for n, cases in REFUSED_BEFORE_THE_DISK.items() for a in cases], ids=str)
 def test_a_refused_setting_leaves_no_run_directory(name, argv, tmp_path, capsys):
     # Once an empty checkpoints/ was left, and the corrected command was refused as "holds another run".
     out = tmp_path / "run"
