@@ -252,8 +252,9 @@ class Session:
         if steps:  # another workload's run is named as such, before its rows are read as this one's
             newest = self.store.read_meta(steps[-1])
             check_kind(newest, step=steps[-1], kind=self.kind)
-            if self.config is not None:  # a setting whose state no longer fits, named before the shapes are
-                self.config.check_resume(newest.get("config", {}))
+            check_resume = getattr(self.config, "check_resume", None)  # an algorithm config's; a user's may lack it
+            if check_resume is not None:  # a setting whose state no longer fits, named before the shapes are
+                check_resume(newest.get("config", {}))
         rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)
         step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}

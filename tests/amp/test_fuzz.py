@@ -54,6 +54,18 @@ def run(scaler, grads):
     return states, scaler, trace
 
 
+def gradscaler_update(scale, tracker, finite: bool, interval: int, floor: float = 0.0):
+    """GradScaler's update() in numpy float32 (growth x2 unless it overflows, backoff x0.5),
+    the backoff floored at max(floor, 2^-126) as the library's scaler is."""
+    if not finite:
+        return max(np.float32(scale / 2), np.float32(max(floor, 2.0**-126))), 0
+    if tracker + 1 < interval:
+        return scale, tracker + 1
+    with np.errstate(over="ignore"):
+        grown = np.float32(scale * 2)
+    return (grown if np.isfinite(grown) else scale), 0
+
+
 def gradscaler_reference(grads, init_scale, growth_interval):
     """numpy float32: per iteration the scales, each optimizer's found-inf, the final params,
     each optimizer's skip count and the scaler's final (scale, tracker)."""
@@ -77,14 +89,7 @@ def gradscaler_reference(grads, init_scale, growth_interval):
             else:
                 trace = unscaled + np.float32(MOMENTUM) * trace
                 params[1] = params[1] - np.float32(LEARNING_RATES[1]) * trace
-        if all(finite):
-            tracker += 1
-            if tracker == growth_interval:
-                with np.errstate(over="ignore"):
-                    grown = np.float32(scale * 2)
-                scale, tracker = (grown if np.isfinite(grown) else scale), 0
-        else:
-            scale, tracker = max(np.float32(scale / 2), np.float32(2.0**-126)), 0
+        scale, tracker = gradscaler_update(scale, tracker, all(finite), growth_interval)
         scales.append(scale)
         found.append(finite)
     return np.array(scales), np.array(found), params, skipped, (scale, tracker)
@@ -126,14 +131,7 @@ def test_several_optimizers_under_one_scaler_follow_gradscaler(grads, init_scale
 def reference_flags_adjust(flags, init_scale, interval, floor):
     scale, tracker, out = np.float32(init_scale), 0, []
     for finite in flags:
-        if finite:
-            tracker += 1
-            if tracker == interval:
-                with np.errstate(over="ignore"):
-                    grown = np.float32(scale * 2)
-                scale, tracker = (grown if np.isfinite(grown) else scale), 0
-        else:
-            scale, tracker = max(np.float32(scale / 2), np.float32(max(floor, 2.0**-126))), 0
+        scale, tracker = gradscaler_update(scale, tracker, finite, interval, floor)
         out.append((scale, tracker))
     return out
 

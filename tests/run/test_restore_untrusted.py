@@ -20,21 +20,11 @@ from genesis_jax.algos.sac import SACConfig
 from genesis_jax.algos.sac.train import SAC
 from genesis_jax.cli import EXIT_BAD_INPUT, main
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore, state_digest
+from tests.algos.test_dqn import TINY as DQN_TEST_TINY
 from tests.support.files import snapshot
 
 # tests/algos/test_dqn.py's and test_sac.py's TINY, smaller still: 300 transitions a buffer.
-DQN_TINY = dict(
-    total_steps=400,
-    num_envs=2,
-    train_frequency=2,
-    row_steps=200,
-    learning_starts=100,
-    buffer_size=300,
-    batch_size=32,
-    target_update_interval=100,
-    epsilon_steps=400,
-    hidden=(16,),
-)
+DQN_TINY = {**DQN_TEST_TINY, "total_steps": 400, "learning_starts": 100, "buffer_size": 300, "epsilon_steps": 400}
 SAC_TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16), buffer_size=256)
 DQN_PATH, SAC_PATH = ("train_state",), ("critic",)
 
