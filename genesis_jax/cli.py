@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="steps per seed: N for every task, or TASK=N,TASK=N (others: their own; default: each task's)",
     )
-    study.add_argument("--reps", type=int, default=2000, help="bootstrap replications per confidence interval")
+    study.add_argument("--reps", type=int, default=2000, help="bootstrap replications per interval (at least 100)")
     study.add_argument("--no-cost", action="store_true", help="skip the 1-seed run that measures the cost of N seeds")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -434,9 +434,14 @@ def _task_steps(text: str) -> int | dict[str, int]:
     try:
         if "=" not in text:
             return int(text)
-        return {task.strip(): int(n) for task, n in (part.split("=", 1) for part in text.split(",") if part.strip())}
+        pairs = [(task.strip(), int(n)) for task, n in (part.split("=", 1) for part in text.split(",") if part.strip())]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or TASK=N,TASK=N, got {text!r}") from None
+    tasks = [task for task, _ in pairs]
+    repeated = [task for i, task in enumerate(tasks) if task in tasks[:i]]
+    if repeated:  # a dict would keep the last one silently
+        raise argparse.ArgumentTypeError(f"{repeated[0]!r} is given twice in {text!r}; give each task one budget")
+    return dict(pairs)
 
 
 def _run_study(args) -> int:

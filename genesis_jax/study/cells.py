@@ -2,7 +2,9 @@
 under vmap in one compiled program) at the same environment steps, in its own run directory.
 
 A finished cell (its summary.json) is never run again, an interrupted one resumes from its
-checkpoint, so a study that stopped part-way continues where it was.
+checkpoint, so a study that stopped part-way continues where it was. Either is reused only at
+the settings it was trained with (`check_kept_cells`): a study never reports cells under
+settings they did not run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pathlib
 import numpy as np
 
 from genesis_jax.algos import get_algorithm
+from genesis_jax.run.run_dir import jsonable
 from genesis_jax.run.signals import DivergenceError
 
 
@@ -65,11 +68,16 @@ BASELINE = "fp32"
 
 
 def check_choices(tasks, precisions) -> None:
-    """One line for an unknown task or precision, before anything runs."""
+    """One line for an unknown, missing or repeated task or precision, before anything runs."""
     for kind, chosen, known in (("task", tasks, TASKS), ("precision", precisions, PRECISIONS)):
+        if not chosen:
+            raise ValueError(f"the study names no {kind}; accepted: {', '.join(known)}")
         unknown = [c for c in chosen if c not in known]
         if unknown:
             raise ValueError(f"unknown {kind} {unknown[0]!r}; accepted: {', '.join(known)}")
+        repeated = [c for i, c in enumerate(chosen) if c in chosen[:i]]
+        if repeated:
+            raise ValueError(f"{kind} {repeated[0]!r} is given twice; name each {kind} once")
     if BASELINE not in precisions:
         raise ValueError(f"a study compares with {BASELINE}: include it in the precisions")
 
@@ -78,14 +86,27 @@ def budgets(tasks, total_steps) -> dict[str, int]:
     """Environment steps per seed of each task: `total_steps` for all, a {task: steps}
     mapping, or None (each task's default)."""
     chosen = total_steps if isinstance(total_steps, dict) else {t: total_steps for t in tasks}
+    unknown = set(chosen) - set(tasks)
+    if unknown:
+        raise ValueError(f"total-steps names {sorted(unknown)[0]!r}, which is not among the study's tasks")
     out = {task: TASKS[task].total_steps if chosen.get(task) is None else chosen[task] for task in tasks}
     for task, steps in out.items():
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"total-steps of {task} must be a positive integer, got {steps!r}")
-    unknown = set(chosen) - set(tasks)
-    if unknown:
-        raise ValueError(f"total-steps names {sorted(unknown)[0]!r}, which is not among the study's tasks")
+        fields = {f.name for f in dataclasses.fields(get_algorithm(TASKS[task].algo).config_class)}
+        if "total_steps" not in fields:  # its budget is counted in something else (epochs, say)
+            raise ValueError(
+                f"{task} trains {TASKS[task].algo}, whose budget is not environment steps: "
+                "total-steps does not apply to it"
+            )
     return out
+
+
+def cell_config(task: str, precision: str, num_seeds: int, seed: int, steps: int):
+    """The config a cell trains (its algorithm validates it here, before anything runs)."""
+    spec = TASKS[task]
+    fields = {**spec.settings, **PRECISIONS[precision], "total_steps": steps, "seed": seed, "num_seeds": num_seeds}
+    return get_algorithm(spec.algo).config_class(**fields)
 
 
 def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
@@ -106,20 +127,88 @@ def read_rows(path: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def run_cell(out: pathlib.Path, task: str, precision: str, num_seeds: int, seed: int, steps: int, progress: bool):
-    """Trains one cell (resuming it when it has a checkpoint); returns its summary."""
-    spec = TASKS[task]
-    algorithm = get_algorithm(spec.algo)
-    fields = {**spec.settings, **PRECISIONS[precision], "total_steps": steps, "seed": seed, "num_seeds": num_seeds}
-    config = algorithm.config_class(**fields)
-    path = cell_dir(out, task, precision)
+def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
+    """Trains one cell (resuming it when it has a checkpoint); returns its summary, as
+    summary.json holds it (the config included)."""
+    algorithm = get_algorithm(TASKS[task].algo)
     started = (path / "checkpoints").is_dir() and any((path / "checkpoints").iterdir())
     options = {"resume": True} if started else {"overwrite": path.exists()}
+    steps = config.total_steps
     try:
         result = algorithm.train(config, str(path), checkpoint_every=max(1, steps // 4), progress=progress, **options)
+        summary = result.summary
     except DivergenceError as stop:  # every seed halted: the cell's result is what they reached
-        return stop.summary
-    return result.summary
+        summary = stop.summary
+    return read_summary(path) or summary
+
+
+# What records a cell's settings: summary.json once it ended, and, from the moment it starts,
+# the study's own record (a cell killed before its summary is judged by that one).
+PLANNED = "planned.json"
+# The study's flags, by the config field each sets: a refusal names the flag to change.
+FLAGS = {"num_seeds": "--num-seeds", "total_steps": "--total-steps", "seed": "--seed"}
+
+
+def as_json(config) -> dict:
+    """A config as summary.json holds it (tuples as lists, a non-finite float as None)."""
+    return json.loads(json.dumps(jsonable(config.to_dict()), default=str))
+
+
+def read_planned(out: pathlib.Path) -> dict[str, dict]:
+    try:
+        return json.loads((out / PLANNED).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def record_planned(out: pathlib.Path, path: pathlib.Path, config) -> None:
+    """Adds the settings of the cell at `path` to the study's record (atomically)."""
+    planned = {**read_planned(out), path.relative_to(out).as_posix(): as_json(config)}
+    tmp = out / f"{PLANNED}.tmp"
+    tmp.write_text(json.dumps(planned, indent=1) + "\n")
+    tmp.replace(out / PLANNED)
+
+
+def recorded_settings(out: pathlib.Path, path: pathlib.Path) -> dict | None:
+    """The config the cell at `path` was trained with, as far as anything on disk says
+    (nothing where the cell is gone: one deleted to be trained again is not judged)."""
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        summary = {}
+    if "config" in summary:
+        return summary["config"]
+    return read_planned(out).get(path.relative_to(out).as_posix())
+
+
+def settings_changes(recorded: dict, planned: dict) -> list[str]:
+    """'field: recorded -> planned' for each differing field (study flags by their flag). A
+    field only one side has comes from another version of genesis-jax and is not compared."""
+    return [
+        f"{FLAGS.get(name, name)}: {recorded[name]!r} -> {planned[name]!r}"
+        for name in sorted(set(recorded) & set(planned))
+        if recorded[name] != planned[name]
+    ]
+
+
+def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> None:
+    """Refuses, in one line, a study whose `--out` holds cells trained with other settings
+    than `plan` ({cell path: config}) asks for: reusing them would report what did not run."""
+    recorded = {path: recorded_settings(out, path) for path in plan}
+    changed = {
+        path: changes
+        for path, config in plan.items()
+        if recorded[path] is not None and (changes := settings_changes(recorded[path], as_json(config)))
+    }
+    if changed:
+        path, changes = next(iter(changed.items()))
+        more = f" (and {len(changed) - 1} more cells)" if len(changed) > 1 else ""
+        raise ValueError(
+            f"{path} was trained with other settings than this study asks for ({'; '.join(changes)}){more}: "
+            "run the study with the settings it was made with, or give another --out for the new ones"
+        )
 
 
 def seed_scores(summary: dict, score: str) -> np.ndarray:

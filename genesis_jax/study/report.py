@@ -48,6 +48,7 @@ def analyse(raw: dict[str, np.ndarray], tasks: list[str], randoms: dict[str, flo
         "aggregate": stats.aggregate(normalised, reps, seed),
         "improvement": stats.probability_of_improvement(normalised, BASELINE, reps, seed),
         "equivalence": stats.equivalence(normalised, BASELINE, reps, seed),
+        "learned": stats.learned(normalised),
         "profiles": stats.performance_profiles(normalised, np.linspace(0.0, 1.2, 49), reps, seed),
     }
 
@@ -134,6 +135,15 @@ def overflow_table(summaries: dict[str, dict[str, dict]]) -> list[str]:
     return lines
 
 
+def _verdict_cell(analysis: dict, precision: str, task: int) -> str:
+    """A verdict and its difference; "did not learn" names the precisions that did not."""
+    difference, verdict = analysis["equivalence"][precision][task]
+    if verdict == "did not learn":
+        names = [p for p in (precision, BASELINE) if not analysis["learned"][p][task]]
+        verdict = f"did not learn ({', '.join(names)})"
+    return f"{verdict} ({_fmt(difference)})"
+
+
 def write_report(
     out: pathlib.Path,
     analysis: dict,
@@ -150,13 +160,16 @@ def write_report(
     lines += [
         f"The IQM difference of normalised scores (X - {BASELINE}) with its 95% stratified-bootstrap CI. "
         f'"equivalent": the whole CI within +-{stats.MARGIN:g}; "worse"/"better": the whole CI below/above 0 '
-        'and not within the margin; "not shown": neither.',
+        'and not within the margin; "not shown": neither. No verdict where it would say nothing: '
+        f'"did not learn" where X or {BASELINE} has an IQM normalised score below {stats.LEARNED_FROM:g} '
+        f'(0 is the random policy; the names in brackets), "too few seeds" below {stats.MIN_SEEDS_FOR_VERDICT} '
+        "seeds per cell, where the interval is too narrow to trust.",
         "",
         "| task | " + " | ".join(p for p in precisions if p != BASELINE) + " |",
         "|---|" + "---|" * (len(precisions) - 1),
     ]
     for i, task in enumerate(tasks):
-        cells = [f"{v} ({_fmt(d)})" for d, v in (analysis["equivalence"][p][i] for p in precisions if p != BASELINE)]
+        cells = [_verdict_cell(analysis, p, i) for p in precisions if p != BASELINE]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     lines += ["", "## Aggregate over tasks (normalised scores, 95% CIs)", ""]
     lines += ["| precision | " + " | ".join(stats.AGGREGATES) + f" | P(X > {BASELINE}) |"]

@@ -1,5 +1,6 @@
 """The precision study: its statistics are rliable's on the same score matrix, its verdicts
-follow their rule, and the command resumes a study without redoing finished cells."""
+follow their rule, and the command resumes a study without redoing finished cells (and
+refuses to reuse them at other settings: tests/e2e/test_study_honesty.py)."""
 
 import json
 
@@ -130,16 +131,19 @@ def test_a_bad_choice_is_one_line_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # about 60 s on 2 busy CPU cores: three cells compile and train
 def test_the_study_command_reports_and_resumes_without_redoing_cells(tmp_path, capsys):
     from genesis_jax.cli import main
 
     out = tmp_path / "study"
-    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "3", "--total-steps", "2048"]
+    # 2000 steps are 3 whole PPO rollouts of 4 x 128 steps: the cells run 1536, and the report says so
+    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "3", "--total-steps", "2000"]
     argv += ["--reps", "100", "--no-progress"]
     assert main(argv) == 0
     report = (out / "report.md").read_text()
     assert "| CartPole-v1 | fp16 |" in report and "3 seeds take" in report
+    assert "3 seeds per cell (seeds 0 to 2;" in report and "CartPole-v1: 1536 steps per seed" in report
+    assert "| CartPole-v1 | too few seeds (" in report or "| CartPole-v1 | did not learn (" in report
     for name in ("aggregate.png", "improvement.png", "profiles.png", "curves_CartPole-v1.png", "stats.json"):
         assert (out / name).is_file()
     cell = out / "cells" / "CartPole-v1" / "fp16"
@@ -147,6 +151,10 @@ def test_the_study_command_reports_and_resumes_without_redoing_cells(tmp_path, c
     assert summary["num_seeds"] == 3 and summary["seeds"] == [0, 1, 2] and len(summary["final_return_per_seed"]) == 3
     before = {p: p.read_bytes() for p in (out / "cells").rglob("*.json*")}
     capsys.readouterr()
-    assert main(argv) == 0  # again: every cell finished, none runs
-    assert capsys.readouterr().err.count("finished before, kept") == 2
+    assert main(argv) == 0  # again: every cell finished (the cost cell too), none runs
+    assert capsys.readouterr().err.count("finished before, kept") == 3
+    assert {p: p.read_bytes() for p in (out / "cells").rglob("*.json*")} == before
+    # again with more seeds: refused in one line, not the old cells under a new header
+    assert main([*argv, "--num-seeds", "4"]) == 2
+    assert "--num-seeds: 3 -> 4" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (out / "cells").rglob("*.json*")} == before
