@@ -28,9 +28,22 @@ def _is_concrete(x) -> bool:
 LARGEST_NORMAL_RECIPROCAL = 2.0**126  # the largest scale whose reciprocal is a normal float32
 
 
-def _scale_tree(tree, factor):
-    # Multiply in float32 (or wider) so a scaled float32 loss never rounds through half.
-    return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * factor, tree)
+def _scale_tree(tree, *factors):
+    """Every leaf in float32 (or wider), times each factor in turn: a scaled float32 loss never
+    rounds through half, and no factor is folded into another (see `unscale`)."""
+
+    def scaled(x):
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        for factor in factors:
+            x = x * factor
+        return x
+
+    return jax.tree.map(scaled, tree)
+
+
+def is_bool_flag(flag) -> bool:
+    """A Python, numpy or JAX boolean (of any shape): the only form a finite decision takes."""
+    return isinstance(flag, (bool, np.bool_)) or getattr(flag, "dtype", None) == jnp.bool_
 
 
 def checked_finite_flag(grads_finite):
@@ -38,10 +51,8 @@ def checked_finite_flag(grads_finite):
 
     Only booleans are taken: a float such as PyTorch's `found_inf` (1.0 on overflow, the
     opposite sense), nan, or a string would otherwise convert to True and count as finite."""
-    if isinstance(grads_finite, (bool, np.bool_)):
-        return jnp.asarray(grads_finite)
-    dtype = getattr(grads_finite, "dtype", None)
-    if dtype is None or jnp.dtype(dtype) != jnp.bool_:
+    if not is_bool_flag(grads_finite):
+        dtype = getattr(grads_finite, "dtype", None)
         shown = f"dtype {dtype}" if dtype is not None else type(grads_finite).__name__
         raise TypeError(
             f"adjust takes the step's 'all gradients finite' flag as a bool, got {shown} {grads_finite!r:.40}; "
@@ -83,7 +94,7 @@ class _LossScaleBase:
         split = self.loss_scale > LARGEST_NORMAL_RECIPROCAL
         first = jnp.where(split, jnp.float32(0.25), jnp.float32(1.0))
         second = jnp.where(split, jnp.float32(4.0), jnp.float32(1.0)) / self.loss_scale
-        return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)) * first * second, tree)
+        return _scale_tree(tree, first, second)
 
     def scale(self, tree):
         """Multiplies every leaf by the scale (in float32 for half-precision leaves)."""
@@ -111,7 +122,7 @@ class NoOpLossScale(_LossScaleBase):
         return tree
 
     def unscale(self, tree):
-        return jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), tree)
+        return _scale_tree(tree)  # float32, no multiply
 
     def adjust(self, grads_finite) -> "NoOpLossScale":
         checked_finite_flag(grads_finite)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp.guard import FaultInjection
-from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, StaticLossScale
+from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, StaticLossScale, is_bool_flag
 from genesis_jax.amp.state import LossFn, TrainState, train_step
 
 _SCALER_CLASSES = (DynamicLossScale, StaticLossScale, NoOpLossScale)
@@ -151,8 +151,7 @@ def update_shared_scale(loss_scale: LossScale, grads_finite: Sequence[jax.Array]
     if not flags:
         raise ValueError(f"grads_finite must hold each optimizer's finite decision, got none: {grads_finite!r}")
     for flag in flags:
-        is_bool = isinstance(flag, (bool, np.bool_)) or getattr(flag, "dtype", None) == jnp.bool_
-        if not is_bool or np.shape(flag) != ():
+        if not is_bool_flag(flag) or np.shape(flag) != ():
             raise ValueError(
                 "grads_finite must hold scalar bools (each shared_scale_step's metrics['grads_finite']), "
                 f"got {type(flag).__name__} of shape {np.shape(flag)} and dtype {getattr(flag, 'dtype', None)}"

@@ -343,10 +343,11 @@ class Session:
                 early = self.position < self.total and parallel.any_process(signals.received is not None)
                 if early:
                     self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
-                if on_start is not None and self.position < self.total and not early:
+                runs = self.position < self.total and not early
+                if on_start is not None and runs:
                     on_start()
                 dispatched = time.perf_counter()
-                pending = step(state) if self.position < self.total and not early else None
+                pending = step(state) if runs else None
                 while pending is not None:
                     state, metrics = pending
                     pending = None

@@ -8,25 +8,23 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import get_algorithm
+from tests.algos.test_dqn import TINY as DQN_TINY
+from tests.algos.test_sac import TINY as SAC_TINY
 
-# A few updates of each registered algorithm (a new algorithm adds its own line).
+# A few updates of each registered algorithm (a new algorithm adds its own line): the
+# algorithms' own test sizes, shorter still.
 TINY = {
     "ppo": dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,)),
-    "dqn": dict(
-        total_steps=400,
-        num_envs=2,
-        train_frequency=2,
-        row_steps=200,
-        learning_starts=100,
-        buffer_size=400,
-        batch_size=16,
-        target_update_interval=2,  # every update: the target's cond runs on the online params
-        epsilon_steps=200,
-        hidden=(16,),
-    ),
-    "sac": dict(
-        total_steps=32, num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, buffer_size=64, hidden=(16,)
-    ),
+    "dqn": {
+        **DQN_TINY,
+        "total_steps": 400,
+        "learning_starts": 100,
+        "buffer_size": 400,
+        "batch_size": 16,
+        "target_update_interval": 2,  # every update: the target's cond runs on the online params
+        "epsilon_steps": 200,
+    },
+    "sac": {**SAC_TINY, "total_steps": 32, "buffer_size": 64, "hidden": (16,)},
     "world-model": dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1),
 }
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")

@@ -43,13 +43,13 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
 
     Clipping is done by the update step on the unscaled gradients, not here."""
     if not config.anneal_lr:
-        return optax.adam(config.lr, eps=1e-5)
+        return config.adam(config.lr, eps=1e-5)
     steps_per_update = config.update_epochs * config.num_minibatches
 
     def schedule(count):
         return config.lr * (1.0 - (count // steps_per_update) / config.num_updates)
 
-    return optax.adam(schedule, eps=1e-5)
+    return config.adam(schedule, eps=1e-5)
 
 
 def init_train_state(config: PPOConfig, spec: EnvSpec, key) -> TrainState:
