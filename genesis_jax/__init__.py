@@ -15,7 +15,7 @@ nothing else from the package.
 
 import importlib
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "DynamicLossScale": "genesis_jax.amp",
@@ -23,13 +23,12 @@ _EXPORTS = {
     "StaticLossScale": "genesis_jax.amp",
     "Precision": "genesis_jax.amp",
     "TrainState": "genesis_jax.amp",
-    "all_finite": "genesis_jax.amp",
-    "get_policy": "genesis_jax.amp",
     "get_precision": "genesis_jax.amp",
-    "make_loss_scale": "genesis_jax.amp",
-    "resolve_precision_name": "genesis_jax.amp",
+    "scaled_value_and_grad": "genesis_jax.amp",
+    "skip_nonfinite": "genesis_jax.amp",
     "stats": "genesis_jax.amp",
     "train_step": "genesis_jax.amp",
+    "update_scaler": "genesis_jax.amp",
     "CheckpointMismatchError": "genesis_jax.run.checkpoint",
     "CheckpointStore": "genesis_jax.run.checkpoint",
     "Session": "genesis_jax.run.session",
@@ -37,8 +36,13 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+# 0.2's names, each read from genesis_jax.amp, which warns with its 0.3 spelling until 0.4.
+_DEPRECATED = ("all_finite", "get_policy", "make_loss_scale", "resolve_precision_name")
+
 
 def __getattr__(name):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _DEPRECATED:
+        return getattr(importlib.import_module("genesis_jax.amp"), name)
     raise AttributeError(f"module 'genesis_jax' has no attribute {name!r}")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import optax
 
 from genesis_jax import amp
+from genesis_jax.amp.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, make_loss_scale
 from genesis_jax.nets.mlp import MLP
 
 
@@ -17,8 +16,8 @@ def run_demo(
     steps: int = 500,
     seed: int = 0,
     loss_scaling=None,
-    init_loss_scale=amp.DEFAULT_INIT_SCALE,
-    growth_interval=amp.DEFAULT_GROWTH_INTERVAL,
+    init_loss_scale=DEFAULT_INIT_SCALE,
+    growth_interval=DEFAULT_GROWTH_INTERVAL,
     min_loss_scale=None,
 ) -> dict:
     """Fits y = sum(sin(x)) with a 64x64 MLP; returns final loss, loss scale and skipped steps."""
@@ -30,26 +29,26 @@ def run_demo(
     y = jnp.sin(x).sum(-1, keepdims=True)
     model = MLP(features=(64, 64, 1), dtype=prec.compute_dtype)
 
-    def loss_fn(params, batch):
-        out = model.apply(params, batch[0]).astype(jnp.float32)
-        return jnp.mean((out - batch[1]) ** 2), None
+    def loss_fn(params, x, y):
+        out = model.apply(params, x).astype(jnp.float32)
+        return jnp.mean((out - y) ** 2)
 
     state = amp.TrainState.create(
         apply_fn=model.apply,
         params=model.init(kp, x),
         tx=optax.adam(3e-3),
         precision=prec,
-        loss_scale=amp.make_loss_scale(prec.loss_scaling, init_loss_scale, growth_interval, min_loss_scale),
+        scaler=make_loss_scale(prec.loss_scaling, init_loss_scale, growth_interval, min_loss_scale),
         max_grad_norm=1.0,
     )
-    step = jax.jit(functools.partial(amp.train_step, loss_fn=loss_fn))
+    step = jax.jit(amp.train_step, static_argnums=1)
     for _ in range(steps):
-        state, metrics = step(state, (x, y))
+        state, metrics = step(state, loss_fn, x, y)
     stats = amp.stats(state)
     return {
         "precision": prec.name,
         "final_loss": float(metrics["loss"]),
-        "loss_scale": stats["current_scale"],
-        "skipped_steps": stats["overflow_steps"],
-        "training_steps": stats["training_steps"],
+        "loss_scale": stats["scale"],
+        "skipped_steps": stats["skipped"],
+        "training_steps": stats["steps"],
     }

@@ -233,8 +233,9 @@ class Algorithm:
         """`amp.train_step` with this run's fault injection and gradient hook."""
         return train_step(
             train_state,
-            batch,
             loss_fn,
+            batch,
+            has_aux=True,
             axis_name=axis_name,
             faults=self.seed_faults(),
             grad_transform=self.grad_transform,
@@ -293,7 +294,7 @@ class Algorithm:
             per_seed = {
                 "seeds": seeds.tolist(),
                 "skipped_updates_per_seed": skipped_per_seed.tolist(),
-                "loss_scale_per_seed": np.asarray(ts.loss_scale.loss_scale, float).tolist(),
+                "loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist(),
                 "halted_per_seed": np.asarray(ts.halted).tolist(),
                 "injected_nonfinite_per_seed": injected,
             }
@@ -304,7 +305,7 @@ class Algorithm:
             "compile_seconds": compile_seconds,
             "wall_seconds": session.elapsed(),
             "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
-            "loss_scale": float(np.mean(np.asarray(ts.loss_scale.loss_scale))),
+            "loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))),
             "skipped_updates": skipped,
             "total_updates": total_updates,
             "overflow_rate": skipped / total_updates if total_updates else 0.0,

@@ -1,118 +1,115 @@
 """genesis_jax.amp: mixed precision for JAX training loops, usable alone.
 
-It imports nothing else from genesis_jax. A loop of your own needs this and nothing more:
+It imports nothing else from genesis_jax, and installs with jax, flax, optax, jmp and chex
+alone (`pip install genesis-jax`). One surface serves every style of loop: Flax linen with
+`TrainState`, Flax NNX with `nnx.Optimizer`, pure pytrees with optax (PureJaxRL, Equinox),
+and several optimizers in separately jitted updates (CleanRL, SBX).
 
-- precisions: `get_precision("fp16")` / `get_policy` (jmp policies: params, compute,
-  output dtypes) for fp32, bf16, fp16 and fp16-full, `resolve_precision_name` for the
-  GENESIS_PRECISION / ENABLE_FP16_TRAINING variables, `autocast` for networks without a
-  `dtype` field;
+- precision: `get_precision("fp16")` gives a `Precision` (jmp policy: params, compute and
+  output dtypes; its default loss scaling) for fp32, bf16, fp16, fp16-full or a jmp policy
+  string; `PRECISION_NAMES` lists the names;
 - loss scalers with PyTorch `GradScaler`'s rule, as pytrees: `DynamicLossScale`,
-  `StaticLossScale`, `NoOpLossScale`;
-- `value_and_grad`: scale, differentiate, unscale, decide "all finite", adjust the scaler;
-- `skip_nonfinite`: an optax wrapper that skips non-finite steps, clips, counts skips and
-  halts on divergence (`DivergenceGuard`); `skip_state` finds its counts in any state;
-- `TrainState`: Flax's `TrainState` with a loss scaler; `train_step` composes the two;
-- several optimizers under one scaler, as PyTorch shares a `GradScaler`: `shared_scale_step`
-  per optimizer, then one `update_shared_scale` and `share_scale` per iteration;
-- `precision_rules` / `FLOAT32_RULES`: chosen Flax modules (norms, heads) in float32;
-- `FaultInjection`: seeded non-finite gradients and loss spikes for tests.
+  `StaticLossScale`, `NoOpLossScale` (`LossScale`: any of them); `scaler.loss_scale` is the scale;
+- `scaled_value_and_grad`: `jax.value_and_grad` with a scaler: scale, differentiate,
+  unscale, decide "all finite" on the global norm, adjust the scaler;
+- `skip_nonfinite`: an optax wrapper that skips non-finite steps (PyTorch's rule), clips,
+  counts skips, and halts on divergence (`DivergenceGuard`);
+- `TrainState` (Flax's, with a scaler; subclassable), `train_step` (the whole update) and,
+  for several optimizers sharing a scaler, `update_scaler` once per iteration; `stats`;
+- `autocast`: a network without a `dtype` field in half precision, float32 outputs;
+  `precision_rules` / `FLOAT32_RULES` / `PrecisionRule`: chosen Flax modules in float32;
+- `amp.testing.FaultInjection`: seeded non-finite gradients and loss spikes for tests.
 
 >>> import jax.numpy as jnp, optax
 >>> from genesis_jax import amp
 >>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision="fp16")
->>> type(state.loss_scale).__name__, float(state.loss_scale.loss_scale), int(state.skipped)
+>>> type(state.scaler).__name__, float(state.scaler.loss_scale), int(state.skipped)
 ('DynamicLossScale', 65536.0, 0)
 """
 
-from genesis_jax.amp.grads import (
-    ScaledGradients,
-    autocast,
-    float32_loss,
-    resolve_policy,
-    scaled_loss_grad,
-    unscale,
-    value_and_grad,
-)
-from genesis_jax.amp.guard import (
-    DEFAULT_GUARD_MIN_SCALE,
-    DEFAULT_MAX_CONSECUTIVE_SKIPS,
-    DivergenceGuard,
-    FaultInjection,
-)
-from genesis_jax.amp.loss_scale import (
-    DEFAULT_GROWTH_INTERVAL,
-    DEFAULT_INIT_SCALE,
-    DynamicLossScale,
-    LossScale,
-    NoOpLossScale,
-    StaticLossScale,
-    all_finite,
-    make_loss_scale,
-)
-from genesis_jax.amp.multi import share_scale, shared_scale_step, update_shared_scale
-from genesis_jax.amp.optim import (
-    SkipNonFiniteState,
-    advance_schedules,
-    skip_nonfinite,
-    skip_state,
-    step_if_finite,
-)
-from genesis_jax.amp.policy import (
-    PRECISION_NAMES,
-    Precision,
-    get_policy,
-    get_precision,
-    resolve_precision_name,
-)
-from genesis_jax.amp.rules import FLOAT32_RULES, PrecisionRule, precision_rules, with_precision_rules
-from genesis_jax.amp.state import TrainState, stats, train_step
+import importlib
+import warnings
+
+from genesis_jax.amp import testing
+from genesis_jax.amp.grads import autocast, scaled_value_and_grad
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, StaticLossScale
+from genesis_jax.amp.optim import skip_nonfinite
+from genesis_jax.amp.policy import PRECISION_NAMES, Precision, get_precision
+from genesis_jax.amp.rules import FLOAT32_RULES, PrecisionRule, precision_rules
+from genesis_jax.amp.state import TrainState, stats, train_step, update_scaler
 
 __all__ = [
-    # precisions
+    # precision
     "PRECISION_NAMES",
     "Precision",
-    "autocast",
-    "get_policy",
     "get_precision",
-    "resolve_policy",
-    "resolve_precision_name",
     # loss scalers
-    "DEFAULT_GROWTH_INTERVAL",
-    "DEFAULT_INIT_SCALE",
     "DynamicLossScale",
     "LossScale",
     "NoOpLossScale",
     "StaticLossScale",
-    "all_finite",
-    "make_loss_scale",
     # gradients
-    "ScaledGradients",
-    "float32_loss",
-    "scaled_loss_grad",
-    "unscale",
-    "value_and_grad",
-    # the optimizer side
-    "SkipNonFiniteState",
-    "advance_schedules",
+    "scaled_value_and_grad",
+    # the optimizer
+    "DivergenceGuard",
     "skip_nonfinite",
-    "skip_state",
-    "step_if_finite",
-    # the train state and the update step
+    # the train state, its step, a shared scaler, counts
     "TrainState",
     "stats",
     "train_step",
-    # several optimizers under one loss scaler
-    "share_scale",
-    "shared_scale_step",
-    "update_shared_scale",
-    # float32 islands
+    "update_scaler",
+    # networks: half precision without a dtype field, float32 islands
     "FLOAT32_RULES",
     "PrecisionRule",
+    "autocast",
     "precision_rules",
-    "with_precision_rules",
-    # divergence and faults
-    "DEFAULT_GUARD_MIN_SCALE",
-    "DEFAULT_MAX_CONSECUTIVE_SKIPS",
-    "DivergenceGuard",
-    "FaultInjection",
+    # test helpers (amp.testing.FaultInjection)
+    "testing",
 ]
+
+# 0.2's names: each still works until 0.4, with a DeprecationWarning naming its 0.3 spelling.
+# name: (module, attribute, the 0.3 spelling)
+_DEPRECATED = {
+    "value_and_grad": ("grads", "value_and_grad", "amp.scaled_value_and_grad (its result carries .grad_norm)"),
+    "ScaledGradients": ("grads", "ScaledGradients", "amp.scaled_value_and_grad's result, ScaledGrads"),
+    "scaled_loss_grad": ("grads", "scaled_loss_grad", "amp.scaled_value_and_grad"),
+    "unscale": ("grads", "unscale", "scaler.unscale(grads), or amp.scaled_value_and_grad"),
+    "float32_loss": ("grads", "float32_loss", "loss.astype(jnp.float32) (scaled_value_and_grad casts it)"),
+    "resolve_policy": ("grads", "resolve_policy", "amp.get_precision(name).policy"),
+    "get_policy": ("policy", "get_policy", "amp.get_precision(name).policy"),
+    "resolve_precision_name": (
+        "policy",
+        "resolve_precision_name",
+        "genesis_jax.amp.policy.resolve_precision_name (the CLI's environment variables)",
+    ),
+    "DEFAULT_INIT_SCALE": ("loss_scale", "DEFAULT_INIT_SCALE", "amp.DynamicLossScale().loss_scale (2^16)"),
+    "DEFAULT_GROWTH_INTERVAL": ("loss_scale", "DEFAULT_GROWTH_INTERVAL", "amp.DynamicLossScale().growth_interval"),
+    "all_finite": ("loss_scale", "all_finite", "amp.scaled_value_and_grad's grads_finite"),
+    "make_loss_scale": ("loss_scale", "make_loss_scale", "amp.DynamicLossScale / StaticLossScale / NoOpLossScale"),
+    "SkipNonFiniteState": ("optim", "SkipNonFiniteState", "amp.stats(opt_state)"),
+    "skip_state": ("optim", "skip_state", "amp.stats(opt_state)"),
+    "advance_schedules": ("optim", "advance_schedules", "skip_nonfinite(advance_schedule_on_skip=True)"),
+    "step_if_finite": ("optim", "step_if_finite", "amp.skip_nonfinite"),
+    "shared_scale_step": ("multi", "shared_scale_step", "TrainState.create(shared_scaler=True) and amp.train_step"),
+    "update_shared_scale": ("multi", "update_shared_scale", "amp.update_scaler(*states)"),
+    "share_scale": ("multi", "share_scale", "amp.update_scaler(*states)"),
+    "with_precision_rules": ("rules", "with_precision_rules", "@amp.precision_rules() on the method"),
+    "FaultInjection": ("guard", "FaultInjection", "amp.testing.FaultInjection"),
+    "DEFAULT_GUARD_MIN_SCALE": ("guard", "DEFAULT_GUARD_MIN_SCALE", "amp.DivergenceGuard().min_scale"),
+    "DEFAULT_MAX_CONSECUTIVE_SKIPS": (
+        "guard",
+        "DEFAULT_MAX_CONSECUTIVE_SKIPS",
+        "amp.DivergenceGuard().max_consecutive_skips",
+    ),
+}
+
+
+def __getattr__(name):
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module 'genesis_jax.amp' has no attribute {name!r}")
+    module, attribute, new = _DEPRECATED[name]
+    warnings.warn(
+        f"amp.{name} is deprecated since genesis-jax 0.3 and goes in 0.4: use {new}", DeprecationWarning, stacklevel=2
+    )
+    return getattr(importlib.import_module(f"genesis_jax.amp.{module}"), attribute)

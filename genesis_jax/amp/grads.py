@@ -1,23 +1,20 @@
 """The gradient side of mixed precision: scale the loss, differentiate, unscale in float32,
-decide whether every gradient is finite, adjust the loss scaler.
+decide whether every gradient is finite, adjust the loss scaler (`scaled_value_and_grad`);
+and `autocast`, for networks without a `dtype` field.
 
 >>> import jax, jax.numpy as jnp, optax
 >>> from genesis_jax import amp
 >>> def loss_fn(params, x):   # the matmul in the compute dtype, the loss in float32
 ...     return jnp.mean(jnp.square((x @ params["w"]).astype(jnp.float32)))
 >>> params, x = {"w": jnp.ones((3, 1))}, jnp.full((8, 3), 0.1)
->>> grad_fn = jax.jit(amp.value_and_grad(loss_fn, policy="fp16"))
->>> opt = amp.skip_nonfinite(optax.adam(1e-3), max_grad_norm=1.0)
->>> opt_state, scaler = opt.init(params), amp.DynamicLossScale()
->>> loss, grads, finite, scaler = grad_fn(scaler, params, x)
->>> updates, opt_state = opt.update(grads, opt_state, params, grads_finite=finite)
+>>> grad_fn = jax.jit(amp.scaled_value_and_grad(loss_fn, policy="fp16"))   # params and x cast to float16
+>>> tx = amp.skip_nonfinite(optax.adam(1e-3), max_grad_norm=1.0)
+>>> opt_state, scaler = tx.init(params), amp.DynamicLossScale()
+>>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x)
+>>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
 >>> params = optax.apply_updates(params, updates)
->>> bool(finite), round(float(loss), 3), int(opt_state.skipped), float(scaler.loss_scale)
-(True, 0.09, 0, 65536.0)
->>> loss, grads, finite, scaler = grad_fn(scaler, params, x * 1e4)   # float16 overflows
->>> updates, opt_state = opt.update(grads, opt_state, params, grads_finite=finite)
->>> bool(finite), int(opt_state.skipped), float(scaler.loss_scale)  # skipped, scale backed off
-(False, 1, 32768.0)
+>>> bool(finite), round(float(loss), 3), float(scaler.loss_scale)
+(True, 0.09, 65536.0)
 """
 
 from __future__ import annotations
@@ -28,6 +25,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import jmp
+import flax.linen as nn
+from flax import nnx
 
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
 from genesis_jax.amp.optim import global_norm
@@ -36,28 +35,31 @@ from genesis_jax.amp.policy import Precision, get_precision
 AxisName = str | tuple[str, ...] | None
 
 
-class ScaledGradients(NamedTuple):
-    """What `value_and_grad`'s function returns.
+class ScaledGrads(NamedTuple):
+    """What `scaled_value_and_grad`'s function returns.
 
     value: the unscaled float32 loss, or `(loss, aux)` with `has_aux`.
     grads: the unscaled float32 gradients (non-finite where `grads_finite` is False).
-    grads_finite: a scalar bool, the same on every replica of `axis_name`.
-    loss_scale: the scaler adjusted by `grads_finite`, for the next step.
+    grads_finite: a scalar bool, the same on every replica of `axis_name`: take the step or not.
+    grad_norm: the unscaled gradients' float32 global norm, the one scalar the decision was
+        taken on; give it to `skip_nonfinite`'s update, which clips with it.
+    scaler: the scaler adjusted by `grads_finite`, for the next step.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
-        >>> grad_fn = amp.value_and_grad(lambda w, x: jnp.sum(w * x))
+        >>> grad_fn = amp.scaled_value_and_grad(lambda w, x: jnp.sum(w * x))
         >>> out = grad_fn(amp.DynamicLossScale(), jnp.float32(2.0), jnp.float32(3.0))
-        >>> float(out.value), float(out.grads), bool(out.grads_finite), float(out.loss_scale.loss_scale)
-        (6.0, 3.0, True, 65536.0)
-        >>> loss, grads, finite, scaler = out   # or unpack it
+        >>> float(out.value), float(out.grads), bool(out.grads_finite), float(out.grad_norm)
+        (6.0, 3.0, True, 3.0)
+        >>> loss, grads, finite, norm, scaler = out   # or unpack it
     """
 
     value: Any
     grads: Any
     grads_finite: jax.Array
-    loss_scale: LossScale
+    grad_norm: jax.Array
+    scaler: LossScale
 
 
 def _check_loss_fn(loss_fn, has_aux) -> None:
@@ -84,11 +86,11 @@ def resolve_policy(policy) -> jmp.Policy | None:
 
     Examples:
         >>> from genesis_jax import amp
-        >>> amp.resolve_policy("bf16").compute_dtype.dtype
+        >>> resolve_policy("bf16").compute_dtype.dtype
         dtype(bfloat16)
-        >>> amp.resolve_policy(amp.get_precision("fp16")).compute_dtype.dtype
+        >>> resolve_policy(amp.get_precision("fp16")).compute_dtype.dtype
         dtype('float16')
-        >>> amp.resolve_policy(None) is None   # no casting
+        >>> resolve_policy(None) is None   # no casting
         True
     """
     if policy is None or isinstance(policy, jmp.Policy):
@@ -100,30 +102,58 @@ def resolve_policy(policy) -> jmp.Policy | None:
     raise TypeError(f"policy must be a jmp.Policy, a Precision, a precision name or None, got {policy!r}")
 
 
-def autocast(fn: Callable, policy) -> Callable:
-    """`fn` run in `policy`'s compute dtype: floating params and inputs are cast to it, the
-    floating outputs to its output dtype (float32 in every named precision), as
-    `torch.autocast` does around a forward pass. For networks without a `dtype` field:
+def autocast(fn, policy):
+    """`fn` run in `policy`'s compute dtype, as `torch.autocast` runs a forward pass: floating
+    params and inputs are cast to it, floating outputs to its output dtype (float32 in every
+    named precision). The one way to run a network that has no `dtype` field in half
+    precision: the master params stay float32, and so does what the loss reads.
 
-    >>> import jax.numpy as jnp
+    `fn` is a function (`module.apply`, your own `forward(params, x)`), or a Flax linen
+    `Module`: then a module whose `init` is the original's (float32 params) and whose `apply`
+    is autocast, so `qf = amp.autocast(QNetwork(), "fp16")` changes nothing else in a loop.
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from genesis_jax import amp
     >>> apply = amp.autocast(lambda params, x: x @ params["w"], "fp16")
     >>> apply({"w": jnp.ones((3, 2))}, jnp.ones((4, 3))).dtype   # computed in float16
     dtype('float32')
+    >>> net = amp.autocast(nn.Dense(2), "fp16")   # nn.Dense without dtype=
+    >>> params = net.init(jax.random.PRNGKey(0), jnp.ones((1, 3)))
+    >>> params["params"]["kernel"].dtype, net.apply(params, jnp.ones((1, 3))).dtype
+    (dtype('float32'), dtype('float32'))
 
-    Wrap the network's apply, not the loss: the loss then reads float32 outputs and stays
-    float32, which `value_and_grad` needs (its `policy=` casts every loss argument instead).
+    Wrap the network, not the loss: the loss then reads float32 outputs and stays float32.
     """
-    if not callable(fn):
-        raise TypeError(f"autocast wraps a callable, got {fn!r}")
     policy = resolve_policy(policy)
     if policy is None:
         raise ValueError("autocast needs a policy, such as 'fp16'")
+    if isinstance(fn, nn.Module):
+        return AutocastModule(fn, policy)
+    if not callable(fn):
+        raise TypeError(f"autocast wraps a callable or a Flax linen Module, got {fn!r}")
 
     def cast_fn(*args, **kwargs):
         return policy.cast_to_output(fn(*policy.cast_to_compute(args), **policy.cast_to_compute(kwargs)))
 
     return cast_fn
+
+
+class AutocastModule:
+    """A Flax linen module seen through `autocast`: `init` as the module's, `apply` (and
+    calling it) in the policy's compute dtype; any other attribute is the module's."""
+
+    def __init__(self, module: nn.Module, policy: jmp.Policy):
+        self.module, self.policy = module, policy
+        self.apply = autocast(module.apply, policy)
+
+    def init(self, *args, **kwargs):
+        return self.module.init(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def __repr__(self):
+        return f"autocast({self.module!r}, compute={jnp.dtype(self.policy.compute_dtype).name})"
 
 
 def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -> Callable:
@@ -137,7 +167,7 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
     Examples:
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
-        >>> grad_fn = amp.scaled_loss_grad(lambda w, x: w * x)
+        >>> grad_fn = scaled_loss_grad(lambda w, x: w * x)
         >>> scaled_grads, (loss, aux) = grad_fn(amp.StaticLossScale(8.0), jnp.float32(2.0), jnp.float32(3.0))
         >>> float(scaled_grads), float(loss), aux   # the gradient is still multiplied by the scale
         (24.0, 6.0, None)
@@ -168,7 +198,7 @@ def float32_loss(loss) -> jax.Array:
     Examples:
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
-        >>> amp.float32_loss(jnp.bfloat16(0.5)).dtype   # a float16 loss would warn too
+        >>> float32_loss(jnp.bfloat16(0.5)).dtype   # a float16 loss would warn too
         dtype('float32')
     """
     loss = jnp.asarray(loss)
@@ -195,7 +225,7 @@ def unscale(scaled_grads, loss_scale: LossScale):
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
         >>> scaled = {"w": jnp.array([3.0, 4.0]) * 1024}
-        >>> grads, norm, finite = amp.unscale(scaled, amp.StaticLossScale(1024.0))
+        >>> grads, norm, finite = unscale(scaled, amp.StaticLossScale(1024.0))
         >>> grads["w"], float(norm), bool(finite)
         (Array([3., 4.], dtype=float32), 5.0, True)
     """
@@ -214,81 +244,153 @@ def _split_micro_batches(args, num: int):
     return jax.tree.map(split, args)
 
 
-def value_and_grad(
+def _is_nnx_module(x) -> bool:
+    return isinstance(x, nnx.Module)
+
+
+def _differentiate(scaled, has_aux: bool, argnums, first_arg):
+    """`jax.value_and_grad`, or `nnx.value_and_grad` for a Flax NNX module (its `nnx.Param`
+    state is what is differentiated, as `nnx.Optimizer(wrt=nnx.Param)` expects)."""
+    if _is_nnx_module(first_arg):
+        return nnx.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
+    return jax.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
+
+
+def scaled_value_and_grad(
     loss_fn: Callable,
     *,
     has_aux: bool = False,
+    argnums: int = 0,
     policy=None,
     axis_name: AxisName = None,
     accumulate: int = 1,
     grad_transform: Callable[[Any], Any] | None = None,
-) -> Callable[..., ScaledGradients]:
-    """Wraps `loss_fn(params, *args)` into `fn(loss_scale, params, *args) -> ScaledGradients`.
+) -> Callable[..., ScaledGrads]:
+    """`jax.value_and_grad` with a loss scaler: scale, differentiate, unscale, decide.
+
+    `fn = scaled_value_and_grad(loss_fn)` takes the scaler first, then `loss_fn`'s own
+    arguments, any of them: `fn(scaler, *args, **kwargs) -> ScaledGrads(value, grads,
+    grads_finite, grad_norm, scaler)`. The loss is taken in float32 and multiplied by the
+    scale, the gradients (with respect to argument `argnums`: a params pytree, or a Flax NNX
+    module, whose `nnx.Param` state is differentiated) are unscaled in float32, and one scalar,
+    their global norm, decides whether all are finite. The scaler comes back adjusted.
 
     Args:
-        loss_fn: `(params, *args) -> loss`, or `-> (loss, aux)` with `has_aux`.
+        loss_fn: `(*args, **kwargs) -> loss`, or `-> (loss, aux)` with `has_aux`.
         has_aux: whether `loss_fn` returns `(loss, aux)`.
-        policy: cast params and floating args to its compute dtype first (see
-            `scaled_loss_grad`); None leaves casting to the network.
+        argnums: which positional argument of `loss_fn` to differentiate (an int).
+        policy: cast the differentiated argument and every floating positional argument to
+            its compute dtype first (a precision name, `Precision` or `jmp.Policy`; for plain
+            functions); None leaves casting to the network (Flax modules with `dtype=`).
         axis_name: inside `pmap` / `shard_map` over that axis (or axes), the scaled
             gradients and the loss are averaged over replicas before unscaling, so every
-            replica sees the same gradients and takes the same finite decision. Under plain
-            `jit` with sharded arrays the gradients are already global and none is needed.
-        accumulate: k > 1 splits every argument's leading axis into k micro-batches whose
-            gradients are averaged (with the same scale) in a `lax.scan`; one finite decision
-            and one scaler adjustment cover the k of them, so a non-finite micro-batch skips
-            the whole step. The loss is the mean of the micro-batch losses; aux is stacked [k, ...].
+            replica takes the same decision. Under plain `jit` with sharded arrays the
+            gradients are already global and none is needed.
+        accumulate: k > 1 splits every positional argument's leading axis (the
+            differentiated one excepted) into k micro-batches whose gradients are averaged
+            with the same scale in a `lax.scan`: one decision and one adjustment for the k.
+            The loss is their mean; aux is stacked [k, ...].
         grad_transform: `scaled_grads -> scaled_grads`, applied after any all-reduce and
-            before the finite decision (fault injection, custom gradient surgery).
-
-    Returns:
-        `fn(loss_scale, params, *args) -> (value, grads, grads_finite, loss_scale)`: the
-        value (`(loss, aux)` with `has_aux`), float32 unscaled gradients, the finite decision
-        and the scaler already adjusted for the next step. `fn.with_norm(...)` returns
-        `(that, the unscaled gradients' global norm)`: the norm the decision was taken on.
+            before the decision (fault injection, custom gradient surgery).
 
     Examples:
-        >>> import jax, jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp, optax
         >>> from genesis_jax import amp
-        >>> def loss_fn(w, x):   # float32 loss
-        ...     return jnp.mean(jnp.square(x * w))
-        >>> grad_fn = jax.jit(amp.value_and_grad(loss_fn))
-        >>> loss, grads, finite, scaler = grad_fn(amp.DynamicLossScale(), jnp.float32(1.0), jnp.arange(4.0))
-        >>> float(loss), float(grads), bool(finite), float(scaler.loss_scale)
-        (3.5, 7.0, True, 65536.0)
-        >>> loss, grads, finite, scaler = grad_fn(scaler, jnp.float32(1.0), jnp.full(4, 1e30))   # overflows
-        >>> bool(finite), float(scaler.loss_scale)   # skip this step; the scale backs off
-        (False, 32768.0)
+        >>> def loss_fn(params, x):   # the matmul in float16, the loss in float32
+        ...     return jnp.mean(jnp.square((x.astype(jnp.float16) @ params["w"].astype(jnp.float16)).astype(jnp.float32)))
+        >>> params, x = {"w": jnp.ones((3, 1))}, jnp.full((8, 3), 0.1)
+        >>> grad_fn = jax.jit(amp.scaled_value_and_grad(loss_fn))
+        >>> tx = amp.skip_nonfinite(optax.adam(1e-3))
+        >>> opt_state, scaler = tx.init(params), amp.DynamicLossScale()
+        >>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x)
+        >>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
+        >>> bool(finite), round(float(loss), 3), float(scaler.loss_scale)
+        (True, 0.09, 65536.0)
+        >>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x * 1e4)   # float16 overflows
+        >>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
+        >>> bool(finite), float(scaler.loss_scale), int(amp.stats(opt_state)["skipped"])   # skipped, backed off
+        (False, 32768.0, 1)
     """
     _check_loss_fn(loss_fn, has_aux)
     _check_grad_args(axis_name, accumulate, grad_transform)
-    grad_fn = scaled_loss_grad(loss_fn, has_aux=has_aux, policy=policy)
+    if isinstance(argnums, bool) or not isinstance(argnums, int) or argnums < 0:
+        raise TypeError(f"argnums must be a non-negative int (one differentiated argument), got {argnums!r}")
+    policy = resolve_policy(policy)
 
-    def accumulated(loss_scale, params, args):
+    def scaled_loss(scaler, args, kwargs):
+        def scaled(*args):
+            out = loss_fn(*args, **kwargs)
+            loss, aux = out if has_aux else (out, None)
+            loss = float32_loss(loss)
+            return scaler.scale(loss), (loss, aux)
+
+        return scaled
+
+    def scaled_grads(scaler, args, kwargs):
+        if policy is not None:
+            if _is_nnx_module(args[argnums]):
+                raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
+            args = policy.cast_to_compute(args)
+        grad_fn = _differentiate(scaled_loss(scaler, args, kwargs), True, argnums, args[argnums])
+        (_, (loss, aux)), grads = grad_fn(*args)
+        return grads, loss, aux
+
+    def accumulated(scaler, args, kwargs):
+        batched = tuple(i for i in range(len(args)) if i != argnums)
+        micro = _split_micro_batches(tuple(args[i] for i in batched), accumulate)
+
         def micro_step(total, micro_args):
-            grads, (loss, aux) = grad_fn(loss_scale, params, *micro_args)
+            whole = list(args)
+            for i, x in zip(batched, micro_args):
+                whole[i] = x
+            grads, loss, aux = scaled_grads(scaler, tuple(whole), kwargs)
             return jax.tree.map(jnp.add, total, grads), (loss, aux)
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
-        total, (losses, aux) = jax.lax.scan(micro_step, zeros, _split_micro_batches(args, accumulate))
-        return jax.tree.map(lambda g: g / accumulate, total), (jnp.mean(losses), aux)
+        zeros = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.promote_types(g.dtype, jnp.float32)), args[argnums])
+        total, (losses, aux) = jax.lax.scan(micro_step, zeros, micro)
+        return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux
 
-    def with_norm(loss_scale, params, *args) -> tuple[ScaledGradients, jax.Array]:
-        check_scaler(loss_scale)
+    def fn(scaler, *args, **kwargs) -> ScaledGrads:
+        check_scaler(scaler)
+        if accumulate > 1 and _is_nnx_module(args[argnums] if len(args) > argnums else None):
+            raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
+        if len(args) <= argnums:
+            raise TypeError(f"loss_fn's argument {argnums} (argnums) is missing: got {len(args)} positional arguments")
         if accumulate == 1:
-            scaled_grads, (loss, aux) = grad_fn(loss_scale, params, *args)
+            grads, loss, aux = scaled_grads(scaler, args, kwargs)
         else:
-            scaled_grads, (loss, aux) = accumulated(loss_scale, params, args)
+            grads, loss, aux = accumulated(scaler, args, kwargs)
         if axis_name is not None:
-            scaled_grads, loss = jax.lax.pmean((scaled_grads, loss), axis_name)
+            grads, loss = jax.lax.pmean((grads, loss), axis_name)
         if grad_transform is not None:
-            scaled_grads = grad_transform(scaled_grads)
-        grads, norm, finite = unscale(scaled_grads, loss_scale)
+            grads = grad_transform(grads)
+        grads, norm, finite = unscale(grads, scaler)
         value = (loss, aux) if has_aux else loss
-        return ScaledGradients(value, grads, finite, loss_scale.adjust(finite)), norm
+        return ScaledGrads(value, grads, finite, norm, scaler.adjust(finite))
 
-    def fn(loss_scale, params, *args) -> ScaledGradients:
+    return fn
+
+
+def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, **options) -> Callable:
+    """Deprecated (0.3): `scaled_value_and_grad`, whose result also carries the global norm
+    (`.grad_norm`, for `skip_nonfinite`), replaces it and its `.with_norm`."""
+    new = scaled_value_and_grad(loss_fn, has_aux=has_aux, **options)
+
+    def with_norm(loss_scale, params, *args):
+        out = new(loss_scale, params, *args)
+        return ScaledGradients(out.value, out.grads, out.grads_finite, out.scaler), out.grad_norm
+
+    def fn(loss_scale, params, *args):
         return with_norm(loss_scale, params, *args)[0]
 
-    fn.with_norm = with_norm  # the same, plus the unscaled global norm it computed (for logging)
+    fn.with_norm = with_norm
     return fn
+
+
+class ScaledGradients(NamedTuple):
+    """Deprecated (0.3): the old `value_and_grad`'s result; `ScaledGrads` replaces it."""
+
+    value: Any
+    grads: Any
+    grads_finite: jax.Array
+    loss_scale: LossScale

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.amp.loss_scale import INT32_MAX
+
 DEFAULT_GUARD_MIN_SCALE = 2.0**-14
 """`DivergenceGuard`'s default scale floor, 2^-14: a skip that takes the scale below it halts."""
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
@@ -33,13 +35,13 @@ class FaultInjection:
 
     `nonfinite_rate`: the fraction of optimizer steps whose gradients `poison_grads` makes
     infinite (chosen by `seed` and the step). `loss_spike_steps`: the steps whose loss
-    `spike_loss` multiplies by `loss_spike_factor`. `amp.train_step(..., faults=...)`
+    `spike_loss` multiplies by `loss_spike_factor`. `amp.train_step(..., faults=...)` (`amp.testing.FaultInjection`)
     applies both.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
-        >>> faults = amp.FaultInjection(nonfinite_rate=1.0, loss_spike_steps=(3,), loss_spike_factor=100.0)
+        >>> faults = amp.testing.FaultInjection(nonfinite_rate=1.0, loss_spike_steps=(3,), loss_spike_factor=100.0)
         >>> faults.poison_grads({"w": jnp.ones(2)}, step=0)
         {'w': Array([inf, inf], dtype=float32)}
         >>> float(faults.spike_loss(jnp.float32(2.0), step=3)), float(faults.spike_loss(jnp.float32(2.0), step=2))
@@ -146,9 +148,6 @@ class DivergenceGuard:
         return f"training diverged at optimizer step {step}: {cause}. {advice}"
 
 
-_INT32_MAX = 2**31 - 1
-
-
 def _is_int(value) -> bool:
     """A Python, numpy or 0-d array integer (not a bool)."""
     if isinstance(value, (np.ndarray, jax.Array)) and value.shape == ():
@@ -184,7 +183,7 @@ def _checked_spike_steps(steps) -> tuple[int, ...]:
     if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
         raise ValueError(f"inject-loss-spike steps must be integers >= 0 (a sequence), got {steps!r}")
     steps = tuple(steps)
-    if not all(_is_int(s) and 0 <= s <= _INT32_MAX for s in steps):
+    if not all(_is_int(s) and 0 <= s <= INT32_MAX for s in steps):
         raise ValueError(f"inject-loss-spike steps must be integers >= 0 (and < 2^31), got {steps!r}")
     return tuple(int(s) for s in steps)
 
@@ -195,7 +194,7 @@ def _check_guard_args(min_scale, max_consecutive_skips) -> None:
     if min_scale is not None and not (_is_real(min_scale) and 0 <= _as_float32(min_scale) < math.inf):
         raise ValueError(f"guard-min-scale must be >= 0 and finite (None: no floor), got {min_scale!r}")
     if max_consecutive_skips is not None and not (
-        _is_int(max_consecutive_skips) and 1 <= max_consecutive_skips <= _INT32_MAX
+        _is_int(max_consecutive_skips) and 1 <= max_consecutive_skips <= INT32_MAX
     ):
         raise ValueError(
             "max-consecutive-skips must be a positive integer below 2^31 (None: no limit), "

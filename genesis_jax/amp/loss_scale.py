@@ -168,7 +168,8 @@ class DynamicLossScale(_LossScaleBase):
     `backoff_factor` and the tracker reset; on a finite step the tracker is incremented
     and, when it reaches `growth_interval`, the scale is multiplied by `growth_factor`
     unless that overflows to inf, and the tracker reset. `min_scale` (optional, not in
-    PyTorch) floors the scale after a backoff; it is stored as 0.0 when absent.
+    PyTorch) floors the scale after a backoff; it is stored as 0.0 when absent. `backoffs`
+    counts the backoffs so far (one per `adjust(False)`, however many optimizers share it).
 
     Unlike PyTorch, a backoff never goes below `SMALLEST_SCALE`, float32's smallest normal
     number (2^-126): XLA's CPU backend flushes denormals to zero, and a scale of 0 would
@@ -187,7 +188,15 @@ class DynamicLossScale(_LossScaleBase):
         (8.0, 0)
     """
 
-    _fields = ("loss_scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval", "min_scale")
+    _fields = (
+        "loss_scale",
+        "growth_tracker",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "min_scale",
+        "backoffs",
+    )
 
     def __init__(
         self,
@@ -204,6 +213,7 @@ class DynamicLossScale(_LossScaleBase):
         self.backoff_factor = jnp.asarray(backoff_factor, jnp.float32)
         self.growth_interval = jnp.asarray(growth_interval, jnp.int32)
         self.min_scale = jnp.asarray(0.0 if min_scale is None else min_scale, jnp.float32)
+        self.backoffs = jnp.asarray(0, jnp.int32)
 
     def adjust(self, grads_finite) -> "DynamicLossScale":
         """The scaler after one step whose gradients were (not) all finite."""
@@ -218,6 +228,7 @@ class DynamicLossScale(_LossScaleBase):
         return self._replace(
             loss_scale=jnp.where(grads_finite, finite_scale, backed_off).astype(jnp.float32),
             growth_tracker=jnp.where(grads_finite, finite_tracker, 0).astype(jnp.int32),
+            backoffs=(self.backoffs + (~grads_finite).astype(jnp.int32)).astype(jnp.int32),
         )
 
 
@@ -236,7 +247,7 @@ def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval
     _check_min_scale(min_scale, init)
 
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1  # JAX's default integer: step and skip counters, scan lengths
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -284,7 +295,7 @@ def _check_growth_interval(growth_interval) -> None:
         and growth_interval.shape == ()
         and np.issubdtype(growth_interval.dtype, np.integer)
     )
-    if isinstance(growth_interval, (bool, np.bool_)) or not integral or not 1 <= int(growth_interval) <= _INT32_MAX:
+    if isinstance(growth_interval, (bool, np.bool_)) or not integral or not 1 <= int(growth_interval) <= INT32_MAX:
         raise ValueError(f"growth_interval must be an integer from 1 to 2^31-1, got {growth_interval!r}")
 
 
@@ -347,9 +358,9 @@ def make_loss_scale(
 
     Examples:
         >>> from genesis_jax import amp
-        >>> amp.make_loss_scale("static", init_scale=1024.0)
+        >>> make_loss_scale("static", init_scale=1024.0)
         StaticLossScale(loss_scale=1024.0)
-        >>> type(amp.make_loss_scale("dynamic", min_scale=1.0)).__name__
+        >>> type(make_loss_scale("dynamic", min_scale=1.0)).__name__
         'DynamicLossScale'
     """
     check_loss_scale_args(kind, init_scale, growth_interval, min_scale)
@@ -366,9 +377,9 @@ def all_finite(tree) -> jax.Array:
     Examples:
         >>> import jax.numpy as jnp
         >>> from genesis_jax import amp
-        >>> bool(amp.all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.nan])}))
+        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.nan])}))
         False
-        >>> bool(amp.all_finite({}))
+        >>> bool(all_finite({}))
         True
     """
     leaves = jax.tree.leaves(tree)

@@ -10,7 +10,7 @@ divergence guard's halted flag. `skip_state(opt_state)` finds it anywhere in a s
 >>> params = {"w": jnp.ones(2)}
 >>> state = tx.init(params)
 >>> updates, state = tx.update({"w": jnp.array([jnp.inf, 0.0])}, state, params)
->>> updates["w"], int(amp.skip_state(state).skipped)   # a skipped step changes nothing
+>>> updates["w"], int(skip_state(state).skipped)   # a skipped step changes nothing
 (Array([-0., -0.], dtype=float32), 1)
 """
 
@@ -59,7 +59,7 @@ def skip_state(opt_state) -> SkipNonFiniteState:
         >>> from genesis_jax import amp
         >>> opt = optax.chain(optax.add_decayed_weights(1e-4), amp.skip_nonfinite(optax.adam(1e-3)))
         >>> opt_state = opt.init({"w": jnp.ones(2)})
-        >>> int(amp.skip_state(opt_state).skipped)
+        >>> int(skip_state(opt_state).skipped)
         0
     """
     found = [
@@ -86,7 +86,7 @@ def advance_schedules(opt_state):
         >>> from genesis_jax import amp
         >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1.0, 0.0, 10))
         >>> state = tx.init({"w": jnp.ones(2)})
-        >>> int(state.count), int(amp.advance_schedules(state).count)
+        >>> int(state.count), int(advance_schedules(state).count)
         (0, 1)
     """
 
@@ -109,10 +109,10 @@ def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, para
         >>> import jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> sgd, params = optax.sgd(0.5), {"w": jnp.ones(2)}
-        >>> updates, _ = amp.step_if_finite(sgd, params, sgd.init(params), params, jnp.array(True))
+        >>> updates, _ = step_if_finite(sgd, params, sgd.init(params), params, jnp.array(True))
         >>> updates["w"]
         Array([-0.5, -0.5], dtype=float32)
-        >>> updates, _ = amp.step_if_finite(sgd, params, sgd.init(params), params, jnp.array(False))
+        >>> updates, _ = step_if_finite(sgd, params, sgd.init(params), params, jnp.array(False))
         >>> updates["w"]
         Array([-0., -0.], dtype=float32)
     """

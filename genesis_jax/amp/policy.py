@@ -177,7 +177,7 @@ def get_policy(name: str) -> jmp.Policy:
 
     Examples:
         >>> from genesis_jax import amp
-        >>> policy = amp.get_policy("fp16")
+        >>> policy = get_policy("fp16")
         >>> policy.param_dtype.dtype, policy.compute_dtype.dtype, policy.output_dtype.dtype
         (dtype('float32'), dtype('float16'), dtype('float32'))
     """
@@ -192,11 +192,11 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
 
     Examples:
         >>> from genesis_jax import amp
-        >>> amp.resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "true"})
+        >>> resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "true"})
         'fp16'
-        >>> amp.resolve_precision_name("bf16", environ={"GENESIS_PRECISION": "fp16"})
+        >>> resolve_precision_name("bf16", environ={"GENESIS_PRECISION": "fp16"})
         'bf16'
-        >>> amp.resolve_precision_name(environ={})
+        >>> resolve_precision_name(environ={})
         'fp32'
     """
     if explicit is not None and not isinstance(explicit, str):

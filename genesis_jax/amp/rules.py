@@ -205,7 +205,7 @@ def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT3
         >>> import jax, jax.numpy as jnp, flax.linen as nn
         >>> from genesis_jax import amp
         >>> class Policy(nn.Module):
-        ...     @amp.with_precision_rules   # FLOAT32_RULES: "*head" computes in float32
+        ...     @with_precision_rules   # FLOAT32_RULES: "*head" computes in float32
         ...     @nn.compact
         ...     def __call__(self, x):
         ...         h = nn.Dense(4, dtype=jnp.float16)(x)

@@ -1,74 +1,92 @@
 """A drop-in for Flax's `TrainState` that carries a loss scaler, and the one update step.
 
-`TrainState` is `flax.training.train_state.TrainState` plus `loss_scale` and a precision
-name. `create` wraps the optimizer in `skip_nonfinite` (unless it already is), so the skip
-accounting lives in the optimizer state alone; `skipped`, `skip_streak` and `halted` read it.
-`apply_gradients(grads=..., grads_finite=..., loss_scale=...)` takes `value_and_grad`'s
-outputs as they come:
+`TrainState` is `flax.training.train_state.TrainState` plus a `scaler` and a precision name,
+both keyword-only, so a subclass may add required fields as with Flax's own. `create` wraps
+the optimizer in `skip_nonfinite`, so the skip accounting lives in the optimizer state
+alone. `train_step(state, loss_fn, *args)` is the step: scale, differentiate, unscale,
+decide, clip, apply or skip, adjust the scaler, count.
 
 >>> import jax, jax.numpy as jnp, optax
 >>> from genesis_jax import amp
->>> loss_fn = lambda params, x: jnp.mean(jnp.square(x @ params["w"]))
->>> state = amp.TrainState.create(apply_fn=None, params={"w": jnp.ones((3, 1))}, tx=optax.sgd(0.1),
-...                               loss_scale=amp.DynamicLossScale())
->>> grad_fn = amp.value_and_grad(loss_fn)
->>> loss, grads, finite, scaler = grad_fn(state.loss_scale, state.params, jnp.ones((4, 3)))
->>> state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=scaler)
->>> int(state.step), int(state.skipped), float(state.loss_scale.loss_scale)
-(1, 0, 65536.0)
+>>> def loss_fn(params, x, y):
+...     return jnp.mean((x @ params["w"] - y) ** 2)
+>>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+>>> step = jax.jit(amp.train_step, static_argnums=1)
+>>> state, metrics = step(state, loss_fn, jnp.ones((4, 3)), jnp.zeros(4))
+>>> float(metrics["loss"]), int(state.step), float(state.scaler.loss_scale)
+(9.0, 1, 65536.0)
 
-`train_step(state, batch, loss_fn)` is that composition (value_and_grad, then
-apply_gradients) with the metrics every trainer logs: genesis-jax's algorithms all use it.
+Several optimizers share one scaler as PyTorch's `GradScaler` is shared: create their states
+with `shared_scaler=True`, step each with `train_step` (a step uses the scale and leaves it
+alone), then call `update_scaler(*states)` once per iteration.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from flax import struct
+from flax import nnx, struct
 from flax.training import train_state
 
-from genesis_jax.amp.grads import value_and_grad
+from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
-from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler, make_loss_scale
-from genesis_jax.amp.optim import check_max_grad_norm, is_skip_nonfinite, skip_nonfinite, skip_state
+from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, check_scaler, make_loss_scale
+from genesis_jax.amp.optim import (
+    SkipNonFiniteState,
+    check_max_grad_norm,
+    global_norm,
+    is_skip_nonfinite,
+    skip_nonfinite,
+    skip_state,
+)
 from genesis_jax.amp.policy import Precision, get_precision
 
-# loss_fn(params, batch) -> (float32 loss, aux pytree)
-LossFn = Callable[[Any, Any], tuple[jax.Array, Any]]
+# loss_fn(params, *args) -> loss, or (loss, aux) with has_aux
+LossFn = Callable[..., Any]
+
+
+def deprecated(old: str, new: str) -> None:
+    """One DeprecationWarning naming the 0.3 spelling (the old one goes in 0.4)."""
+    warnings.warn(f"{old} is deprecated since genesis-jax 0.3 and goes in 0.4: use {new}", DeprecationWarning, 3)
 
 
 def _check_create_args(
-    tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip, strict
+    tx, apply_fn, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, shared_scaler
 ) -> None:
     """`TrainState.create`'s arguments, each refused with a sentence naming it, before any array is made."""
     if not isinstance(tx, optax.GradientTransformation):
         raise TypeError(f"tx must be an optax GradientTransformation (such as optax.adam(1e-3)), got {tx!r}")
     if apply_fn is not None and not callable(apply_fn):
         raise TypeError(f"apply_fn must be callable or None, got {apply_fn!r}")
-    if loss_scale is not None:
-        check_scaler(loss_scale)
+    if scaler is not None:
+        check_scaler(scaler)
     if precision is not None and not isinstance(precision, (str, Precision)):
         raise TypeError(f"precision must be a precision name, a Precision or None, got {precision!r}")
     check_max_grad_norm(max_grad_norm)
     if guard is not None and not isinstance(guard, DivergenceGuard):
         raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
-    if not isinstance(advance_schedule_on_skip, bool):
-        raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
+    for name, value in (("advance_schedule_on_skip", advance_schedule_on_skip), ("shared_scaler", shared_scaler)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
     if strict is not None and not isinstance(strict, bool):
         raise TypeError(f"strict must be True, False or None, got {strict!r}")
 
 
-def _check_train_step_args(state, loss_fn, faults, grad_transform) -> None:
+def _check_train_step_args(state, loss_fn, has_aux, faults, grad_transform) -> None:
     if not isinstance(state, TrainState):
         raise TypeError(f"state must be an amp.TrainState, got {type(state).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"has_aux must be True or False, got {has_aux!r}")
     if faults is not None and not isinstance(faults, FaultInjection):
-        raise TypeError(f"faults must be a FaultInjection or None, got {faults!r}")
+        raise TypeError(f"faults must be an amp.testing.FaultInjection or None, got {faults!r}")
     if grad_transform is not None and not callable(grad_transform):
         raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
 
@@ -85,19 +103,31 @@ def _keep_if(keep, new, old):
 class TrainState(train_state.TrainState):
     """Flax's `TrainState` with a loss scaler; the optimizer is wrapped in `skip_nonfinite`.
 
-    Fields beyond Flax's: `loss_scale` (a scaler pytree) and `precision` (its name, static:
-    checkpoints record it). `step` counts updates attempted while not halted.
+    Fields beyond Flax's, all keyword-only (a subclass may add required fields):
+    `scaler` (a loss scaler pytree: `state.scaler.loss_scale` is the scale), `precision` (its
+    name, static: checkpoints record it), `shared_scaler` (static: this state shares its
+    scaler with other optimizers' states, see `update_scaler`) and `pending_backoff` (a
+    shared scaler's: a step since the last `update_scaler` had non-finite gradients). `step`
+    counts updates attempted while not halted.
 
     Examples:
         >>> import jax.numpy as jnp, optax
+        >>> from typing import Any
         >>> from genesis_jax import amp
         >>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision="fp16")
-        >>> type(state.loss_scale).__name__, state.precision, int(state.skipped), bool(state.halted)
+        >>> type(state.scaler).__name__, state.precision, int(state.skipped), bool(state.halted)
         ('DynamicLossScale', 'fp16', 0, False)
+        >>> class RLTrainState(amp.TrainState):   # as CleanRL and SBX subclass Flax's
+        ...     target_params: Any
+        >>> rl = RLTrainState.create(params={"w": jnp.ones(3)}, target_params={"w": jnp.ones(3)}, tx=optax.sgd(0.1))
+        >>> rl.target_params["w"].shape
+        (3,)
     """
 
-    loss_scale: LossScale = struct.field(default_factory=NoOpLossScale)
-    precision: str = struct.field(pytree_node=False, default="fp32")
+    scaler: LossScale = struct.field(default_factory=NoOpLossScale, kw_only=True)
+    pending_backoff: jax.Array = struct.field(default_factory=lambda: jnp.asarray(False), kw_only=True)
+    precision: str = struct.field(pytree_node=False, default="fp32", kw_only=True)
+    shared_scaler: bool = struct.field(pytree_node=False, default=False, kw_only=True)
 
     @classmethod
     def create(
@@ -106,12 +136,14 @@ class TrainState(train_state.TrainState):
         params,
         tx: optax.GradientTransformation,
         apply_fn: Callable | None = None,
-        loss_scale: LossScale | None = None,
+        scaler: LossScale | None = None,
         precision: Precision | str | None = None,
         max_grad_norm: float | None = None,
         guard: DivergenceGuard | None = None,
         advance_schedule_on_skip: bool = False,
         strict: bool | None = None,
+        shared_scaler: bool = False,
+        loss_scale: LossScale | None = None,
         **kwargs,
     ) -> "TrainState":
         """A new state; `tx` is wrapped in `skip_nonfinite(tx, max_grad_norm=..., guard=...,
@@ -121,7 +153,7 @@ class TrainState(train_state.TrainState):
             params: the parameters (cast to the precision's param dtype when one is given).
             tx: any optax optimizer.
             apply_fn: the network's apply function, as in Flax (None: not used).
-            loss_scale: the scaler; None: the precision's own (`DynamicLossScale` for fp16,
+            scaler: the loss scaler; None: the precision's own (`DynamicLossScale` for fp16,
                 none for fp32 and bf16), or no scaling without a precision.
             precision: a precision name or `Precision`; None: parameters as given, "fp32".
             max_grad_norm: `skip_nonfinite`'s: clip the unscaled global norm (None: no clipping).
@@ -131,14 +163,21 @@ class TrainState(train_state.TrainState):
             strict: `skip_nonfinite`'s post-step checks (no non-finite value is ever written
                 to the params or optimizer state); None: on exactly where the parameters
                 are stored in float16 (fp16-full), off elsewhere.
-            **kwargs: other fields, as in Flax.
+            shared_scaler: this optimizer shares one scaler with others (`update_scaler`).
+            loss_scale: deprecated spelling of `scaler`.
+            **kwargs: other fields, as in Flax (a subclass's own fields too).
         """
-        _check_create_args(tx, apply_fn, loss_scale, precision, max_grad_norm, guard, advance_schedule_on_skip, strict)
+        if loss_scale is not None:
+            deprecated("TrainState.create(loss_scale=...)", "TrainState.create(scaler=...)")
+            scaler = loss_scale if scaler is None else scaler
+        _check_create_args(
+            tx, apply_fn, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, shared_scaler
+        )
         prec = get_precision(precision) if isinstance(precision, str) else precision
         if prec is not None:
             params = prec.policy.cast_to_param(params)
-        if loss_scale is None:
-            loss_scale = make_loss_scale(prec.loss_scaling) if prec is not None else NoOpLossScale()
+        if scaler is None:
+            scaler = make_loss_scale(prec.loss_scaling) if prec is not None else NoOpLossScale()
         if is_skip_nonfinite(tx):
             if max_grad_norm is not None or guard is not None or advance_schedule_on_skip or strict is not None:
                 raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
@@ -156,27 +195,34 @@ class TrainState(train_state.TrainState):
             params=params,
             tx=tx,
             opt_state=tx.init(params),
-            loss_scale=loss_scale,
+            scaler=scaler,
             precision=prec.name if prec is not None else "fp32",
+            shared_scaler=shared_scaler,
             **kwargs,
         )
 
-    def apply_gradients(
-        self, *, grads, grads_finite=None, grad_norm=None, loss_scale: LossScale | None = None, **kwargs
-    ):
+    def apply_gradients(self, *, grads, grads_finite=None, grad_norm=None, scaler=None, loss_scale=None, **kwargs):
         """One optimizer step from unscaled gradients; a non-finite one changes nothing but
-        the skip counts (and the scaler, which the caller adjusted).
+        the skip counts (and the scaler).
 
         Args:
             grads: unscaled gradients (cast to the params' dtypes: float16 in fp16-full).
-            grads_finite: the finite decision from `value_and_grad` (None: from the norm).
+            grads_finite: the decision from `scaled_value_and_grad` (None: from the norm).
             grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
-            loss_scale: the scaler adjusted for this step (None: keep the current one). A
-                halted state keeps its scaler, whatever is passed.
+            scaler: the scaler adjusted for this step (None: `self.scaler.adjust(grads_finite)`).
+                A halted state keeps its scaler. With `shared_scaler` the state keeps its
+                scaler and records a non-finite step for `update_scaler`; the divergence
+                guard sees `scaler` all the same.
+            loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields to replace, as in Flax.
         """
+        if loss_scale is not None:
+            deprecated("apply_gradients(loss_scale=...)", "apply_gradients(scaler=...)")
+            scaler = loss_scale if scaler is None else scaler
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, self.params)
-        new_scale = self.loss_scale if loss_scale is None else loss_scale
+        if grads_finite is None:
+            grad_norm, grads_finite = global_norm(grads)
+        new_scaler = self.scaler.adjust(grads_finite) if scaler is None else scaler
         was_halted = self.halted
         updates, opt_state = self.tx.update(
             grads,
@@ -184,23 +230,32 @@ class TrainState(train_state.TrainState):
             self.params,
             grads_finite=grads_finite,
             grad_norm=grad_norm,
-            loss_scale=new_scale.loss_scale,
+            loss_scale=new_scaler.loss_scale,
         )
         halted = skip_state(opt_state).halted
+        if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
+            kept, pending = self.scaler, self.pending_backoff | (~halted & ~jnp.asarray(grads_finite))
+        else:  # a scaler that did not change (NoOpLossScale, StaticLossScale) needs no select
+            kept = self.scaler if new_scaler is self.scaler else _keep_if(~halted, new_scaler, self.scaler)
+            pending = self.pending_backoff
         return self.replace(
             step=self.step + (~was_halted).astype(jnp.int32),
             params=optax.apply_updates(self.params, updates),
             opt_state=opt_state,
-            # A scaler that did not change (NoOpLossScale, StaticLossScale) needs no select.
-            loss_scale=self.loss_scale
-            if new_scale is self.loss_scale
-            else _keep_if(~halted, new_scale, self.loss_scale),
+            scaler=kept,
+            pending_backoff=pending,
             **kwargs,
         )
 
     @property
+    def loss_scale(self) -> LossScale:
+        """Deprecated spelling of `scaler`."""
+        deprecated("TrainState.loss_scale", "TrainState.scaler")
+        return self.scaler
+
+    @property
     def skipped(self) -> jax.Array:
-        """Updates skipped because a gradient was not finite."""
+        """Updates skipped: non-finite gradients (or, in strict mode, a non-finite result)."""
         return skip_state(self.opt_state).skipped
 
     @property
@@ -214,46 +269,56 @@ class TrainState(train_state.TrainState):
         return skip_state(self.opt_state).halted
 
 
+def _legacy_train_step_args(loss_fn, args, has_aux):
+    """0.2's `train_step(state, batch, loss_fn)`: the batch came second and loss_fn returned
+    `(loss, aux)`. Returns the 0.3 spelling's (loss_fn, args, has_aux)."""
+    if not callable(loss_fn) and len(args) == 1 and callable(args[0]):
+        deprecated("train_step(state, batch, loss_fn)", "train_step(state, loss_fn, batch, has_aux=True)")
+        return args[0], (loss_fn,), True
+    return loss_fn, args, has_aux
+
+
 def train_step(
     state: TrainState,
-    batch: Any,
     loss_fn: LossFn,
-    *,
+    *args,
+    has_aux: bool = False,
     axis_name: str | None = None,
     faults: FaultInjection | None = None,
     grad_transform: Callable[[Any, TrainState], Any] | None = None,
 ) -> tuple[TrainState, dict]:
-    """`value_and_grad` then `apply_gradients`: one pure, jit-able update.
+    """One pure, jit-able update: `scaled_value_and_grad` then `apply_gradients`.
 
     Args:
         state: a `TrainState`.
-        batch: `loss_fn`'s second argument.
-        loss_fn: `(params, batch) -> (loss, aux)`; the loss is taken in float32.
+        loss_fn: `(params, *args) -> loss`, or `-> (loss, aux)` with `has_aux`; the loss is
+            taken in float32.
+        *args: `loss_fn`'s other arguments (a batch, a key, targets: any number, or none).
+        has_aux: whether `loss_fn` returns `(loss, aux)`.
         axis_name: inside `pmap` / `shard_map`, the axis to average gradients over.
-        faults: a `FaultInjection`: its loss spikes and non-finite gradients, by `state.step`.
+        faults: an `amp.testing.FaultInjection`: loss spikes and non-finite gradients, by `state.step`.
         grad_transform: `(scaled_grads, state) -> scaled_grads` before the finite decision.
 
     Returns:
-        (the new state, metrics: loss, grad_norm (unscaled, before clipping), grads_finite,
-        loss_scale, halted, aux).
+        (the new state, metrics: loss, aux (None without `has_aux`), grad_norm (unscaled,
+        before clipping), grads_finite, loss_scale (the scale after this step), halted).
 
     Examples:
-        >>> import functools, jax, jax.numpy as jnp, optax
+        >>> import jax, jax.numpy as jnp, optax
         >>> from genesis_jax import amp
-        >>> def loss_fn(params, batch):
-        ...     x, y = batch
-        ...     return jnp.mean((x @ params["w"] - y) ** 2), {}
-        >>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
-        >>> step = jax.jit(functools.partial(amp.train_step, loss_fn=loss_fn))
-        >>> state, metrics = step(state, (jnp.ones((4, 3)), jnp.zeros(4)))
-        >>> float(metrics["loss"]), bool(metrics["grads_finite"]), int(state.step)
-        (9.0, True, 1)
+        >>> def temperature_loss(log_alpha, entropy):   # no batch, no aux: fine
+        ...     return -log_alpha * (entropy + 1.0)
+        >>> state = amp.TrainState.create(params=jnp.float32(0.0), tx=optax.sgd(0.1), precision="fp16")
+        >>> state, metrics = jax.jit(amp.train_step, static_argnums=1)(state, temperature_loss, jnp.float32(-2.0))
+        >>> float(metrics["loss"]), round(float(state.params), 6), bool(metrics["grads_finite"])
+        (0.0, -0.1, True)
     """
+    loss_fn, args, has_aux = _legacy_train_step_args(loss_fn, args, has_aux)
+    _check_train_step_args(state, loss_fn, has_aux, faults, grad_transform)
 
-    _check_train_step_args(state, loss_fn, faults, grad_transform)
-
-    def loss_with_faults(params, batch):
-        loss, aux = loss_fn(params, batch)
+    def loss_with_faults(params, *args):
+        out = loss_fn(params, *args)
+        loss, aux = out if has_aux else (out, None)
         if faults is not None and faults.loss_spike_steps:
             loss = faults.spike_loss(jnp.asarray(loss, jnp.float32), state.step)
         return loss, aux
@@ -264,37 +329,156 @@ def train_step(
         return grads if grad_transform is None else grad_transform(grads, state)
 
     hooked = faults is not None or grad_transform is not None
-    grad_fn = value_and_grad(
+    grad_fn = scaled_value_and_grad(
         loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
     )
-    ((loss, aux), grads, finite, scaler), grad_norm = grad_fn.with_norm(state.loss_scale, state.params, batch)
-    new_state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, loss_scale=scaler)
+    (loss, aux), grads, finite, grad_norm, scaler = grad_fn(state.scaler, state.params, *args)
+    new_state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, scaler=scaler)
     metrics = {
         "loss": loss,
-        "grad_norm": grad_norm.astype(jnp.float32),
-        "loss_scale": new_state.loss_scale.loss_scale,
-        "grads_finite": finite,
-        "halted": new_state.halted,
         "aux": aux,
+        "grad_norm": grad_norm.astype(jnp.float32),
+        "grads_finite": finite,
+        "loss_scale": new_state.scaler.loss_scale,
+        "halted": new_state.halted,
     }
     return new_state, metrics
 
 
-def stats(state: TrainState) -> dict:
-    """Host-side summary: training_steps, overflow_steps, overflow_rate, current_scale, precision.
+def _is_train_state(node) -> bool:
+    return isinstance(node, TrainState)
+
+
+@jax.jit
+def _shared_adjust(scaler, pending):
+    """The shared scaler after an iteration: one backoff if any optimizer saw a non-finite
+    gradient (however many did), growth counted only on iterations clean for all."""
+    return scaler.adjust(~functools.reduce(jnp.logical_or, pending))
+
+
+def update_scaler(*states):
+    """The iteration's end for optimizers sharing one scaler: PyTorch's `scaler.update()`.
+
+    Each state was created with `shared_scaler=True` and stepped by `train_step` (or
+    `apply_gradients`), which scaled by the shared scale, skipped its own non-finite steps and
+    left the scaler alone. This adjusts the scaler once, by whether every step since the last
+    call had finite gradients, and gives it to every state. Works eagerly, under `jit` and
+    under `vmap`.
+
+    Args:
+        *states: the `TrainState`s sharing the scaler, or one pytree (dict, tuple) holding them.
+
+    Returns:
+        The states, as given: a tuple for several, the pytree for one.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from genesis_jax import amp
+        >>> loss_fn = lambda params, x: jnp.mean(jnp.square(x * params))
+        >>> make = lambda: amp.TrainState.create(params=jnp.ones(3), tx=optax.adam(1e-3), precision="fp16",
+        ...                                      shared_scaler=True)
+        >>> actor, critic = make(), make()
+        >>> actor, _ = amp.train_step(actor, loss_fn, jnp.ones(3))
+        >>> critic, _ = amp.train_step(critic, loss_fn, jnp.full(3, jnp.inf))   # the critic overflows
+        >>> actor, critic = amp.update_scaler(actor, critic)
+        >>> int(actor.skipped), int(critic.skipped), float(actor.scaler.loss_scale), int(critic.scaler.backoffs)
+        (0, 1, 32768.0, 1)
+    """
+    tree = states[0] if len(states) == 1 else states
+    nodes = [node for node in jax.tree.leaves(tree, is_leaf=_is_train_state) if _is_train_state(node)]
+    if not nodes:
+        raise TypeError(f"update_scaler takes amp.TrainStates, got {type(tree).__name__}")
+    lone = [type(node).__name__ for node in nodes if not node.shared_scaler]
+    if lone:
+        raise ValueError(
+            "update_scaler adjusts a scaler shared by several optimizers: create each state with "
+            "TrainState.create(..., shared_scaler=True) (a state alone adjusts its own scaler in train_step)"
+        )
+    scaler = _shared_adjust(nodes[0].scaler, [node.pending_backoff for node in nodes])
+
+    def updated(node):
+        if not _is_train_state(node):
+            return node
+        return node.replace(scaler=scaler, pending_backoff=jnp.zeros_like(node.pending_backoff))
+
+    return jax.tree.map(updated, tree, is_leaf=_is_train_state)
+
+
+class Stats(dict):
+    """`stats`' dict; 0.2's keys still read, with a DeprecationWarning naming the new one."""
+
+    RENAMED = {
+        "training_steps": "steps",
+        "overflow_steps": "skipped",
+        "overflow_rate": "skip_rate",
+        "current_scale": "scale",
+    }
+
+    def __missing__(self, key):
+        if key in self.RENAMED and self.RENAMED[key] in self:
+            deprecated(f"amp.stats(...)[{key!r}]", f"amp.stats(...)[{self.RENAMED[key]!r}]")
+            return self[self.RENAMED[key]]
+        raise KeyError(key)
+
+
+def _count(x) -> int:
+    return int(np.sum(np.asarray(x)))
+
+
+def _optimizer_counts(state) -> dict:
+    """steps, skipped and skip_rate of a TrainState, an nnx.Optimizer or an optimizer state."""
+    if _is_train_state(state):
+        steps, opt_state = _count(state.step), state.opt_state
+    elif isinstance(state, nnx.Optimizer):
+        steps, opt_state = _count(state.step[...]), state.opt_state
+    else:
+        steps, opt_state = None, state
+    try:
+        skips = skip_state(opt_state)
+    except ValueError:
+        raise TypeError(
+            f"amp.stats reads an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite, "
+            f"got {type(state).__name__}"
+        ) from None
+    skipped = _count(skips.skipped[...] if isinstance(skips.skipped, nnx.Variable) else skips.skipped)
+    counts = {"skipped": skipped}
+    if steps is not None:
+        counts = {"steps": steps, **counts, "skip_rate": skipped / steps if steps else 0.0}
+    return counts
+
+
+def _scaler_counts(scaler) -> dict:
+    scale = np.asarray(scaler.loss_scale)
+    return {"scale": float(scale.mean()), "backoffs": _count(getattr(scaler, "backoffs", 0))}
+
+
+def stats(*states, **named_states) -> dict:
+    """Host-side counts of one optimizer, or of several sharing a scaler.
+
+    Args:
+        *states, **named_states: `amp.TrainState`s, `nnx.Optimizer`s wrapping
+            `skip_nonfinite`, or `skip_nonfinite`'s optimizer states; name them to name
+            their rows (`stats(critic=qf_state, actor=actor_state)`). Under a seed axis the
+            counts are summed over seeds and the scale averaged.
+
+    Returns:
+        For one: steps (taken or skipped, while not halted), skipped, skip_rate and, for a
+        `TrainState`, scale, backoffs (times the scaler backed off) and precision. For
+        several: `optimizers` (each one's steps, skipped, skip_rate), and the shared scaler's
+        scale, backoffs and precision.
 
     Examples:
         >>> import jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
-        {'training_steps': 0, 'overflow_steps': 0, 'overflow_rate': 0.0, 'current_scale': 65536.0, 'precision': 'fp16'}
+        {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
     """
-    steps = int(state.step)
-    overflow = int(state.skipped)
-    return {
-        "training_steps": steps,
-        "overflow_steps": overflow,
-        "overflow_rate": overflow / steps if steps else 0.0,
-        "current_scale": float(state.loss_scale.loss_scale),
-        "precision": state.precision,
-    }
+    named = {**{str(i): s for i, s in enumerate(states)}, **named_states}
+    if not named:
+        raise TypeError("amp.stats needs at least one state")
+    first = next(iter(named.values()))
+    scaler = first.scaler if _is_train_state(first) else None
+    shared = {} if scaler is None else {**_scaler_counts(scaler), "precision": first.precision}
+    if len(named) == 1:
+        return Stats({**_optimizer_counts(first), **shared})
+    return Stats({"optimizers": {name: _optimizer_counts(s) for name, s in named.items()}, **shared})

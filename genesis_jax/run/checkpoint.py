@@ -41,10 +41,13 @@ logger = logging.getLogger("genesis_jax")
 # Orbax writes each step into "<step>.orbax-checkpoint-tmp..." and renames it when complete.
 TMP_MARK = ".orbax-checkpoint-tmp"
 
-# The layout of a checkpoint's state. 2: the skip counts and the guard's halted flag live in
-# the optimizer state (amp.skip_nonfinite), the train state holds no PRNG key. Format 1
-# (genesis-jax 0.1) checkpoints are refused with the version that can continue them.
-CHECKPOINT_FORMAT = 2
+# The layout of a checkpoint's state. 2 (genesis-jax 0.2): the skip counts and the guard's
+# halted flag live in the optimizer state (amp.skip_nonfinite), the train state holds no PRNG
+# key. 3 (0.3): a train state's scaler is its `scaler` field, with a `pending_backoff` flag
+# beside it, and a dynamic scaler counts its `backoffs`. Format 2 is read into format 3
+# (`as_format_2`, `from_format_2`); format 1 (0.1) is refused with the version that continues it.
+CHECKPOINT_FORMAT = 3
+READABLE_FORMATS = (2, 3)
 
 _VERSIONED_PACKAGES = ("genesis-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "jmp", "numpy")
 
@@ -140,9 +143,9 @@ def set_in(tree: dict, path: tuple[str, ...], value) -> dict:
 def train_state_meta(train_state) -> dict:
     """What a checkpoint records of its `TrainState` (None: a state without one): its
     precision and loss-scaler type, so a restore can refuse a mismatch by name."""
-    if train_state is None or not hasattr(train_state, "loss_scale"):
+    if not isinstance(train_state, TrainState):
         return {"precision": None, "scaler_type": None}
-    return {"precision": train_state.precision, "scaler_type": type(train_state.loss_scale).__name__}
+    return {"precision": train_state.precision, "scaler_type": type(train_state.scaler).__name__}
 
 
 def check_kind(meta: dict, *, step: int, kind: str | None) -> None:
@@ -173,13 +176,13 @@ def check_restorable(meta: dict, target: dict, *, step: int, kind: str | None = 
 def check_format(meta: dict, step: int, directory: str) -> None:
     """Refuses, in one sentence naming the version that wrote it, a checkpoint of another format."""
     found = meta.get("format", 1)
-    if found == CHECKPOINT_FORMAT:
+    if found in READABLE_FORMATS:
         return
     writer = meta.get("versions", {}).get("genesis-jax", "unknown")
     ours = package_versions().get("genesis-jax", "this version")
     raise CheckpointMismatchError(
         f"checkpoint at step {step} in {directory} was written by genesis-jax {writer} in checkpoint format {found}; "
-        f"genesis-jax {ours} reads format {CHECKPOINT_FORMAT} only: continue that run with genesis-jax {writer} "
+        f"genesis-jax {ours} reads formats {', '.join(map(str, READABLE_FORMATS))}: continue that run with genesis-jax {writer} "
         f"(pip install genesis-jax=={writer}), or start a new run (another --out, or --overwrite)"
     )
 
@@ -209,7 +212,7 @@ def _read(x) -> np.ndarray:
 def _restored_rules(train_state) -> list[Rule]:
     """The `Rule`s of a restored `TrainState`, in checking order: a bound (growth_interval,
     min_scale, step) is checked before what it bounds."""
-    scaler = train_state.loss_scale
+    scaler = train_state.scaler
     scale = _read(scaler.loss_scale).astype(np.float64)
     rules = []
     if isinstance(scaler, DynamicLossScale):
@@ -218,24 +221,25 @@ def _restored_rules(train_state) -> list[Rule]:
             _read(x).astype(np.float64) for x in (scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
         )
         rules += [
-            ("loss_scale.growth_interval", interval, interval >= 1, "an integer >= 1"),
-            ("loss_scale.growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
-            ("loss_scale.backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
-            ("loss_scale.min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
+            ("scaler.growth_interval", interval, interval >= 1, "an integer >= 1"),
+            ("scaler.growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
+            ("scaler.backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
+            ("scaler.min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
             (
-                "loss_scale.loss_scale",
+                "scaler.loss_scale",
                 scale,
                 np.isfinite(scale) & (scale >= np.maximum(floor, SMALLEST_SCALE)),
                 "finite, >= 2^-126 and >= min_scale",
             ),
-            ("loss_scale.growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
+            ("scaler.growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
+            ("scaler.backoffs", _read(scaler.backoffs), _read(scaler.backoffs) >= 0, ">= 0"),
         ]
     elif isinstance(scaler, StaticLossScale):
         rules.append(
-            ("loss_scale.loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")
+            ("scaler.loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")
         )
     elif isinstance(scaler, NoOpLossScale):
-        rules.append(("loss_scale.loss_scale", scale, scale == 1, "1 (no loss scaling)"))
+        rules.append(("scaler.loss_scale", scale, scale == 1, "1 (no loss scaling)"))
     step = _read(train_state.step)
     rules.append(("step", step, step >= 0, ">= 0"))
     return rules + _skip_rules(train_state.opt_state, step) + _optimizer_count_rules(train_state.opt_state)
@@ -320,7 +324,7 @@ def check_restored(train_state, *, step: int, directory: str, field_prefix: str 
     impossible skip counts. Its checksum matched, so the values were changed with intent or
     by a bug; running on would diverge with misleading advice or hide the damage.
     `field_prefix` names where the `TrainState` sits ("train_state.")."""
-    if train_state is None or not hasattr(train_state, "loss_scale"):
+    if not isinstance(train_state, TrainState):
         return
     refuse_unwritten(_restored_rules(train_state), step=step, directory=directory, field_prefix=field_prefix)
 
@@ -380,6 +384,35 @@ def abstract_like(target_dict: dict):
     )
 
 
+def _is_train_state_dict(node) -> bool:
+    """A `TrainState`'s state dict in format 3: its scaler beside its pending-backoff flag."""
+    return isinstance(node, dict) and "scaler" in node and "pending_backoff" in node
+
+
+def as_format_2(tree):
+    """A format-3 state dict in format 2's layout: each train state's scaler under its 0.2 name
+    `loss_scale`, without the leaves 0.3 added (`pending_backoff`, the scaler's `backoffs`)."""
+    if isinstance(tree, dict) and "backoffs" in tree and "growth_tracker" in tree:  # a dynamic scaler
+        return {k: v for k, v in tree.items() if k != "backoffs"}
+    if not isinstance(tree, dict):
+        return tree
+    if _is_train_state_dict(tree):
+        renamed = {("loss_scale" if k == "scaler" else k): v for k, v in tree.items() if k != "pending_backoff"}
+        return {k: as_format_2(v) for k, v in renamed.items()}
+    return {k: as_format_2(v) for k, v in tree.items()}
+
+
+def from_format_2(restored, target):
+    """`restored` (read in format 2's layout) in the layout of `target` (a format-3 state dict):
+    the leaves format 2 lacks take `target`'s values, a fresh state's (no pending backoff,
+    backoffs counted from this restore on)."""
+    if not isinstance(target, dict):
+        return restored
+    if _is_train_state_dict(target):
+        restored = {("scaler" if k == "loss_scale" else k): v for k, v in restored.items()}
+    return {k: from_format_2(restored[k], v) if k in restored else v for k, v in target.items()}
+
+
 def restore(
     store: "CheckpointStore",
     target,
@@ -410,8 +443,11 @@ def restore(
     meta = store.read_meta(step)
     target_dict = serialization.to_state_dict(target)
     train_state = at_path(target, train_state_path)
-    scaler_path = tuple(train_state_path) + ("loss_scale",)
+    legacy = meta.get("format") == 2
+    scaler_path = tuple(train_state_path) + ("loss_scale" if legacy else "scaler",)
     fresh_scaler = check_restorable(meta, train_state_meta(train_state), step=step, kind=kind)
+    if legacy:
+        target_dict = as_format_2(target_dict)
     if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
         target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
     check_spec(meta, target_dict, step=step)
@@ -422,7 +458,9 @@ def restore(
             step,
             meta.get("precision"),
         )
-        restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.loss_scale))
+        restored = set_in(restored, scaler_path, as_format_2(serialization.to_state_dict(train_state.scaler)))
+    if legacy:
+        restored = from_format_2(restored, serialization.to_state_dict(target))
     state = serialization.from_state_dict(target, restored)
     check_restored_state(state, step=step, directory=store.directory)
     return state, meta

@@ -21,6 +21,7 @@ from genesis_jax.amp.guard import (
 from genesis_jax.amp.loss_scale import (
     DEFAULT_GROWTH_INTERVAL,
     DEFAULT_INIT_SCALE,
+    INT32_MAX,
     check_loss_scale_args,
     make_loss_scale,
 )
@@ -41,7 +42,6 @@ RESUMABLE_BASE_FIELDS = (
 
 # -- field checks: every trainer config's types and ranges, in one place ----------------------
 
-INT32_MAX = 2**31 - 1  # JAX's default integer: step counters, scan lengths
 INT64_MAX = 2**63 - 1
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits: larger seeds would collide
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # hyperparameters enter float32 programs
@@ -256,16 +256,18 @@ class MixedPrecisionConfig:
             eps = max(eps, 1e-5)
         return optax.adam(learning_rate, eps=eps)
 
-    def create_train_state(self, params, tx, apply_fn=None) -> TrainState:
+    def create_train_state(self, params, tx, apply_fn=None, shared_scaler: bool = False) -> TrainState:
         """An `amp.TrainState` as this config says: the precision, its loss scaler, clipping
-        and the divergence guard on `tx` (wrapped in `skip_nonfinite`)."""
+        and the divergence guard on `tx` (wrapped in `skip_nonfinite`); `shared_scaler` for
+        optimizers sharing one scaler (`amp.update_scaler`)."""
         return TrainState.create(
             params=params,
             tx=tx,
             apply_fn=apply_fn,
-            loss_scale=self.make_loss_scale(),
+            scaler=self.make_loss_scale(),
             precision=self.train_precision(),
             max_grad_norm=self.max_grad_norm,
             guard=self.divergence_guard(),
             strict=self.strict_finite_checks,
+            shared_scaler=shared_scaler,
         )

@@ -48,9 +48,9 @@ def halted_report(train_state, guard: DivergenceGuard) -> str | None:
         return None
     i = int(jnp.argmax(halted))
     pick = lambda x: float(jnp.atleast_1d(x)[i])  # noqa: E731
-    dynamic = isinstance(train_state.loss_scale, DynamicLossScale)
+    dynamic = isinstance(train_state.scaler, DynamicLossScale)
     return guard.explain(
-        pick(train_state.loss_scale.loss_scale),
+        pick(train_state.scaler.loss_scale),
         int(pick(train_state.skip_streak)),
         int(pick(train_state.step)),
         dynamic,

@@ -183,7 +183,7 @@ class DQN(Algorithm):
             "epsilon": epsilon_at(self.config, s.steps),
             "updates": ts.step,
             "buffer_size": self.replay.size(s.buffer),
-            "loss_scale": ts.loss_scale.loss_scale,
+            "loss_scale": ts.scaler.loss_scale,
             "skipped": ts.skipped - skipped_before,
             "halted": ts.halted,
         }

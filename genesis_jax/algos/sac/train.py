@@ -1,6 +1,7 @@
 """SAC on the algorithm template: twin critics with Polyak targets, a tanh-Gaussian actor and a
-learned temperature; three optimizers under one loss scaler (`amp.shared_scale_step`: the
-iteration's scale backs off once if any gradient was not finite); replay in flashbax."""
+learned temperature; three optimizers under one loss scaler (`shared_scaler=True` states and
+`amp.update_scaler`: the iteration's scale backs off once if any gradient was not finite);
+replay in flashbax."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flax import struct
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.algos.sac.config import SACConfig, SACFields
-from genesis_jax.amp import TrainState, share_scale, shared_scale_step, update_shared_scale
+from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.dense import Dense
@@ -98,9 +99,9 @@ class SAC(Algorithm):
         obs, act = jnp.zeros((1, *spec.obs_shape)), jnp.zeros((1, spec.action_dim))
         critic_params = self.critic.init(k_critic, obs, act)
         env_obs, env_state = self.env.reset(k_env)  # host environments restart from the seed
-        critic = c.create_train_state(critic_params, c.adam(c.critic_lr))
-        actor = c.create_train_state(self.actor.init(k_actor, obs), c.adam(c.actor_lr))
-        alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), c.adam(c.alpha_lr))
+        critic = c.create_train_state(critic_params, c.adam(c.critic_lr), shared_scaler=True)
+        actor = c.create_train_state(self.actor.init(k_actor, obs), c.adam(c.actor_lr), shared_scaler=True)
+        alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), c.adam(c.alpha_lr), shared_scaler=True)
         target = jax.tree.map(jnp.copy, critic.params)  # its own buffers (the state is donated), as stored
         zeros = jnp.zeros(c.num_envs)
         return SACState(critic, actor, alpha, target, self.replay.init(), env_state, env_obs, zeros, rng, jnp.int32(0))
@@ -116,7 +117,7 @@ class SAC(Algorithm):
 
     def gradient_step(self, state: SACState, batch: Transition, key):
         """Critic, actor (on the critics as just updated, as CleanRL), temperature; one scaler."""
-        c, scale, alpha = self.config, state.critic.loss_scale, jnp.exp(state.alpha.params)
+        c, alpha = self.config, jnp.exp(state.alpha.params)
         next_noise, noise = jax.random.normal(key, (2, *batch.action.shape))
         next_action, next_logp = self.policy(state.actor.params, batch.next_obs, next_noise)
         next_q = jnp.min(self.q(state.target, batch.next_obs, next_action), axis=0)
@@ -131,13 +132,12 @@ class SAC(Algorithm):
             return jnp.mean(alpha * logp - jnp.min(self.q(critic.params, obs, action), 0)), jnp.mean(logp)
 
         hooks = {"faults": self.seed_faults(), "grad_transform": self.grad_transform}  # the critics' step only
-        critic, cm = shared_scale_step(state.critic, batch, critic_loss, scale, **hooks)
-        actor, am = shared_scale_step(state.actor, batch.obs, actor_loss, scale)
+        critic, cm = train_step(state.critic, critic_loss, batch, has_aux=True, **hooks)
+        actor, am = train_step(state.actor, actor_loss, batch.obs, has_aux=True)
         logp = jax.lax.stop_gradient(am["aux"])
-        alpha_loss = lambda log_alpha, _: (-jnp.exp(log_alpha) * (logp + self.target_entropy), None)  # noqa: E731
-        temperature, tm = shared_scale_step(state.alpha, None, alpha_loss, scale)
-        new_scale = update_shared_scale(scale, [cm["grads_finite"], am["grads_finite"], tm["grads_finite"]])
-        critic, actor, temperature = share_scale((critic, actor, temperature), new_scale)
+        alpha_loss = lambda log_alpha: -jnp.exp(log_alpha) * (logp + self.target_entropy)  # noqa: E731
+        temperature, tm = train_step(state.alpha, alpha_loss)
+        critic, actor, temperature = update_scaler(critic, actor, temperature)  # one backoff for the three
         # The skips as each state counted them (strict mode also skips finite gradients whose update is not).
         new_states = dict(zip(OPTIMIZERS, (critic, actor, temperature)))
         skips = {f"{n}_skipped": new_states[n].skipped - getattr(state, n).skipped for n in OPTIMIZERS}
@@ -174,7 +174,7 @@ class SAC(Algorithm):
         return state, {
             **{k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)},
             **{k: jnp.sum(jnp.where(m["updates"] > 0, m[k], 0.0)) / jnp.sum(m["updates"]) for k in LOSSES},
-            "loss_scale": state.critic.loss_scale.loss_scale,
+            "loss_scale": state.critic.scaler.loss_scale,
             "halted": state.critic.halted | state.actor.halted | state.alpha.halted,
         }
 

@@ -15,6 +15,8 @@ import tempfile
 
 import numpy as np
 
+from genesis_jax.amp.loss_scale import INT32_MAX
+
 SYNTHETIC_OBS_DIM = 8
 SYNTHETIC_ACTION_DIM = 2
 
@@ -378,7 +380,6 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
 # -- collect: its arguments and its output, checked before anything is collected -------------
 
 SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits
-INT32_MAX = 2**31 - 1
 PEAK_COPIES = 3  # collection holds the arrays about three times: the rollout, the host copy, the saved layout
 
 

@@ -166,7 +166,7 @@ class WorldModelTrainer(Algorithm):
             ),
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
             "skipped": ts.skipped - skipped_before,
-            "loss_scale": ts.loss_scale.loss_scale,
+            "loss_scale": ts.scaler.loss_scale,
             "halted": ts.halted,
         }
 
