@@ -22,10 +22,10 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import jmp
-import flax.linen as nn
 from flax import nnx
 
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
@@ -297,7 +297,8 @@ def scaled_value_and_grad(
         >>> import jax, jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> def loss_fn(params, x):   # the matmul in float16, the loss in float32
-        ...     return jnp.mean(jnp.square((x.astype(jnp.float16) @ params["w"].astype(jnp.float16)).astype(jnp.float32)))
+        ...     y = x.astype(jnp.float16) @ params["w"].astype(jnp.float16)
+        ...     return jnp.mean(jnp.square(y.astype(jnp.float32)))
         >>> params, x = {"w": jnp.ones((3, 1))}, jnp.full((8, 3), 0.1)
         >>> grad_fn = jax.jit(amp.scaled_value_and_grad(loss_fn))
         >>> tx = amp.skip_nonfinite(optax.adam(1e-3))

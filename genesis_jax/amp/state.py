@@ -36,9 +36,8 @@ from flax.training import train_state
 
 from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
-from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, check_scaler, make_loss_scale
+from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler, make_loss_scale
 from genesis_jax.amp.optim import (
-    SkipNonFiniteState,
     check_max_grad_norm,
     global_norm,
     is_skip_nonfinite,

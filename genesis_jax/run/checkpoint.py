@@ -182,7 +182,8 @@ def check_format(meta: dict, step: int, directory: str) -> None:
     ours = package_versions().get("genesis-jax", "this version")
     raise CheckpointMismatchError(
         f"checkpoint at step {step} in {directory} was written by genesis-jax {writer} in checkpoint format {found}; "
-        f"genesis-jax {ours} reads formats {', '.join(map(str, READABLE_FORMATS))}: continue that run with genesis-jax {writer} "
+        f"genesis-jax {ours} reads formats {', '.join(map(str, READABLE_FORMATS))}: "
+        f"continue that run with genesis-jax {writer} "
         f"(pip install genesis-jax=={writer}), or start a new run (another --out, or --overwrite)"
     )
 
