@@ -14,8 +14,8 @@ call, so that a machine whose speed drifts (a shared CPU does, by tens of percen
 minutes) slows all three alike; each figure is the median of `--calls` timed calls after
 `--warmup` untimed ones (which also fill the replay buffers past learning-starts). The cost
 is the mode's median time over plain's, minus one. The plain build swaps the step in by
-patching the two places the trainers call `amp.train_step` from (the template and
-`shared_scale_step`) and the optimizer wrapper `TrainState.create` applies, while it traces.
+patching the two places the trainers call `amp.train_step` from (the template and SAC's
+update) and the optimizer wrapper `TrainState.create` applies, while it traces.
 
     python experiments/safety_overhead.py --out benchmarks/safety-overhead-cpu.md
     python experiments/safety_overhead.py --smoke            # every workload, a few calls
@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit  # noqa: E402
 
 from genesis_jax.algos import base, get_algorithm  # noqa: E402
-from genesis_jax.amp import multi, optim  # noqa: E402
+from genesis_jax.algos.sac import train as sac_train  # noqa: E402
+from genesis_jax.amp import optim  # noqa: E402
 from genesis_jax.amp import state as amp_state  # noqa: E402
 from genesis_jax.run import probes  # noqa: E402
 
@@ -74,10 +75,15 @@ def plain_optimizer(inner, *, max_grad_norm=None, guard=None, advance_schedule_o
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def plain_train_step(state, batch, loss_fn, *, axis_name=None, faults=None, grad_transform=None):
+def plain_train_step(state, loss_fn, *args, has_aux=False, axis_name=None, faults=None, grad_transform=None):
     """A plain optax step with the metrics the trainers read: the loss, its gradient norm."""
     del faults, grad_transform
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+
+    def with_aux(params, *args):
+        out = loss_fn(params, *args)
+        return out if has_aux else (out, None)
+
+    (loss, aux), grads = jax.value_and_grad(with_aux, has_aux=True)(state.params, *args)
     if axis_name is not None:
         grads, loss = jax.lax.pmean((grads, loss), axis_name)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
@@ -87,7 +93,7 @@ def plain_train_step(state, batch, loss_fn, *, axis_name=None, faults=None, grad
     metrics = {
         "loss": loss,
         "grad_norm": optax.tree.norm(grads),
-        "loss_scale": state.loss_scale.loss_scale,
+        "loss_scale": state.scaler.loss_scale,
         "grads_finite": jnp.asarray(True),
         "halted": jnp.asarray(False),
         "aux": aux,
@@ -98,13 +104,13 @@ def plain_train_step(state, batch, loss_fn, *, axis_name=None, faults=None, grad
 @contextlib.contextmanager
 def plain_steps():
     """Every trainer on `plain_train_step` and `plain_optimizer` while inside."""
-    saved = (base.train_step, multi.train_step, amp_state.skip_nonfinite)
-    base.train_step = multi.train_step = plain_train_step
+    saved = (base.train_step, sac_train.train_step, amp_state.skip_nonfinite)
+    base.train_step = sac_train.train_step = plain_train_step
     amp_state.skip_nonfinite = plain_optimizer
     try:
         yield
     finally:
-        base.train_step, multi.train_step, amp_state.skip_nonfinite = saved
+        base.train_step, sac_train.train_step, amp_state.skip_nonfinite = saved
 
 
 def compiled_chunk(kind: str, settings: dict, mode: str, positions: int):

@@ -184,7 +184,7 @@ def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -
         return loss_scale.scale(loss), (loss, aux)
 
     def fn(loss_scale, params, *args):
-        check_scaler(loss_scale)
+        check_scaler(loss_scale, "loss_scale")
         return jax.grad(scaled, has_aux=True)(params, loss_scale, args)
 
     return fn
@@ -229,7 +229,7 @@ def unscale(scaled_grads, loss_scale: LossScale):
         >>> grads["w"], float(norm), bool(finite)
         (Array([3., 4.], dtype=float32), 5.0, True)
     """
-    check_scaler(loss_scale)
+    check_scaler(loss_scale, "loss_scale")
     grads = loss_scale.unscale(scaled_grads)
     norm, finite = global_norm(grads)
     return grads, norm, finite

@@ -19,6 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import serialization
 
 
 def _is_concrete(x) -> bool:
@@ -314,17 +315,30 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
+def _scaler_to_state_dict(scaler) -> dict:
+    return {f: getattr(scaler, f) for f in scaler._fields}
+
+
+def _scaler_from_state_dict(target, state: dict):
+    return target._replace(**{f: jnp.asarray(state[f], getattr(target, f).dtype) for f in target._fields})
+
+
+# Flax serialization (`serialization.to_bytes`, `to_state_dict`) of a state holding a scaler,
+# such as a `TrainState` or a subclass of it, with amp alone: each scaler is a dict of its fields.
+for _cls in SCALER_TYPES.values():
+    serialization.register_serialization_state(_cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True)
+
+
 def _validate_static(loss_scale, name: str = "loss_scale") -> None:
     _check_scale(name, loss_scale)
 
 
-def check_scaler(loss_scale) -> None:
+def check_scaler(scaler, name: str = "scaler") -> None:
     """Refuses anything but a loss scaler (these three or one with their interface, such as
-    jmp's): a bare number would fail later with an AttributeError, far from the cause."""
-    if not all(hasattr(loss_scale, name) for name in ("loss_scale", "scale", "unscale", "adjust")):
-        raise TypeError(
-            f"loss_scale must be a loss scaler such as amp.DynamicLossScale() (not a number), got {loss_scale!r}"
-        )
+    jmp's): a bare number would fail later with an AttributeError, far from the cause. `name`
+    is the argument's, for the message (0.2's functions called it loss_scale)."""
+    if not all(hasattr(scaler, attr) for attr in ("loss_scale", "scale", "unscale", "adjust")):
+        raise TypeError(f"{name} must be a loss scaler such as amp.DynamicLossScale() (not a number), got {scaler!r}")
 
 
 def check_loss_scale_args(

@@ -18,7 +18,9 @@ from genesis_jax.amp.guard import FaultInjection
 from genesis_jax.amp.loss_scale import LossScale, check_scaler, is_bool_flag
 from genesis_jax.amp.state import LossFn, TrainState, deprecated, train_step
 
-_check_loss_scale = check_scaler
+
+def _check_loss_scale(loss_scale) -> None:
+    check_scaler(loss_scale, "loss_scale")
 
 
 def _is_train_state(node) -> bool:

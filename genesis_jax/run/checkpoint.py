@@ -459,7 +459,8 @@ def restore(
             step,
             meta.get("precision"),
         )
-        restored = set_in(restored, scaler_path, as_format_2(serialization.to_state_dict(train_state.scaler)))
+        fresh = serialization.to_state_dict(train_state.scaler)  # in the layout of what was read
+        restored = set_in(restored, scaler_path, as_format_2(fresh) if legacy else fresh)
     if legacy:
         restored = from_format_2(restored, serialization.to_state_dict(target))
     state = serialization.from_state_dict(target, restored)

@@ -156,7 +156,7 @@ def test_resume_continues_exactly(tmp_path):
     resumed = train(PPOConfig(total_steps=4096, **base), out_dir=str(out), resume=True, progress=False)
     jax.tree.map(np.testing.assert_array_equal, resumed.train_state.params, straight.train_state.params)
     jax.tree.map(np.testing.assert_array_equal, resumed.train_state.opt_state, straight.train_state.opt_state)
-    assert float(resumed.train_state.loss_scale.loss_scale) == float(straight.train_state.loss_scale.loss_scale)
+    assert float(resumed.train_state.scaler.loss_scale) == float(straight.train_state.scaler.loss_scale)
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in straight.metrics]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["update"] for line in lines] == list(range(1, 9))

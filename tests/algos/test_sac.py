@@ -13,7 +13,7 @@ import pytest
 
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.sac import SAC, SACConfig, train
-from genesis_jax.amp import skip_state
+from genesis_jax.amp.optim import skip_state
 from genesis_jax.cli import main
 from tests.support.processes import cpu_env, start_python, wait_until
 
@@ -119,7 +119,7 @@ def test_a_critic_overflow_skips_the_critic_alone_and_backs_the_scale_off_once(f
             tree_equal(skip_state(after.critic.opt_state).inner_state, skip_state(before.critic.opt_state).inner_state)
         assert changed("critic") != bool(skipped)
         assert changed("actor") and float(after.alpha.params) != float(before.alpha.params)  # these still step
-        assert float(after.actor.loss_scale.loss_scale) == float(after.critic.loss_scale.loss_scale)  # one scaler
+        assert float(after.actor.scaler.loss_scale) == float(after.critic.scaler.loss_scale)  # one scaler
     assert sum(int(m["actor_skipped"]) + int(m["alpha_skipped"]) for m in metrics) == 0
     assert [float(m["loss_scale"]) for m in metrics] == gradscaler_trace(critic_skips, 2.0**10, 3)
     final = states[-1]

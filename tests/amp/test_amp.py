@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, amp
+from genesis_jax.amp.optim import SkipNonFiniteState, skip_state
 from genesis_jax.nets import MLP, ActorCritic
 from tests.support.processes import run_python
 
@@ -38,16 +39,17 @@ def mse(model):
 
 
 def run_pieces(optimizer, dtype=jnp.float16, steps=150, scaler=None, seed=0, **skip_kwargs):
-    """Trains the regression with value_and_grad + skip_nonfinite; returns (losses, params, opt_state, scaler)."""
+    """Trains the regression with scaled_value_and_grad + skip_nonfinite; returns (losses, params, opt_state,
+    scaler)."""
     model, (x, y) = make_model(dtype), regression(seed)
     params = model.init(jax.random.PRNGKey(seed + 1), x)
     tx = amp.skip_nonfinite(optimizer, **skip_kwargs)
-    grad_fn = amp.value_and_grad(mse(model))
+    grad_fn = amp.scaled_value_and_grad(mse(model))
 
     @jax.jit
     def step(carry, _):
         params, opt_state, scaler = carry
-        loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return (optax.apply_updates(params, updates), opt_state, scaler), loss
 
@@ -137,7 +139,7 @@ def test_clipping_uses_torchs_coefficient_on_the_unscaled_norm():
 def test_scaled_value_and_grad_matches_jax_grad_and_backs_off_on_overflow():
     model, (x, y) = make_model(jnp.float32), regression()
     params = model.init(jax.random.PRNGKey(1), x)
-    loss, grads, finite, scaler = amp.value_and_grad(mse(model))(DynamicLossScale(), params, x, y)
+    loss, grads, finite, _, scaler = amp.scaled_value_and_grad(mse(model))(DynamicLossScale(), params, x, y)
     ref_loss, ref_grads = jax.value_and_grad(mse(model))(params, x, y)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
@@ -145,7 +147,7 @@ def test_scaled_value_and_grad_matches_jax_grad_and_backs_off_on_overflow():
     assert bool(finite) and int(scaler.growth_tracker) == 1
     # float16 compute with a loss large enough that 2^16 x its gradient overflows float16
     half = make_model(jnp.float16)
-    _, _, finite, scaler = amp.value_and_grad(mse(half))(DynamicLossScale(), params, x * 100.0, y * 100.0)
+    _, _, finite, _, scaler = amp.scaled_value_and_grad(mse(half))(DynamicLossScale(), params, x * 100.0, y * 100.0)
     assert not bool(finite) and float(scaler.loss_scale) == 2.0**15
 
 
@@ -156,7 +158,7 @@ def test_the_policy_casts_plain_functions_to_the_compute_dtype():
         seen.append((params["w"].dtype, x.dtype))
         return jnp.sum((x @ params["w"]).astype(jnp.float32))
 
-    value, grads, _, _ = amp.value_and_grad(loss_fn, policy="fp16")(
+    value, grads, _, _, _ = amp.scaled_value_and_grad(loss_fn, policy="fp16")(
         DynamicLossScale(), {"w": jnp.ones((2, 2))}, jnp.ones((3, 2))
     )
     assert seen == [(jnp.float16, jnp.float16)]
@@ -172,12 +174,12 @@ def test_pieces_work_under_vmap_over_seeds():
     params = jax.vmap(lambda k: model.init(k, x))(jax.random.split(jax.random.PRNGKey(0), 2))
     xs = jnp.stack([x, x * 1e5])  # beyond float16's range
     tx = amp.skip_nonfinite(optax.adam(1e-3))
-    grad_fn = amp.value_and_grad(mse(model))
+    grad_fn = amp.scaled_value_and_grad(mse(model))
 
     @jax.jit
     @jax.vmap
     def step(params, opt_state, scaler, x):
-        loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return optax.apply_updates(params, updates), opt_state, scaler, finite
 
@@ -193,8 +195,8 @@ def test_pieces_work_under_vmap_over_seeds():
 def test_accumulated_micro_batches_equal_one_big_batch_in_fp32():
     model, (x, y) = make_model(jnp.float32), regression(n=64)
     params = model.init(jax.random.PRNGKey(1), x)
-    big = amp.value_and_grad(mse(model))(NoOpLossScale(), params, x, y)
-    small = amp.value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+    big = amp.scaled_value_and_grad(mse(model))(NoOpLossScale(), params, x, y)
+    small = amp.scaled_value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
     np.testing.assert_allclose(small.value, big.value, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(small.grads), jax.tree.leaves(big.grads)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7 * float(jnp.abs(b).max()))
@@ -204,11 +206,11 @@ def test_a_nan_in_one_micro_batch_skips_exactly_one_optimizer_step():
     model, (x, y) = make_model(jnp.float16), regression(n=64)
     params = model.init(jax.random.PRNGKey(1), x)
     tx = amp.skip_nonfinite(optax.adam(1e-3))
-    grad_fn = jax.jit(amp.value_and_grad(mse(model), accumulate=4))
+    grad_fn = jax.jit(amp.scaled_value_and_grad(mse(model), accumulate=4))
     opt_state, scaler, history = tx.init(params), DynamicLossScale(init_scale=2.0**10), []
     for step in range(3):
         batch_y = y.at[40].set(jnp.nan) if step == 1 else y  # row 40: the third of four micro-batches
-        loss, grads, finite, scaler = grad_fn(scaler, params, x, batch_y)
+        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, batch_y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         new_params = optax.apply_updates(params, updates)
         history.append((bool(finite), all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params, new_params)))))
@@ -221,7 +223,7 @@ def test_a_batch_that_does_not_split_into_micro_batches_is_refused():
     model, (x, y) = make_model(jnp.float32), regression(n=10)
     params = model.init(jax.random.PRNGKey(1), x)
     with pytest.raises(ValueError, match="does not split into 4 micro-batches"):
-        amp.value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+        amp.scaled_value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
 
 
 @pytest.mark.parametrize("advance, lr_count", [(False, 1), (True, 2)])
@@ -307,13 +309,13 @@ def test_the_jitted_train_step_leaves_the_callers_arrays_usable():
     model, (x, y) = make_model(jnp.float16), regression()
     params = model.init(jax.random.PRNGKey(1), x)
     state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision="fp16", max_grad_norm=1.0)
-    step = jax.jit(lambda s, batch: amp.train_step(s, batch, lambda p, b: (mse(model)(p, *b), None)))
+    step = jax.jit(lambda s, batch: amp.train_step(s, mse(model), *batch))
     before = state.params
     state, _ = step(state, (x, y))
     state, _ = step(state, (x, y))
     model.apply(params, x)  # the caller's params are still alive
     model.apply(before, x)  # and so is what state.params was before the steps
-    assert amp.stats(state)["training_steps"] == 2
+    assert amp.stats(state)["steps"] == 2
 
 
 @pytest.mark.slow  # a 4-device subprocess: 11 s
@@ -332,17 +334,17 @@ def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
         params = model.init(jax.random.PRNGKey(1), x)
         loss_fn = lambda p, x, y: jnp.mean((model.apply(p, x) - y) ** 2)
         tx = amp.skip_nonfinite(optax.adam(1e-3))
-        grad_fn = amp.value_and_grad(loss_fn, axis_name="data")
+        grad_fn = amp.scaled_value_and_grad(loss_fn, axis_name="data")
         mesh = Mesh(np.array(jax.devices()), ("data",))
         def step(params, opt_state, scaler, x, y):
-            loss, grads, finite, scaler = grad_fn(scaler, params, x, y)
+            loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
             updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
             return optax.apply_updates(params, updates), opt_state, scaler, grads, finite[None]
         sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("data"), P("data")),
                                         out_specs=(P(), P(), P(), P(), P("data")), check_vma=False))
         scaler = DynamicLossScale(init_scale=2.0 ** 10)  # each shard's mean loss: 4x the whole batch's gradients
         out = sharded(params, tx.init(params), scaler, x, y)
-        ref = amp.value_and_grad(loss_fn)(scaler, params, x, y)
+        ref = amp.scaled_value_and_grad(loss_fn)(scaler, params, x, y)
         for a, b in zip(jax.tree.leaves(out[3]), jax.tree.leaves(ref.grads)):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-4)  # float16 forward, 4 shards vs 1
         assert np.asarray(out[4]).tolist() == [True] * 4
@@ -406,11 +408,11 @@ def test_skip_state_finds_the_counts_inside_chain_and_inject_hyperparams():
     nested = optax.chain(optax.identity(), injected)
     for tx in (chained, injected, nested):
         state = tx.init(params)
-        assert isinstance(amp.skip_state(state), amp.SkipNonFiniteState)
-        assert int(amp.skip_state(state).skipped) == 0
+        assert isinstance(skip_state(state), SkipNonFiniteState)
+        assert int(skip_state(state).skipped) == 0
         updates, state = tx.update(nan, state, params)
         assert np.asarray(optax.apply_updates(params, updates)["w"]).tolist() == [1.0, 1.0, 1.0]
-        assert int(amp.skip_state(state).skipped) == 1 and int(amp.skip_state(state).consecutive_skips) == 1
+        assert int(skip_state(state).skipped) == 1 and int(skip_state(state).consecutive_skips) == 1
 
 
 @pytest.mark.parametrize(
@@ -418,7 +420,7 @@ def test_skip_state_finds_the_counts_inside_chain_and_inject_hyperparams():
 )
 def test_skip_state_without_skip_nonfinite_is_a_value_error(tx):
     with pytest.raises(ValueError, match="no skip_nonfinite state"):
-        amp.skip_state(tx.init({"w": jnp.ones(3)}))
+        skip_state(tx.init({"w": jnp.ones(3)}))
 
 
 def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32():
@@ -465,5 +467,7 @@ def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
 def test_a_float16_loss_is_warned_about_because_its_gradient_overflows():
     loss_fn = lambda params, x: jnp.mean(x @ params["w"])  # noqa: E731  (float16 mean)
     with pytest.warns(UserWarning, match="the loss is float16"):
-        out = amp.value_and_grad(loss_fn, policy="fp16")(DynamicLossScale(), {"w": jnp.ones((2, 1))}, jnp.ones((3, 2)))
+        out = amp.scaled_value_and_grad(loss_fn, policy="fp16")(
+            DynamicLossScale(), {"w": jnp.ones((2, 1))}, jnp.ones((3, 2))
+        )
     assert not bool(out.grads_finite)  # exactly what the warning predicts

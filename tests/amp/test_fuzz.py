@@ -1,6 +1,6 @@
 """A bounded fuzz campaign (slow lane): long random step sequences of the several-optimizer
-step (`shared_scale_step`, `update_shared_scale`, `share_scale`; each optimizer wrapped in
-`skip_nonfinite`) and of `DynamicLossScale.adjust`, against a numpy GradScaler written here.
+step (states with `shared_scaler=True`, `train_step` each, one `update_scaler`; each
+optimizer wrapped in `skip_nonfinite`) and of `DynamicLossScale.adjust`, against a numpy GradScaler written here.
 
 Per iteration, as torch does with one GradScaler and two optimizers: each optimizer's scaled
 gradients are checked for inf/NaN and its step skipped when any is found; one `update()`
@@ -35,23 +35,23 @@ def linear_loss(params, g):
 def fresh_states(scaler):
     params = jnp.linspace(-1.0, 1.0, 3, dtype=jnp.float32)
     txs = (optax.sgd(LEARNING_RATES[0]), optax.sgd(LEARNING_RATES[1], momentum=MOMENTUM))
-    return tuple(amp.TrainState.create(params=params, tx=tx, loss_scale=scaler, max_grad_norm=None) for tx in txs)
+    return tuple(
+        amp.TrainState.create(params=params, tx=tx, scaler=scaler, max_grad_norm=None, shared_scaler=True) for tx in txs
+    )
 
 
 @jax.jit
 def run(scaler, grads):
     """STEPS iterations; grads[t, i] is optimizer i's gradient at iteration t."""
 
-    def iteration(carry, g):
-        states, scaler = carry
-        stepped = [amp.shared_scale_step(s, gi, linear_loss, scaler) for s, gi in zip(states, g)]
+    def iteration(states, g):
+        stepped = [amp.train_step(s, linear_loss, gi, has_aux=True) for s, gi in zip(states, g)]
         flags = [m["grads_finite"] for _, m in stepped]
-        scaler = amp.update_shared_scale(scaler, flags)
-        states = amp.share_scale(tuple(s for s, _ in stepped), scaler)
-        return (states, scaler), (scaler.loss_scale, jnp.stack(flags))
+        states = amp.update_scaler(*(s for s, _ in stepped))
+        return states, (states[0].scaler.loss_scale, jnp.stack(flags))
 
-    (states, scaler), trace = jax.lax.scan(iteration, (fresh_states(scaler), scaler), grads)
-    return states, scaler, trace
+    states, trace = jax.lax.scan(iteration, fresh_states(scaler), grads)
+    return states, states[0].scaler, trace
 
 
 def gradscaler_update(scale, tracker, finite: bool, interval: int, floor: float = 0.0):

@@ -1,8 +1,8 @@
-"""Several optimizers under one loss scaler (amp.shared_scale_step, update_shared_scale,
-share_scale): each optimizer skips on its own gradients, the scale backs off once per
-iteration and grows only after iterations clean for all, as with one torch GradScaler."""
-
-import functools
+"""Several optimizers under one loss scaler (`TrainState.create(shared_scaler=True)`,
+`amp.train_step`, one `amp.update_scaler` per iteration): each optimizer skips on its own
+gradients, the scale backs off once per iteration and grows only after iterations clean for
+all, as with one torch GradScaler. (0.2's shared_scale_step, update_shared_scale and
+share_scale: tests/amp/test_deprecations.py.)"""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from genesis_jax import amp
+from genesis_jax.amp.optim import skip_state
 
 INF = float("inf")
 
@@ -28,25 +29,24 @@ def problem(seed):
     return x, y
 
 
-def new_state(tx, seed):
+def new_state(tx, seed, scaler=None, shared=True):
     params = {"w": jnp.full((3, 1), 0.1 * (seed + 1)), "b": jnp.zeros(1)}
-    return amp.TrainState.create(params=params, tx=tx, precision="fp16")
+    return amp.TrainState.create(params=params, tx=tx, precision="fp16", scaler=scaler, shared_scaler=shared)
 
 
 @jax.jit
-def iteration(actor, critic, scaler, actor_factor, critic_factor):
+def iteration(actor, critic, actor_factor, critic_factor):
     """torch: scale(loss).backward() for each, step(actor_opt), step(critic_opt), update()."""
     (xa, ya), (xc, yc) = problem(0), problem(1)
-    actor, a = amp.shared_scale_step(actor, (xa, ya, actor_factor), linear_loss, scaler)
-    critic, c = amp.shared_scale_step(critic, (xc, yc, critic_factor), linear_loss, scaler)
-    scaler = amp.update_shared_scale(scaler, [a["grads_finite"], c["grads_finite"]])
-    actor, critic = amp.share_scale((actor, critic), scaler)
-    return actor, critic, scaler, a, c
+    actor, a = amp.train_step(actor, linear_loss, (xa, ya, actor_factor), has_aux=True)
+    critic, c = amp.train_step(critic, linear_loss, (xc, yc, critic_factor), has_aux=True)
+    actor, critic = amp.update_scaler(actor, critic)
+    return actor, critic, a, c
 
 
 def optimizer_view(state):
     """What a skipped step must leave bit-identical: params and the optimizer's own state."""
-    return jax.device_get((state.params, amp.skip_state(state.opt_state).inner_state))
+    return jax.device_get((state.params, skip_state(state.opt_state).inner_state))
 
 
 def assert_bit_identical(before, after):
@@ -71,12 +71,13 @@ def torch_rule(schedule, init_scale, growth_interval):
 
 def test_critic_overflow_steps_the_actor_and_leaves_the_critic_bit_identical():
     lr = 0.05
-    actor, critic = new_state(optax.sgd(lr), 0), new_state(optax.adam(1e-2), 1)
     scaler = amp.DynamicLossScale(init_scale=2.0**10, growth_interval=3)
-    actor, critic, scaler, _, _ = iteration(actor, critic, scaler, 1.0, 1.0)  # Adam's moments now non-zero
-    critic_before, actor_params = optimizer_view(critic), jax.device_get(actor.params)
+    actor, critic = new_state(optax.sgd(lr), 0, scaler), new_state(optax.adam(1e-2), 1, scaler)
+    actor, critic, _, _ = iteration(actor, critic, 1.0, 1.0)  # Adam's moments now non-zero
+    critic_before, actor_params, scaler = optimizer_view(critic), jax.device_get(actor.params), actor.scaler
 
-    actor, critic, new_scaler, a, c = iteration(actor, critic, scaler, 1.0, INF)
+    actor, critic, a, c = iteration(actor, critic, 1.0, INF)
+    new_scaler = actor.scaler
 
     assert bool(a["grads_finite"]) and not bool(c["grads_finite"])
     assert_bit_identical(critic_before, optimizer_view(critic))
@@ -91,8 +92,9 @@ def test_critic_overflow_steps_the_actor_and_leaves_the_critic_bit_identical():
     # Each step used the iteration's scale; both states now carry the next one.
     assert float(a["loss_scale"]) == float(c["loss_scale"]) == float(scaler.loss_scale)
     for state in (actor, critic):
-        assert float(state.loss_scale.loss_scale) == float(new_scaler.loss_scale)
-        assert int(state.loss_scale.growth_tracker) == 0
+        assert float(state.scaler.loss_scale) == float(new_scaler.loss_scale)
+        assert int(state.scaler.growth_tracker) == 0
+        assert int(state.scaler.backoffs) == 1 and not bool(state.pending_backoff)
 
 
 # (actor finite, critic finite) per iteration: the critic alone overflows, then both at once,
@@ -120,16 +122,15 @@ SCHEDULE = [
 @pytest.mark.parametrize("actor_tx", ["sgd", "adam"])
 def test_scale_and_skip_counts_follow_one_gradscaler_over_an_overflow_schedule(actor_tx):
     growth_interval, init_scale = 3, 2.0**10
-    actor = new_state(optax.sgd(0.05) if actor_tx == "sgd" else optax.adam(1e-2), 0)
-    critic = new_state(optax.adam(1e-2), 1)
     scaler = amp.DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval)
+    actor = new_state(optax.sgd(0.05) if actor_tx == "sgd" else optax.adam(1e-2), 0, scaler)
+    critic = new_state(optax.adam(1e-2), 1, scaler)
     expected = torch_rule(SCHEDULE, init_scale, growth_interval)
     for i, (actor_ok, critic_ok) in enumerate(SCHEDULE):
         before = {"actor": optimizer_view(actor), "critic": optimizer_view(critic)}
         scale_before = float(scaler.loss_scale)
-        actor, critic, scaler, a, c = iteration(
-            actor, critic, scaler, 1.0 if actor_ok else INF, 1.0 if critic_ok else INF
-        )
+        actor, critic, a, c = iteration(actor, critic, 1.0 if actor_ok else INF, 1.0 if critic_ok else INF)
+        scaler = actor.scaler
         assert (bool(a["grads_finite"]), bool(c["grads_finite"])) == (actor_ok, critic_ok), i
         assert (float(scaler.loss_scale), int(scaler.growth_tracker)) == expected[i], i
         assert float(a["loss_scale"]) == float(c["loss_scale"]) == scale_before, i
@@ -141,7 +142,7 @@ def test_scale_and_skip_counts_follow_one_gradscaler_over_an_overflow_schedule(a
                 assert not np.array_equal(after[0]["w"], before[name][0]["w"]), (i, name)
             else:
                 assert_bit_identical(before[name], after)
-            assert float(state.loss_scale.loss_scale) == float(scaler.loss_scale), (i, name)
+            assert float(state.scaler.loss_scale) == float(scaler.loss_scale), (i, name)
     assert int(actor.skipped) == sum(not a for a, _ in SCHEDULE) == 2
     assert int(critic.skipped) == sum(not c for _, c in SCHEDULE) == 4
     assert int(actor.step) == int(critic.step) == len(SCHEDULE)
@@ -149,97 +150,105 @@ def test_scale_and_skip_counts_follow_one_gradscaler_over_an_overflow_schedule(a
     scales = [s for s, _ in expected]
     assert scales[6:12] == sorted(scales[6:12], reverse=True)
     assert float(scaler.loss_scale) == init_scale / 8  # up x2 twice, down x0.5 five times (once for both)
+    assert int(scaler.backoffs) == 5
+    counts = amp.stats(actor=actor, critic=critic)
+    assert counts["optimizers"]["actor"]["skipped"] == 2 and counts["optimizers"]["critic"]["skipped"] == 4
+    assert counts["backoffs"] == 5 and counts["scale"] == init_scale / 8
 
 
 def test_seeds_under_vmap_each_share_their_own_scale():
-    actor, critic = amp.share_scale(
-        (new_state(optax.sgd(0.05), 0), new_state(optax.adam(1e-2), 1)), amp.DynamicLossScale(2.0**10)
-    )
-    seeds = jax.tree.map(lambda x: jnp.stack([x, x]), (actor, critic, actor.loss_scale))
-    actors, critics, scalers, _, _ = jax.vmap(iteration)(*seeds, jnp.ones(2), jnp.array([1.0, INF]))
+    scaler = amp.DynamicLossScale(2.0**10)
+    actor, critic = new_state(optax.sgd(0.05), 0, scaler), new_state(optax.adam(1e-2), 1, scaler)
+    seeds = jax.tree.map(lambda x: jnp.stack([x, x]), (actor, critic))
+    actors, critics, _, _ = jax.vmap(iteration)(*seeds, jnp.ones(2), jnp.array([1.0, INF]))
+    scalers = actors.scaler
     np.testing.assert_array_equal(scalers.loss_scale, [2.0**10, 2.0**9])  # only seed 1's critic overflowed
     np.testing.assert_array_equal(scalers.growth_tracker, [1, 0])
     np.testing.assert_array_equal(critics.skipped, [0, 1])
     np.testing.assert_array_equal(actors.skipped, [0, 0])
-    np.testing.assert_array_equal(critics.loss_scale.loss_scale, scalers.loss_scale)
+    np.testing.assert_array_equal(critics.scaler.loss_scale, scalers.loss_scale)
+    np.testing.assert_array_equal(scalers.backoffs, [0, 1])
     assert_bit_identical(critic.params, jax.tree.map(lambda x: x[1], critics.params))
 
 
 def test_one_optimizer_under_the_shared_api_is_train_step():
-    """With one optimizer, shared_scale_step + update_shared_scale + share_scale is train_step."""
+    """With one optimizer, shared_scaler=True + train_step + update_scaler is train_step alone."""
     x, y = problem(2)
-    state = new_state(optax.adam(1e-2), 0).replace(loss_scale=amp.DynamicLossScale(2.0**4, growth_interval=2))
+    scaler = amp.DynamicLossScale(2.0**4, growth_interval=2)
+    shared_state, alone = new_state(optax.adam(1e-2), 0, scaler), new_state(optax.adam(1e-2), 0, scaler, shared=False)
     factors = [1.0, 1.0, INF, 1.0, 1.0, 1.0, INF, INF, 1.0]
 
     @jax.jit
     def shared(state, factor):
-        stepped, m = amp.shared_scale_step(state, (x, y, factor), linear_loss, state.loss_scale)
-        return amp.share_scale(stepped, amp.update_shared_scale(state.loss_scale, [m["grads_finite"]]))
+        stepped, _ = amp.train_step(state, linear_loss, (x, y, factor), has_aux=True)
+        return amp.update_scaler(stepped)
 
-    single = jax.jit(functools.partial(amp.train_step, loss_fn=linear_loss))
-    ours, theirs = state, state
+    single = jax.jit(lambda state, batch: amp.train_step(state, linear_loss, batch, has_aux=True))
+    ours, theirs = shared_state, alone
     for factor in factors:
         ours = shared(ours, factor)
         theirs, _ = single(theirs, (x, y, factor))
-        assert float(ours.loss_scale.loss_scale) == float(theirs.loss_scale.loss_scale)
-        assert int(ours.loss_scale.growth_tracker) == int(theirs.loss_scale.growth_tracker)
+        assert float(ours.scaler.loss_scale) == float(theirs.scaler.loss_scale)
+        assert int(ours.scaler.growth_tracker) == int(theirs.scaler.growth_tracker)
+        assert int(ours.scaler.backoffs) == int(theirs.scaler.backoffs)
         assert (int(ours.skipped), int(ours.step)) == (int(theirs.skipped), int(theirs.step))
         jax.tree.map(lambda o, t: np.testing.assert_allclose(o, t, rtol=1e-6, atol=1e-7), ours.params, theirs.params)
     assert int(ours.skipped) == 3
 
 
-def test_the_given_scale_scales_the_loss_and_the_state_scaler_is_left_alone():
+def test_a_shared_step_scales_by_the_state_scaler_and_leaves_it_alone():
     # The scaled gradients are scale * 1e34: finite float32 at a scale of 2^8 (2.6e36),
     # inf at 2^16 (6.6e38 is above float32's largest, 3.4e38).
-    def loss_fn(params, batch):
-        return 1e34 * jnp.sum(params["w"]), {}
+    def loss_fn(params):
+        return 1e34 * jnp.sum(params["w"])
 
-    state = amp.TrainState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(1e-30), precision="fp16")
-    own = jax.device_get(state.loss_scale)
-    assert float(own.loss_scale) == 2.0**16
-    stepped, metrics = amp.shared_scale_step(state, None, loss_fn, amp.DynamicLossScale(init_scale=2.0**8))
+    state = amp.TrainState.create(
+        params={"w": jnp.ones(2)},
+        tx=optax.sgd(1e-30),
+        precision="fp16",
+        scaler=amp.DynamicLossScale(init_scale=2.0**8),
+        shared_scaler=True,
+    )
+    own = jax.device_get(state.scaler)
+    stepped, metrics = amp.train_step(state, loss_fn)
     assert bool(metrics["grads_finite"]) and float(metrics["loss_scale"]) == 2.0**8
     assert int(stepped.skipped) == 0 and not np.array_equal(stepped.params["w"], state.params["w"])
-    assert_bit_identical(own, stepped.loss_scale)  # not adjusted, not replaced
-    _, metrics = amp.shared_scale_step(state, None, loss_fn, state.loss_scale)  # its own 2^16 overflows
-    assert not bool(metrics["grads_finite"])
+    assert_bit_identical(own, stepped.scaler)  # not adjusted until update_scaler
+    assert not bool(stepped.pending_backoff)
+    big = state.replace(scaler=amp.DynamicLossScale())
+    overflowed, metrics = amp.train_step(big, loss_fn)  # 2^16 overflows
+    assert not bool(metrics["grads_finite"]) and bool(overflowed.pending_backoff)
+    assert_bit_identical(jax.device_get(big.scaler), overflowed.scaler)
+    after = amp.update_scaler(overflowed)
+    assert float(after.scaler.loss_scale) == 2.0**15 and int(after.scaler.backoffs) == 1
+    assert not bool(after.pending_backoff)
 
 
-def test_share_scale_reaches_every_state_in_a_tree_and_keeps_other_leaves():
-    states = {"critic": new_state(optax.adam(1e-3), 0), "actor": new_state(optax.sgd(0.1), 1), "tau": jnp.float32(5e-3)}
-    scaler = amp.DynamicLossScale(init_scale=32.0).adjust(jnp.array(True))
-    shared = amp.share_scale(states, scaler)
+def test_update_scaler_reaches_every_state_in_a_tree_and_keeps_other_leaves():
+    scaler = amp.DynamicLossScale(init_scale=32.0)
+    states = {
+        "critic": new_state(optax.adam(1e-3), 0, scaler),
+        "actor": new_state(optax.sgd(0.1), 1, scaler),
+        "tau": jnp.float32(5e-3),
+    }
+    shared = amp.update_scaler(states)
+    expected = scaler.adjust(jnp.array(True))
     for name in ("critic", "actor"):
-        assert_bit_identical(scaler, shared[name].loss_scale)
+        assert_bit_identical(expected, shared[name].scaler)
         assert_bit_identical(states[name].params, shared[name].params)
     assert shared["tau"] is states["tau"]
-    assert amp.stats(shared["actor"])["current_scale"] == 32.0
-
-
-def test_update_shared_scale_takes_any_tree_of_decisions():
-    scaler = amp.DynamicLossScale(init_scale=8.0, growth_interval=1)
-    three = {"critic": jnp.array(True), "actor": jnp.array(True), "temperature": np.bool_(False)}
-    assert float(amp.update_shared_scale(scaler, three).loss_scale) == 4.0
-    assert float(amp.update_shared_scale(scaler, (True, True, True)).loss_scale) == 16.0
-    generator = (flag for flag in (jnp.array(True), jnp.array(False)))  # once a raw TypeError
-    assert float(amp.update_shared_scale(scaler, generator).loss_scale) == 4.0
+    assert amp.stats(shared["actor"])["scale"] == 32.0
 
 
 @pytest.mark.parametrize(
     "call, error, words",
     [
-        (lambda s: amp.update_shared_scale(s, []), ValueError, "got none"),
-        (lambda s: amp.update_shared_scale(s, [jnp.array([True, False])]), ValueError, "scalar bools"),
-        (lambda s: amp.update_shared_scale(s, [jnp.float32(1.0)]), ValueError, "dtype float32"),
-        (lambda s: amp.update_shared_scale(s, ["False"]), ValueError, "got str"),
-        (lambda s: amp.update_shared_scale(s, [0.0]), ValueError, "got float"),
-        (lambda s: amp.update_shared_scale(2.0, [True]), TypeError, "loss_scale must be"),
-        (lambda s: amp.share_scale({"a": 1}, s), ValueError, "at least one amp.TrainState"),
-        (lambda s: amp.share_scale(new_state(optax.sgd(0.1), 0), 1024.0), TypeError, "got 1024.0"),
-        (lambda s: amp.shared_scale_step({"w": 1}, None, linear_loss, s), TypeError, "state must be an amp.TrainState"),
-        (lambda s: amp.shared_scale_step(new_state(optax.sgd(0.1), 0), None, linear_loss, None), TypeError, "None"),
+        (lambda: amp.update_scaler({"a": 1}), TypeError, "takes amp.TrainStates"),
+        (lambda: amp.update_scaler(new_state(optax.sgd(0.1), 0, shared=False)), ValueError, "shared_scaler=True"),
+        (lambda: amp.train_step({"w": 1}, linear_loss, None), TypeError, "state must be an amp.TrainState"),
+        (lambda: amp.TrainState.create(params={}, tx=optax.sgd(0.1), shared_scaler=1), TypeError, "shared_scaler"),
     ],
 )
 def test_bad_input_names_the_bad_value(call, error, words):
     with pytest.raises(error, match=words):
-        call(amp.DynamicLossScale())
+        call()

@@ -15,6 +15,8 @@ import optax
 import pytest
 
 from genesis_jax import amp
+from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.rules import with_precision_rules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +33,7 @@ class AutoNamed(nn.Module):
 
 
 class DecoratedAutoNamed(AutoNamed):
-    @amp.with_precision_rules
+    @with_precision_rules  # 0.2's decorator, from its module: it names the method in its warning
     @nn.compact
     def __call__(self, x):
         x = nn.tanh(nn.Dense(8, dtype=jnp.float16)(x))
@@ -132,12 +134,12 @@ def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
 
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-3))  # an existing chain, wrapped whole
     state = amp.TrainState.create(apply_fn=apply, params=params, tx=tx, precision="fp16")
-    grad_fn = amp.value_and_grad(loss_fn)
+    grad_fn = amp.scaled_value_and_grad(loss_fn)
 
     @jax.jit
     def step(state, x, y):
-        loss, grads, finite, loss_scale = grad_fn(state.loss_scale, state.params, x, y)
-        return state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale), loss
+        loss, grads, finite, norm, scaler = grad_fn(state.scaler, state.params, x, y)
+        return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler), loss
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the loss stays float32: no float16-loss warning
@@ -147,13 +149,13 @@ def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
     assert float(loss) < 0.5 * float(first)
     assert state.params["w1"].dtype == jnp.float32  # float32 master weights
     s = amp.stats(state)
-    assert s["training_steps"] == 151 and s["overflow_steps"] == int(amp.skip_state(state.opt_state).skipped)
+    assert s["steps"] == 151 and s["skipped"] == int(skip_state(state.opt_state).skipped)
     # Each skip halved the scale from 2^16; no growth in 151 steps.
-    assert s["current_scale"] == 2.0 ** (16 - s["overflow_steps"])
+    assert s["scale"] == 2.0 ** (16 - s["skipped"])
 
     # The alternative docs/own-loop.md warns against: policy= casts the whole loss to float16.
     with pytest.warns(UserWarning, match="the loss is float16"):
-        amp.value_and_grad(lambda p, x, y: jnp.mean((mlp(p, x)[:, 0] - y) ** 2), policy="fp16")(
+        amp.scaled_value_and_grad(lambda p, x, y: jnp.mean((mlp(p, x)[:, 0] - y) ** 2), policy="fp16")(
             amp.DynamicLossScale(), params, x, y
         )
 
@@ -193,8 +195,10 @@ def test_the_fp16_example_changes_at_most_12_lines_of_the_fp32_one():
     fp32, fp16 = ((REPO / "examples" / f"{n}.py").read_text() for n in names)
     changed = _changed_lines(fp32, fp16)
     assert len(changed) <= 12, "\n".join(changed)
-    # The drop-in: amp.TrainState's apply_gradients takes value_and_grad's outputs, no hand-built step.
-    assert any("state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale)" in c for c in changed)
+    # The drop-in: amp.TrainState's apply_gradients takes scaled_value_and_grad's outputs, no hand-built step.
+    assert any(
+        "state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)" in c for c in changed
+    )
     assert any("amp.TrainState" in c for c in changed)
     assert "tx.update(" not in fp16
 

@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genesis_jax import amp
+from genesis_jax.amp.loss_scale import all_finite, make_loss_scale
+from genesis_jax.amp.policy import get_policy
 
 PROFILE = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -84,7 +86,7 @@ def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool, strict: boo
 
     @jax.jit
     def step(params, opt_state, grads):
-        finite = amp.all_finite(grads) if pass_decision else None
+        finite = all_finite(grads) if pass_decision else None
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return optax.apply_updates(params, updates), opt_state
 
@@ -175,7 +177,7 @@ def test_the_dynamic_scale_follows_gradscaler_and_stays_finite_positive_and_abov
 @functools.lru_cache(maxsize=None)
 def train_setup(precision: str, optimizer: str, max_grad_norm):
     """A template TrainState and its jitted train_step; each example swaps in its own scaler."""
-    policy = amp.get_policy(precision)
+    policy = get_policy(precision)
 
     def loss_fn(params, x):
         # In the compute dtype, the loss summed in float32: d loss / d w = x.
@@ -185,7 +187,7 @@ def train_setup(precision: str, optimizer: str, max_grad_norm):
     state = amp.TrainState.create(
         params=initial_params(), tx=OPTIMIZERS[optimizer](), precision=precision, max_grad_norm=max_grad_norm
     )
-    return state, jax.jit(functools.partial(amp.train_step, loss_fn=loss_fn))
+    return state, jax.jit(lambda state, x: amp.train_step(state, loss_fn, x, has_aux=True))
 
 
 # Finite inputs small enough that no scale up to 2^24 overflows float32 or bfloat16 (float16 may).
@@ -224,7 +226,7 @@ def test_train_step_in_every_precision_keeps_its_promises(config, init_scale, gr
     template, step = train_setup(*config)
     precision = config[0]
     scaler = amp.DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
-    state = template.replace(loss_scale=scaler)
+    state = template.replace(scaler=scaler)
     floor = max(min_scale or 0.0, SMALLEST_SCALE)
     nonfinite_steps, expected_scale, tracker = 0, np.float32(init_scale), 0
     for x, poisoned in steps:
@@ -238,7 +240,7 @@ def test_train_step_in_every_precision_keeps_its_promises(config, init_scale, gr
         if not finite:
             assert_bit_identical(state.params, new.params)
             assert_bit_identical(state.opt_state.inner_state, new.opt_state.inner_state)
-        scale = np.asarray(new.loss_scale.loss_scale)
+        scale = np.asarray(new.scaler.loss_scale)
         assert np.isfinite(scale) and scale >= np.float32(floor) and scale > 0
         expected_scale, tracker = reference_adjust(expected_scale, tracker, finite, 2.0, 0.5, growth_interval, floor)
         assert float(scale) == float(expected_scale)
@@ -378,16 +380,14 @@ def test_every_float_argument_is_accepted_exactly_where_its_promise_holds(value)
     v32 = float32_of(value)
     assert accepts(lambda: amp.DynamicLossScale(init_scale=value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
     assert accepts(lambda: amp.StaticLossScale(value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
-    assert accepts(lambda: amp.make_loss_scale("none", init_scale=value)) == (
-        np.isfinite(v32) and v32 >= SMALLEST_SCALE
-    )
+    assert accepts(lambda: make_loss_scale("none", init_scale=value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
     assert accepts(lambda: amp.DynamicLossScale(growth_factor=value)) == (np.isfinite(v32) and v32 > 1)
     assert accepts(lambda: amp.DynamicLossScale(backoff_factor=value)) == (0 < v32 < 1)
     assert accepts(lambda: amp.DynamicLossScale(init_scale=1.0, min_scale=value)) == (0 < v32 <= 1.0)
     assert accepts(lambda: amp.skip_nonfinite(optax.sgd(0.1), max_grad_norm=value)) == (np.isfinite(v32) and v32 > 0)
     assert accepts(lambda: amp.DivergenceGuard(min_scale=value)) == (np.isfinite(v32) and v32 >= 0)
-    assert accepts(lambda: amp.FaultInjection(nonfinite_rate=value)) == (0 <= value <= 1)
-    assert accepts(lambda: amp.FaultInjection(loss_spike_factor=value)) == (np.isfinite(v32) and v32 > 0)
+    assert accepts(lambda: amp.testing.FaultInjection(nonfinite_rate=value)) == (0 <= value <= 1)
+    assert accepts(lambda: amp.testing.FaultInjection(loss_spike_factor=value)) == (np.isfinite(v32) and v32 > 0)
 
 
 @settings(max_examples=40, **PROFILE)
@@ -396,8 +396,8 @@ def test_every_count_argument_is_accepted_exactly_where_it_is_a_positive_int32(v
     is_int = isinstance(value, int)
     assert accepts(lambda: amp.DynamicLossScale(growth_interval=value)) == (is_int and 1 <= value < 2**31)
     assert accepts(lambda: amp.DivergenceGuard(max_consecutive_skips=value)) == (is_int and 1 <= value < 2**31)
-    assert accepts(lambda: amp.value_and_grad(jnp.sum, accumulate=value)) == (is_int and value >= 1)
-    assert accepts(lambda: amp.FaultInjection(loss_spike_steps=(value,))) == (is_int and 0 <= value < 2**31)
+    assert accepts(lambda: amp.scaled_value_and_grad(jnp.sum, accumulate=value)) == (is_int and value >= 1)
+    assert accepts(lambda: amp.testing.FaultInjection(loss_spike_steps=(value,))) == (is_int and 0 <= value < 2**31)
 
 
 def test_the_guard_trips_on_a_skip_only_never_on_a_finite_step():
@@ -405,7 +405,7 @@ def test_the_guard_trips_on_a_skip_only_never_on_a_finite_step():
     state = amp.TrainState.create(
         params=initial_params(),
         tx=optax.sgd(0.1),
-        loss_scale=amp.StaticLossScale(2.0**-20),
+        scaler=amp.StaticLossScale(2.0**-20),
         guard=amp.DivergenceGuard(),
     )
     for _ in range(3):

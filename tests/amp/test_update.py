@@ -1,5 +1,3 @@
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +5,7 @@ import optax
 import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, amp, stats, train_step
+from genesis_jax.amp.optim import SkipNonFiniteState, skip_state
 from genesis_jax.amp.policy import get_precision
 from tests.support.helpers import mlp_loss, regression_problem
 
@@ -18,7 +17,7 @@ def make_state(dtype=jnp.float16, scaler=None, precision="fp16", tx=None, max_gr
     state = TrainState.create(
         params=params,
         tx=tx or optax.adam(1e-3),
-        loss_scale=scaler or DynamicLossScale(),
+        scaler=scaler or DynamicLossScale(),
         precision=precision,
         max_grad_norm=max_grad_norm,
         guard=guard,
@@ -26,8 +25,13 @@ def make_state(dtype=jnp.float16, scaler=None, precision="fp16", tx=None, max_gr
     return state, loss_fn, (x, y)
 
 
+def stepper(loss_fn, **options):
+    """`train_step` of (state, batch), jitted, for a `loss_fn(params, batch) -> (loss, aux)`."""
+    return jax.jit(lambda state, batch: train_step(state, loss_fn, batch, has_aux=True, **options))
+
+
 def inner_opt_state(state):
-    return amp.skip_state(state.opt_state).inner_state
+    return skip_state(state.opt_state).inner_state
 
 
 def inject_at(target_step, value):
@@ -41,7 +45,7 @@ def inject_at(target_step, value):
 @pytest.mark.parametrize("value", [jnp.inf, jnp.nan, -jnp.inf])
 def test_nonfinite_step_leaves_state_bit_identical(value):
     state, loss_fn, batch = make_state()
-    update = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=inject_at(1, value)))
+    update = stepper(loss_fn, grad_transform=inject_at(1, value))
     state, _ = update(state, batch)
     before = jax.device_get((state.params, inner_opt_state(state)))
     after_state, metrics = update(state, batch)
@@ -49,7 +53,7 @@ def test_nonfinite_step_leaves_state_bit_identical(value):
     assert not bool(metrics["grads_finite"])
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), before, after)
     assert int(after_state.skipped) == 1 and int(after_state.step) == 2
-    assert float(after_state.loss_scale.loss_scale) == float(state.loss_scale.loss_scale) / 2
+    assert float(after_state.scaler.loss_scale) == float(state.scaler.loss_scale) / 2
     # the next finite step moves the params again
     final, metrics = update(after_state, batch)
     assert bool(metrics["grads_finite"])
@@ -59,9 +63,9 @@ def test_nonfinite_step_leaves_state_bit_identical(value):
 def test_clipping_acts_on_unscaled_gradients():
     # With scale 2^10 a clip on the scaled gradients would shrink them 1024x more.
     s_plain, loss_fn, batch = make_state(jnp.float32, NoOpLossScale(), "fp32", tx=optax.sgd(1.0), max_grad_norm=0.1)
-    s_scaled = s_plain.replace(loss_scale=DynamicLossScale(init_scale=2.0**10))
-    out_plain, m_plain = train_step(s_plain, batch, loss_fn)
-    out_scaled, m_scaled = train_step(s_scaled, batch, loss_fn)
+    s_scaled = s_plain.replace(scaler=DynamicLossScale(init_scale=2.0**10))
+    out_plain, m_plain = train_step(s_plain, loss_fn, batch, has_aux=True)
+    out_scaled, m_scaled = train_step(s_scaled, loss_fn, batch, has_aux=True)
     np.testing.assert_allclose(float(m_plain["grad_norm"]), float(m_scaled["grad_norm"]), rtol=1e-5)
     assert float(m_plain["grad_norm"]) > 0.1  # clipping was active
     delta = optax.tree.norm(jax.tree.map(lambda a, b: a - b, out_scaled.params, s_scaled.params))
@@ -76,7 +80,7 @@ def test_jitted_step_compiles_once():
         traces.append(1)
         return loss_fn(p, b)
 
-    update = jax.jit(functools.partial(train_step, loss_fn=counting_loss))
+    update = stepper(counting_loss)
     for _ in range(5):
         state, _ = update(state, batch)
     assert len(traces) == 1
@@ -85,14 +89,14 @@ def test_jitted_step_compiles_once():
 
 def test_stats_counts():
     state, loss_fn, batch = make_state(scaler=DynamicLossScale(init_scale=2.0**40))
-    update = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    update = stepper(loss_fn)
     for _ in range(6):
         state, m = update(state, batch)
     s = stats(state)
     # 2^40 times a gradient overflows float16's 65504 until the scale has come down.
-    assert s["training_steps"] == 6 and s["overflow_steps"] >= 1
-    assert s["overflow_rate"] == s["overflow_steps"] / 6
-    assert s["current_scale"] == 2.0 ** (40 - s["overflow_steps"])
+    assert s["steps"] == 6 and s["skipped"] >= 1
+    assert s["skip_rate"] == s["skipped"] / 6
+    assert s["scale"] == 2.0 ** (40 - s["skipped"]) and s["backoffs"] == s["skipped"]
     assert s["precision"] == "fp16"
 
 
@@ -102,7 +106,7 @@ def train_loss(precision, steps=300):
     model, loss_fn = mlp_loss(prec.compute_dtype)
     params = model.init(jax.random.PRNGKey(1), x)
     state = TrainState.create(params=params, tx=optax.adam(3e-3), precision=prec, max_grad_norm=1.0)
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    step = stepper(loss_fn)
     for _ in range(steps):
         state, _ = step(state, (x, y))
     final = float(loss_fn(jax.tree.map(lambda p: p.astype(jnp.float32), state.params), (x, y))[0])
@@ -114,7 +118,7 @@ def test_fp16_training_reaches_fp32_loss():
     loss16, stats16 = train_loss("fp16")
     assert loss32 < 0.05  # it learned something
     assert abs(loss16 - loss32) / loss32 < 0.02
-    assert stats16["training_steps"] == 300
+    assert stats16["steps"] == 300
 
 
 def test_fp16_full_keeps_dtypes_through_steps():
@@ -124,7 +128,7 @@ def test_fp16_full_keeps_dtypes_through_steps():
     model, loss_fn = mlp_loss(jnp.float16)
     params = model.init(jax.random.PRNGKey(1), x)
     state = TrainState.create(params=params, tx=optax.adam(1e-3), precision=prec, max_grad_norm=1.0)
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    step = stepper(loss_fn)
     for _ in range(3):
         state, _ = step(state, (x, y))
     assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float16)}
@@ -153,14 +157,14 @@ def test_strict_mode_is_on_by_default_exactly_where_params_are_float16(precision
 def test_create_wraps_a_plain_optimizer_in_skip_nonfinite():
     params = {"w": jnp.ones(3)}
     state = TrainState.create(params=params, tx=optax.adam(1e-3))
-    assert isinstance(state.opt_state, amp.SkipNonFiniteState)
-    assert amp.skip_state(state.opt_state) is state.opt_state
+    assert isinstance(state.opt_state, SkipNonFiniteState)
+    assert skip_state(state.opt_state) is state.opt_state
     plain = optax.adam(1e-3).init(params)
     assert jax.tree.structure(state.opt_state.inner_state) == jax.tree.structure(plain)
     assert int(state.skipped) == 0 and int(state.skip_streak) == 0 and not bool(state.halted)
     # an already-wrapped optimizer is kept as it is: one SkipNonFiniteState, not two
     wrapped = TrainState.create(params=params, tx=amp.skip_nonfinite(optax.adam(1e-3), max_grad_norm=1.0))
-    assert not isinstance(wrapped.opt_state.inner_state, amp.SkipNonFiniteState)
+    assert not isinstance(wrapped.opt_state.inner_state, SkipNonFiniteState)
     assert jax.tree.structure(wrapped.opt_state) == jax.tree.structure(state.opt_state)
 
 
@@ -175,7 +179,7 @@ def test_create_refuses_skip_options_for_an_already_wrapped_optimizer(option):
 
 def test_apply_gradients_with_a_nonfinite_decision_changes_nothing_but_the_skip_count():
     state, loss_fn, batch = make_state()
-    state, _ = jax.jit(functools.partial(train_step, loss_fn=loss_fn))(state, batch)  # non-zero Adam moments
+    state, _ = stepper(loss_fn)(state, batch)  # non-zero Adam moments
     params = jax.tree.map(lambda p: p.at[..., 0].set(-0.0), state.params)  # -0.0 must stay -0.0
     state = state.replace(params=params)
     grads = jax.tree.map(lambda p: jnp.full(p.shape, jnp.nan, jnp.float32), state.params)
@@ -186,15 +190,17 @@ def test_apply_gradients_with_a_nonfinite_decision_changes_nothing_but_the_skip_
     for a, b in zip(before, after):
         assert np.asarray(a).dtype == np.asarray(b).dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert int(new.skipped) == int(state.skipped) + 1 and int(new.skip_streak) == int(state.skip_streak) + 1
-    assert float(new.loss_scale.loss_scale) == float(state.loss_scale.loss_scale)  # no scaler passed: kept
+    # no scaler passed: 0.3 adjusts the state's own by the decision (0.2 kept it as it was)
+    assert float(new.scaler.loss_scale) == float(state.scaler.loss_scale) / 2
+    assert int(new.scaler.backoffs) == int(state.scaler.backoffs) + 1 and int(new.scaler.growth_tracker) == 0
 
 
 def test_a_guard_trip_halts_the_state_for_good():
     """Three skips in a row trip a guard of two; afterwards step, params, the optimizer state,
     the scaler and the counts no longer change, clean gradients included."""
     state, loss_fn, batch = make_state(guard=amp.DivergenceGuard(max_consecutive_skips=2))
-    clean = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
-    poisoned = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=lambda g, s: nan_like(g)))
+    clean = stepper(loss_fn)
+    poisoned = stepper(loss_fn, grad_transform=lambda g, s: nan_like(g))
     for _ in range(3):
         state, _ = clean(state, batch)
     halted_at = None
@@ -212,7 +218,7 @@ def test_a_guard_trip_halts_the_state_for_good():
     for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(after)):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert int(state.step) == 6 and int(state.skipped) == 3 and int(state.skip_streak) == 3
-    assert float(state.loss_scale.loss_scale) == float(frozen.loss_scale.loss_scale)
+    assert float(state.scaler.loss_scale) == float(frozen.scaler.loss_scale)
 
 
 def nan_like(tree):
@@ -243,8 +249,8 @@ def test_without_loss_scaling_the_step_never_reads_the_scale(precision, scaled):
     def loss_fn(params, x):
         return jnp.mean(jnp.square(x @ params["w"])), {}
 
-    closed = jax.make_jaxpr(functools.partial(train_step, loss_fn=loss_fn))(state, jnp.ones((4, 3)))
-    (position,) = [i for i, leaf in enumerate(jax.tree.leaves(state)) if leaf is state.loss_scale.loss_scale]
+    closed = jax.make_jaxpr(lambda s, x: train_step(s, loss_fn, x, has_aux=True))(state, jnp.ones((4, 3)))
+    (position,) = [i for i, leaf in enumerate(jax.tree.leaves(state)) if leaf is state.scaler.loss_scale]
     scale_var = closed.jaxpr.invars[position]
     readers = [eqn.primitive.name for eqn in closed.jaxpr.eqns if any(v is scale_var for v in eqn.invars)]
     assert bool(readers) == scaled, readers

@@ -13,6 +13,11 @@ import optax
 import pytest
 
 from genesis_jax import amp
+from genesis_jax.amp.grads import resolve_policy, scaled_loss_grad, unscale
+from genesis_jax.amp.loss_scale import make_loss_scale
+from genesis_jax.amp.optim import skip_state, step_if_finite
+from genesis_jax.amp.policy import get_policy, resolve_precision_name
+from genesis_jax.amp.rules import with_precision_rules
 
 NAN, INF = float("nan"), float("inf")
 PARAMS = {"w": jnp.ones(2)}
@@ -90,19 +95,19 @@ BAD = [
     ("update loss_scale str", lambda: update_with(loss_scale="big"), TypeError, "loss_scale", "'big'"),
     (
         "step_if_finite not optax",
-        lambda: amp.step_if_finite("sgd", PARAMS, (), PARAMS, True),
+        lambda: step_if_finite("sgd", PARAMS, (), PARAMS, True),
         TypeError,
         "GradientTransformation",
         "'sgd'",
     ),
     (
         "step_if_finite float decision",
-        lambda: amp.step_if_finite(sgd(), PARAMS, sgd().init(PARAMS), PARAMS, 1.0),
+        lambda: step_if_finite(sgd(), PARAMS, sgd().init(PARAMS), PARAMS, 1.0),
         TypeError,
         "finite",
         "1.0",
     ),
-    ("skip_state of a plain state", lambda: amp.skip_state(sgd().init(PARAMS)), ValueError, "skip_nonfinite", ""),
+    ("skip_state of a plain state", lambda: skip_state(sgd().init(PARAMS)), ValueError, "skip_nonfinite", ""),
     # TrainState.create and train_step
     (
         "create max_grad_norm nan",
@@ -121,9 +126,9 @@ BAD = [
     ("create tx not optax", lambda: amp.TrainState.create(params=PARAMS, tx="adam"), TypeError, "tx", "'adam'"),
     (
         "create scale a number",
-        lambda: amp.TrainState.create(params=PARAMS, tx=sgd(), loss_scale=1024.0),
+        lambda: amp.TrainState.create(params=PARAMS, tx=sgd(), scaler=1024.0),
         TypeError,
-        "loss_scale",
+        "scaler must be",
         "1024.0",
     ),
     (
@@ -149,24 +154,24 @@ BAD = [
         "advance_schedule_on_skip",
         "1",
     ),
-    ("train_step loss_fn", lambda: amp.train_step(a_state(), jnp.ones(2), "loss"), TypeError, "loss_fn", "'loss'"),
+    ("train_step loss_fn", lambda: amp.train_step(a_state(), "loss", jnp.ones(2)), TypeError, "loss_fn", "'loss'"),
     (
         "train_step faults",
-        lambda: amp.train_step(a_state(), jnp.ones(2), loss_fn, faults=0.5),
+        lambda: amp.train_step(a_state(), loss_fn, jnp.ones(2), has_aux=True, faults=0.5),
         TypeError,
         "faults",
         "0.5",
     ),
     (
         "train_step grad_transform",
-        lambda: amp.train_step(a_state(), jnp.ones(2), loss_fn, grad_transform=1),
+        lambda: amp.train_step(a_state(), loss_fn, jnp.ones(2), has_aux=True, grad_transform=1),
         TypeError,
         "grad_transform",
         "1",
     ),
     (
         "train_step state",
-        lambda: amp.train_step({"params": PARAMS}, jnp.ones(2), loss_fn),
+        lambda: amp.train_step({"params": PARAMS}, loss_fn, jnp.ones(2), has_aux=True),
         TypeError,
         "TrainState",
         "dict",
@@ -223,39 +228,57 @@ BAD = [
     ("static 0", lambda: amp.StaticLossScale(0.0), ValueError, "loss_scale", "0.0"),
     ("static nan", lambda: amp.StaticLossScale(NAN), ValueError, "loss_scale", "nan"),
     ("static denormal", lambda: amp.StaticLossScale(1e-45), ValueError, "loss_scale", "1e-45"),
-    ("make dynamic nan", lambda: amp.make_loss_scale("dynamic", init_scale=NAN), ValueError, "init_scale", "nan"),
-    ("make static -1", lambda: amp.make_loss_scale("static", init_scale=-1.0), ValueError, "init_scale", "-1.0"),
-    ("make none interval", lambda: amp.make_loss_scale("none", growth_interval=0), ValueError, "growth_interval", "0"),
-    ("make unknown kind", lambda: amp.make_loss_scale("adaptive"), ValueError, "loss scaling", "'adaptive'"),
+    ("make dynamic nan", lambda: make_loss_scale("dynamic", init_scale=NAN), ValueError, "init_scale", "nan"),
+    ("make static -1", lambda: make_loss_scale("static", init_scale=-1.0), ValueError, "init_scale", "-1.0"),
+    ("make none interval", lambda: make_loss_scale("none", growth_interval=0), ValueError, "growth_interval", "0"),
+    ("make unknown kind", lambda: make_loss_scale("adaptive"), ValueError, "loss scaling", "'adaptive'"),
     # the gradient side
-    ("value_and_grad loss_fn", lambda: amp.value_and_grad(3), TypeError, "loss_fn", "3"),
-    ("value_and_grad accumulate 0", lambda: amp.value_and_grad(jnp.sum, accumulate=0), ValueError, "accumulate", "0"),
+    ("value_and_grad loss_fn", lambda: amp.scaled_value_and_grad(3), TypeError, "loss_fn", "3"),
+    (
+        "value_and_grad accumulate 0",
+        lambda: amp.scaled_value_and_grad(jnp.sum, accumulate=0),
+        ValueError,
+        "accumulate",
+        "0",
+    ),
     (
         "value_and_grad accumulate 2.5",
-        lambda: amp.value_and_grad(jnp.sum, accumulate=2.5),
+        lambda: amp.scaled_value_and_grad(jnp.sum, accumulate=2.5),
         ValueError,
         "accumulate",
         "2.5",
     ),
-    ("value_and_grad has_aux", lambda: amp.value_and_grad(jnp.sum, has_aux="yes"), TypeError, "has_aux", "'yes'"),
-    ("value_and_grad axis_name", lambda: amp.value_and_grad(jnp.sum, axis_name=["i"]), TypeError, "axis_name", "['i']"),
+    (
+        "value_and_grad has_aux",
+        lambda: amp.scaled_value_and_grad(jnp.sum, has_aux="yes"),
+        TypeError,
+        "has_aux",
+        "'yes'",
+    ),
+    (
+        "value_and_grad axis_name",
+        lambda: amp.scaled_value_and_grad(jnp.sum, axis_name=["i"]),
+        TypeError,
+        "axis_name",
+        "['i']",
+    ),
     (
         "value_and_grad grad_transform",
-        lambda: amp.value_and_grad(jnp.sum, grad_transform=1),
+        lambda: amp.scaled_value_and_grad(jnp.sum, grad_transform=1),
         TypeError,
         "grad_transform",
         "1",
     ),
-    ("value_and_grad policy", lambda: amp.value_and_grad(jnp.sum, policy=16), TypeError, "policy", "16"),
+    ("value_and_grad policy", lambda: amp.scaled_value_and_grad(jnp.sum, policy=16), TypeError, "policy", "16"),
     (
         "value_and_grad scaler number",
-        lambda: amp.value_and_grad(jnp.sum)(1024.0, jnp.ones(2)),
+        lambda: amp.scaled_value_and_grad(jnp.sum)(1024.0, jnp.ones(2)),
         TypeError,
-        "loss_scale",
+        "scaler must be",
         "1024.0",
     ),
-    ("scaled_loss_grad loss_fn", lambda: amp.scaled_loss_grad(None), TypeError, "loss_fn", "None"),
-    ("unscale scaler number", lambda: amp.unscale(PARAMS, 1024.0), TypeError, "loss_scale", "1024.0"),
+    ("scaled_loss_grad loss_fn", lambda: scaled_loss_grad(None), TypeError, "loss_fn", "None"),
+    ("unscale scaler number", lambda: unscale(PARAMS, 1024.0), TypeError, "loss_scale", "1024.0"),
     ("autocast fn", lambda: amp.autocast(3, "fp16"), TypeError, "autocast", "3"),
     ("autocast no policy", lambda: amp.autocast(jnp.sum, None), ValueError, "policy", ""),
     # precisions
@@ -267,19 +290,19 @@ BAD = [
         "loss scaling",
         "'sometimes'",
     ),
-    ("get_policy int", lambda: amp.get_policy(16), ValueError, "precision", "16"),
-    ("resolve_policy int", lambda: amp.resolve_policy(16), TypeError, "policy", "16"),
-    ("resolve_precision_name int", lambda: amp.resolve_precision_name(16), TypeError, "precision", "16"),
+    ("get_policy int", lambda: get_policy(16), ValueError, "precision", "16"),
+    ("resolve_policy int", lambda: resolve_policy(16), TypeError, "policy", "16"),
+    ("resolve_precision_name int", lambda: resolve_precision_name(16), TypeError, "precision", "16"),
     (
         "resolve_precision_name environ",
-        lambda: amp.resolve_precision_name(environ=["fp16"]),
+        lambda: resolve_precision_name(environ=["fp16"]),
         TypeError,
         "environ",
         "['fp16']",
     ),
     (
         "env flag",
-        lambda: amp.resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "maybe"}),
+        lambda: resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "maybe"}),
         ValueError,
         "ENABLE_FP16_TRAINING",
         "'maybe'",
@@ -287,7 +310,7 @@ BAD = [
     ("Precision policy", lambda: amp.Precision("fp16", "fp16", "dynamic"), TypeError, "policy", "'fp16'"),
     (
         "Precision scaling",
-        lambda: amp.Precision("x", amp.get_policy("fp32"), "always"),
+        lambda: amp.Precision("x", get_policy("fp32"), "always"),
         ValueError,
         "loss scaling",
         "'always'",
@@ -306,7 +329,7 @@ BAD = [
     ("rules strings", lambda: amp.precision_rules(["*head"]), TypeError, "PrecisionRule", "'*head'"),
     (
         "with_precision_rules rules",
-        lambda: amp.with_precision_rules(rules=[nn.Dense]),
+        lambda: with_precision_rules(rules=[nn.Dense]),
         TypeError,
         "PrecisionRule",
         "Dense",
@@ -331,21 +354,51 @@ BAD = [
         "max-consecutive-skips",
         "True",
     ),
-    ("fault rate -0.1", lambda: amp.FaultInjection(nonfinite_rate=-0.1), ValueError, "inject-nonfinite", "-0.1"),
-    ("fault rate 1.5", lambda: amp.FaultInjection(nonfinite_rate=1.5), ValueError, "inject-nonfinite", "1.5"),
-    ("fault rate nan", lambda: amp.FaultInjection(nonfinite_rate=NAN), ValueError, "inject-nonfinite", "nan"),
-    ("fault steps negative", lambda: amp.FaultInjection(loss_spike_steps=(-1,)), ValueError, "inject-loss-spike", "-1"),
-    ("fault steps float", lambda: amp.FaultInjection(loss_spike_steps=(1.5,)), ValueError, "inject-loss-spike", "1.5"),
+    (
+        "fault rate -0.1",
+        lambda: amp.testing.FaultInjection(nonfinite_rate=-0.1),
+        ValueError,
+        "inject-nonfinite",
+        "-0.1",
+    ),
+    ("fault rate 1.5", lambda: amp.testing.FaultInjection(nonfinite_rate=1.5), ValueError, "inject-nonfinite", "1.5"),
+    ("fault rate nan", lambda: amp.testing.FaultInjection(nonfinite_rate=NAN), ValueError, "inject-nonfinite", "nan"),
+    (
+        "fault steps negative",
+        lambda: amp.testing.FaultInjection(loss_spike_steps=(-1,)),
+        ValueError,
+        "inject-loss-spike",
+        "-1",
+    ),
+    (
+        "fault steps float",
+        lambda: amp.testing.FaultInjection(loss_spike_steps=(1.5,)),
+        ValueError,
+        "inject-loss-spike",
+        "1.5",
+    ),
     (
         "fault steps not a sequence",
-        lambda: amp.FaultInjection(loss_spike_steps=3),
+        lambda: amp.testing.FaultInjection(loss_spike_steps=3),
         ValueError,
         "inject-loss-spike",
         "3",
     ),
-    ("fault factor 0", lambda: amp.FaultInjection(loss_spike_factor=0.0), ValueError, "loss-spike factor", "0.0"),
-    ("fault factor inf", lambda: amp.FaultInjection(loss_spike_factor=INF), ValueError, "loss-spike factor", "inf"),
-    ("fault seed", lambda: amp.FaultInjection(seed=1.5), ValueError, "seed", "1.5"),
+    (
+        "fault factor 0",
+        lambda: amp.testing.FaultInjection(loss_spike_factor=0.0),
+        ValueError,
+        "loss-spike factor",
+        "0.0",
+    ),
+    (
+        "fault factor inf",
+        lambda: amp.testing.FaultInjection(loss_spike_factor=INF),
+        ValueError,
+        "loss-spike factor",
+        "inf",
+    ),
+    ("fault seed", lambda: amp.testing.FaultInjection(seed=1.5), ValueError, "seed", "1.5"),
 ]
 
 
@@ -383,10 +436,13 @@ GOOD = [
     ("max_grad_norm numpy", lambda: amp.skip_nonfinite(sgd(), max_grad_norm=np.float32(1.0))),
     ("max_grad_norm int", lambda: amp.skip_nonfinite(sgd(), max_grad_norm=1)),
     ("guard floor 0 and no limits", lambda: (amp.DivergenceGuard(min_scale=0), amp.DivergenceGuard(None, None))),
-    ("fault steps as a list", lambda: amp.FaultInjection(loss_spike_steps=[0, 2**31 - 1], seed=-1)),
+    ("fault steps as a list", lambda: amp.testing.FaultInjection(loss_spike_steps=[0, 2**31 - 1], seed=-1)),
     (
         "axis names",
-        lambda: (amp.value_and_grad(jnp.sum, axis_name="i"), amp.value_and_grad(jnp.sum, axis_name=("i", "j"))),
+        lambda: (
+            amp.scaled_value_and_grad(jnp.sum, axis_name="i"),
+            amp.scaled_value_and_grad(jnp.sum, axis_name=("i", "j")),
+        ),
     ),
     (
         "rules by class and tuple",
@@ -406,7 +462,7 @@ def test_valid_arguments_of_every_accepted_kind_still_work(build):
 
 
 def test_spike_steps_given_as_a_list_are_kept_as_a_tuple():
-    faults = amp.FaultInjection(loss_spike_steps=[3, np.int64(5)])
+    faults = amp.testing.FaultInjection(loss_spike_steps=[3, np.int64(5)])
     assert faults.loss_spike_steps == (3, 5) and all(type(s) is int for s in faults.loss_spike_steps)
     assert float(faults.spike_loss(jnp.float32(2.0), 5)) == 2.0 * 1e6
 
@@ -433,7 +489,7 @@ def test_a_concrete_bad_value_beside_a_traced_one_is_still_refused():
 
 def test_fault_injection_seeded_by_a_traced_seed_under_vmap_works():
     """The template seeds seed k's faults with seed + axis index: a tracer, left unchecked."""
-    faults = amp.FaultInjection(nonfinite_rate=0.5, seed=3)
+    faults = amp.testing.FaultInjection(nonfinite_rate=0.5, seed=3)
     hits = jax.vmap(lambda k: dataclasses.replace(faults, seed=3 + k).is_nonfinite_step(7))(jnp.arange(4))
-    expected = [bool(amp.FaultInjection(nonfinite_rate=0.5, seed=3 + k).is_nonfinite_step(7)) for k in range(4)]
+    expected = [bool(amp.testing.FaultInjection(nonfinite_rate=0.5, seed=3 + k).is_nonfinite_step(7)) for k in range(4)]
     assert [bool(h) for h in hits] == expected

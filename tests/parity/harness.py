@@ -8,8 +8,6 @@ then `unscale_`, `clip_grad_norm_`, `step`, `update`.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -325,8 +323,8 @@ def jax_training(
 
     scaler = DynamicLossScale(init_scale) if prec.loss_scaling == "dynamic" else NoOpLossScale()
     tx = optax.adam(lr, eps=1e-8) if optimizer == "optax" else torch_style_adam(lr, eps=1e-8)
-    state = TrainState.create(params=init_params, tx=tx, loss_scale=scaler, precision=prec, max_grad_norm=max_grad_norm)
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn, grad_transform=grad_transform))
+    state = TrainState.create(params=init_params, tx=tx, scaler=scaler, precision=prec, max_grad_norm=max_grad_norm)
+    step = jax.jit(lambda state, batch: train_step(state, loss_fn, batch, has_aux=True, grad_transform=grad_transform))
     losses, skipped = [], []
     for i in range(len(x)):
         state, m = step(state, (jnp.asarray(x[i]), jnp.asarray(y[i])))

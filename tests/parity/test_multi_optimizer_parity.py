@@ -1,9 +1,11 @@
 """Several optimizers under one loss scaler, against PyTorch running: an actor and a critic
 with their own optimizers and one `torch.amp.GradScaler` (`scaler.scale(loss).backward()` for
 each loss, `scaler.step(actor_opt)`, `scaler.step(critic_opt)`, one `scaler.update()`), and the
-same through `amp.shared_scale_step`, `amp.update_shared_scale` and `amp.share_scale`.
-Overflow is forced (the loss multiplied by inf) in the critic alone, in both, in the actor
-alone. Float32 on both sides: the parity of the scaler's semantics, not of float16 kernels."""
+same through states created with `shared_scaler=True`, one `amp.train_step` each and one
+`amp.update_scaler` per iteration. Overflow is forced (the loss multiplied by inf) in the
+critic alone, in both, in the actor alone; then three optimizers with `amp.testing.FaultInjection`
+on one of them, then on all. Float32 on both sides: the parity of the scaler's semantics, not
+of float16 kernels."""
 
 import functools
 import os
@@ -20,6 +22,7 @@ else:
     torch = pytest.importorskip("torch", reason="parity tests need torch (pip install -e '.[test]')")
 
 from genesis_jax import amp  # noqa: E402
+from genesis_jax.amp.optim import skip_state  # noqa: E402
 from genesis_jax.nets import MLP  # noqa: E402
 from tests.parity import harness as parity  # noqa: E402
 
@@ -108,25 +111,26 @@ def actor_loss(params, batch):
 
 
 @jax.jit
-def jax_iteration(actor, critic, scaler, obs, actions, targets, actor_factor, critic_factor):
+def jax_iteration(actor, critic, obs, actions, targets, actor_factor, critic_factor):
     # Both losses from this iteration's params, as both torch backward passes run before either step.
-    new_actor, a = amp.shared_scale_step(actor, (obs, critic.params, actor_factor), actor_loss, scaler)
-    new_critic, c = amp.shared_scale_step(critic, (obs, actions, targets, critic_factor), critic_loss, scaler)
-    scaler = amp.update_shared_scale(scaler, [a["grads_finite"], c["grads_finite"]])
-    new_actor, new_critic = amp.share_scale((new_actor, new_critic), scaler)
-    return new_actor, new_critic, scaler, (a["grads_finite"], c["grads_finite"])
+    new_actor, a = amp.train_step(actor, actor_loss, (obs, critic.params, actor_factor), has_aux=True)
+    new_critic, c = amp.train_step(critic, critic_loss, (obs, actions, targets, critic_factor), has_aux=True)
+    new_actor, new_critic = amp.update_scaler(new_actor, new_critic)
+    return new_actor, new_critic, (a["grads_finite"], c["grads_finite"])
 
 
 def jax_run(actor_params, critic_params, obs, actions, targets, critic_tx):
     scaler = amp.DynamicLossScale(init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
-    actor = amp.TrainState.create(params=actor_params, tx=optax.sgd(ACTOR_LR, momentum=MOMENTUM), loss_scale=scaler)
-    critic = amp.TrainState.create(params=critic_params, tx=critic_tx, loss_scale=scaler)
+    actor = amp.TrainState.create(
+        params=actor_params, tx=optax.sgd(ACTOR_LR, momentum=MOMENTUM), scaler=scaler, shared_scaler=True
+    )
+    critic = amp.TrainState.create(params=critic_params, tx=critic_tx, scaler=scaler, shared_scaler=True)
     out = []
     for step in range(STEPS):
         actor_before, critic_before = jax.device_get((actor.params, critic.params))
-        actor, critic, scaler, finite = jax_iteration(
-            actor, critic, scaler, obs[step], actions[step], targets[step], *factors(step)
-        )
+        actor, critic, finite = jax_iteration(actor, critic, obs[step], actions[step], targets[step], *factors(step))
+        scaler = actor.scaler
+        assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(scaler), jax.tree.leaves(critic.scaler)))
         out.append(
             {
                 "scale": float(scaler.loss_scale),
@@ -192,3 +196,137 @@ def test_scale_sequence_and_params_match_one_gradscaler_step_by_step(critic_opti
     assert int(actor.skipped) == len(BOTH_OVERFLOW + ACTOR_OVERFLOWS)
     assert int(critic.skipped) == len(BOTH_OVERFLOW + CRITIC_OVERFLOWS)
     assert [s["stepped"] for s in ours].count((True, True)) == STEPS - 5
+
+
+# --- three optimizers, faults on one of them, then on all ------------------------------------
+
+THREE_STEPS, THREE_INTERVAL = 20, 3
+ONE_FAULTY = range(0, 12)  # iterations where the critic alone gets FaultInjection(nonfinite_rate=0.4)
+ALL_FAULTY = (12, 13)  # iterations where every optimizer's gradients are poisoned
+CRITIC_FAULTS = amp.testing.FaultInjection(nonfinite_rate=0.4, seed=3)
+EVERY_STEP = amp.testing.FaultInjection(nonfinite_rate=1.0)
+NAMES = ("critic", "actor", "alpha")
+THREE_LR = {"critic": 1e-2, "actor": 0.05, "alpha": 0.1}
+
+
+def three_problems(seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(3, 8, 3)).astype(np.float32)
+    y = rng.normal(size=(3, 8)).astype(np.float32)
+    w = (0.1 * rng.normal(size=(3, 3))).astype(np.float32)
+    return x, y, w
+
+
+def three_flags():
+    """Per iteration, (critic, actor, alpha) poisoned: the faults train_step injects, read
+    from the same FaultInjection by the critic's step (its step is the iteration here)."""
+    flags = []
+    for i in range(THREE_STEPS):
+        critic_bad = (i in ONE_FAULTY and bool(CRITIC_FAULTS.is_nonfinite_step(i))) or i in ALL_FAULTY
+        flags.append((critic_bad, i in ALL_FAULTY, i in ALL_FAULTY))
+    return flags
+
+
+def lsq(params, x, y):
+    return jnp.mean((x @ params - y) ** 2)
+
+
+@functools.cache
+def three_iteration(faulty: tuple):
+    """One jitted iteration: each optimizer's train_step (faults where `faulty` says), one update_scaler."""
+
+    @jax.jit
+    def iteration(states, x, y):
+        stepped, finite = [], []
+        for i, (state, bad) in enumerate(zip(states, faulty)):
+            faults = (EVERY_STEP if len(set(faulty)) == 1 else CRITIC_FAULTS) if bad else None
+            new, m = amp.train_step(state, lsq, x[i], y[i], faults=faults)
+            stepped.append(new)
+            finite.append(m["grads_finite"])
+        return amp.update_scaler(*stepped), jnp.stack(finite)
+
+    return iteration
+
+
+def three_torch_run(x, y, w, flags):
+    """torch: three parameter tensors, SGD / momentum SGD / Adam, one GradScaler, the loss of a
+    poisoned optimizer multiplied by inf; per iteration the scale, the growth tracker and which stepped."""
+    params = [torch.tensor(w[i], requires_grad=True) for i in range(3)]
+    opts = [
+        torch.optim.Adam([params[0]], lr=THREE_LR["critic"], eps=1e-8),
+        torch.optim.SGD([params[1]], lr=THREE_LR["actor"], momentum=MOMENTUM),
+        torch.optim.SGD([params[2]], lr=THREE_LR["alpha"]),
+    ]
+    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=THREE_INTERVAL)
+    out = []
+    for bad in flags:
+        before = [p.detach().clone() for p in params]
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        for i in range(3):
+            loss = torch.mean((torch.from_numpy(x[i]) @ params[i] - torch.from_numpy(y[i])) ** 2)
+            scaler.scale(loss * (float("inf") if bad[i] else 1.0)).backward()
+        for opt in opts:
+            scaler.step(opt)
+        scaler.update()
+        out.append(
+            {
+                "scale": scaler.get_scale(),
+                "tracker": int(scaler._get_growth_tracker()),
+                "stepped": tuple(not torch.equal(b, p.detach()) for b, p in zip(before, params)),
+            }
+        )
+    return out
+
+
+def test_three_optimizers_faults_on_one_then_all_follow_one_gradscaler():
+    x, y, w = three_problems()
+    flags = three_flags()
+    assert 0 < sum(c for c, _, _ in flags[: len(ONE_FAULTY)]) < len(ONE_FAULTY)  # the seed hits some, not all
+    theirs = three_torch_run(x, y, w, flags)
+    txs = {
+        "critic": parity.torch_style_adam(THREE_LR["critic"], eps=1e-8),
+        "actor": optax.sgd(THREE_LR["actor"], momentum=MOMENTUM),
+        "alpha": optax.sgd(THREE_LR["alpha"]),
+    }
+    scaler = amp.DynamicLossScale(init_scale=INIT_SCALE, growth_interval=THREE_INTERVAL)
+    states = tuple(
+        amp.TrainState.create(params=jnp.asarray(w[i]), tx=txs[name], scaler=scaler, shared_scaler=True)
+        for i, name in enumerate(NAMES)
+    )
+    backoffs = 0
+    for i, bad in enumerate(flags):
+        before = jax.device_get([(s.params, skip_state(s.opt_state).inner_state) for s in states])
+        states, finite = three_iteration(bad)(states, jnp.asarray(x), jnp.asarray(y))
+        assert tuple(not bool(f) for f in finite) == bad, i
+        after = jax.device_get([(s.params, skip_state(s.opt_state).inner_state) for s in states])
+        for k, name in enumerate(NAMES):
+            if bad[k]:  # skipped: params and optimizer state bit-identical
+                for a, b in zip(jax.tree.leaves(before[k]), jax.tree.leaves(after[k]), strict=True):
+                    assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), (i, name)
+            else:
+                assert not np.array_equal(before[k][0], after[k][0]), (i, name)
+        # torch stepped exactly the optimizers we stepped
+        assert theirs[i]["stepped"] == tuple(not b for b in bad), i
+        # one backoff per bad iteration, however many optimizers were bad
+        backoffs += any(bad)
+        scalers = [jax.device_get(s.scaler) for s in states]
+        assert all(int(s.backoffs) == backoffs for s in scalers), i
+        assert all(not bool(s.pending_backoff) for s in states), i
+        # the scale and growth tracker are GradScaler's, in every state
+        for s in scalers:
+            assert (float(s.loss_scale), int(s.growth_tracker)) == (theirs[i]["scale"], theirs[i]["tracker"]), i
+    scales = [INIT_SCALE] + [t["scale"] for t in theirs]
+    assert any(b > a for a, b in zip(scales, scales[1:]))  # growth happened
+    # and each all-faulty iteration backed off once, not once per optimizer
+    for i in ALL_FAULTY:
+        assert scales[i + 1] == scales[i] / 2
+    counts = amp.stats(**dict(zip(NAMES, states)))
+    skipped = {name: sum(b[k] for b in flags) for k, name in enumerate(NAMES)}
+    assert counts["optimizers"] == {
+        name: {"steps": THREE_STEPS, "skipped": skipped[name], "skip_rate": skipped[name] / THREE_STEPS}
+        for name in NAMES
+    }
+    assert counts["backoffs"] == backoffs == sum(any(b) for b in flags)
+    assert counts["scale"] == theirs[-1]["scale"] and counts["precision"] == "fp32"
+    assert skipped["actor"] == skipped["alpha"] == len(ALL_FAULTY) < skipped["critic"]

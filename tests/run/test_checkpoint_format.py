@@ -35,7 +35,7 @@ def test_format_1_is_refused_naming_the_version(tmp_path):
             store.read_meta()
     message = str(err.value)
     assert "genesis-jax 0.1.0 in checkpoint format 1" in message
-    assert f"reads format {CHECKPOINT_FORMAT} only" in message and "pip install genesis-jax==0.1.0" in message
+    assert f"reads formats 2, {CHECKPOINT_FORMAT}:" in message and "pip install genesis-jax==0.1.0" in message
 
 
 def test_resume_of_a_format_1_run_exits_2_in_one_line_and_keeps_the_files(tmp_path, capsys):

@@ -2,7 +2,6 @@
 resume, and bad input on resume leaving the run untouched. The kill-and-signal tests, with real
 subprocesses, are in test_reliability_kills.py."""
 
-import functools
 import hashlib
 import json
 import pathlib
@@ -32,7 +31,7 @@ def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32", max_grad_norm=1.
     state = TrainState.create(
         params=params,
         tx=optax.adam(1e-3),
-        loss_scale=scaler or NoOpLossScale(),
+        scaler=scaler or NoOpLossScale(),
         precision=precision,
         max_grad_norm=max_grad_norm,
         guard=guard,
@@ -41,7 +40,7 @@ def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32", max_grad_norm=1.
 
 
 def run_steps(state, loss_fn, batch, n, **options):
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn, **options))
+    step = jax.jit(lambda state, batch: train_step(state, loss_fn, batch, has_aux=True, **options))
     history = []
     for _ in range(n):
         state, metrics = step(state, batch)
@@ -74,7 +73,7 @@ def test_loss_spike_overflows_fp16_and_is_clipped_in_fp32():
     state16, loss_fn16, batch = mlp_state(jnp.float16, DynamicLossScale(), "fp16", max_grad_norm=1.0)
     state16, h16 = run_steps(state16, loss_fn16, batch, 4, faults=faults)
     assert [bool(m["grads_finite"]) for m in h16] == [True, True, False, True]
-    assert float(state16.loss_scale.loss_scale) == 2.0**15
+    assert float(state16.scaler.loss_scale) == 2.0**15
     state32, loss_fn32, batch = mlp_state(max_grad_norm=1.0)
     state32, h32 = run_steps(state32, loss_fn32, batch, 4, faults=faults)
     assert all(bool(m["grads_finite"]) for m in h32)
@@ -91,7 +90,7 @@ def test_guard_halts_when_the_scale_would_fall_below_its_floor_and_freezes_the_s
     state, history = run_steps(state, loss_fn, batch, 20, faults=always)
     # 1, 1/2, ..., 2^-14 are allowed; the 15th halving (to 2^-15) trips the guard.
     assert [bool(m["halted"]) for m in history].index(True) == 14
-    assert float(state.loss_scale.loss_scale) == 2.0**-14
+    assert float(state.scaler.loss_scale) == 2.0**-14
     assert int(state.step) == 15 and int(state.skipped) == 15 and bool(state.halted)
     tree_equal(state.params, start.params)
     tree_equal(state.opt_state.inner_state, start.opt_state.inner_state)
@@ -103,7 +102,7 @@ def test_guard_halts_after_too_many_consecutive_skips_even_with_a_floor():
     state, loss_fn, batch = mlp_state(jnp.float16, scaler, "fp16", guard=DivergenceGuard(max_consecutive_skips=5))
     state, history = run_steps(state, loss_fn, batch, 12, faults=always)
     assert [bool(m["halted"]) for m in history].index(True) == 5  # the 6th skip in a row
-    assert int(state.skip_streak) == 6 and int(state.step) == 6 and float(state.loss_scale.loss_scale) == 1.0
+    assert int(state.skip_streak) == 6 and int(state.step) == 6 and float(state.scaler.loss_scale) == 1.0
 
 
 def test_clean_steps_reset_the_streak():
@@ -147,7 +146,7 @@ def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(t
     store.close()
     assert meta["step"] == len(rows)
     ts = state["train_state"]
-    assert bool(ts["opt_state"]["halted"]) and float(ts["loss_scale"]["loss_scale"]) >= 2.0**-14  # skip_nonfinite's
+    assert bool(ts["opt_state"]["halted"]) and float(ts["scaler"]["loss_scale"]) >= 2.0**-14  # skip_nonfinite's
 
 
 @pytest.mark.slow  # a PPO run to divergence: 19-27 s
@@ -180,7 +179,7 @@ def test_world_model_resume_is_bit_identical(tmp_path):
     out = tmp_path / "wm"
     train_wm(WorldModelConfig(epochs=2, **base), out_dir=str(out), progress=False)
     resumed = train_wm(WorldModelConfig(epochs=4, **base), out_dir=str(out), resume=True, progress=False)
-    for field in ("params", "opt_state", "loss_scale", "step", "skipped"):
+    for field in ("params", "opt_state", "scaler", "step", "skipped"):
         tree_equal(getattr(resumed.train_state, field), getattr(straight.train_state, field))
     tree_equal(resumed.state.rng, straight.state.rng)  # the shuffles' key lives beside the train state
     for key in ("train_loss", "eval_loss", "loss_scale", "skipped"):

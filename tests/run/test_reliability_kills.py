@@ -77,7 +77,7 @@ def resume_and_compare(out, straight):
     resumed = train_ppo(config, out_dir=str(out), resume=True, progress=False)
     tree_equal(resumed.train_state.params, expected.train_state.params)
     tree_equal(resumed.train_state.opt_state, expected.train_state.opt_state)
-    assert float(resumed.train_state.loss_scale.loss_scale) == float(expected.train_state.loss_scale.loss_scale)
+    assert float(resumed.train_state.scaler.loss_scale) == float(expected.train_state.scaler.loss_scale)
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
 
 

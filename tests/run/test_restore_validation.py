@@ -38,10 +38,10 @@ def loss_fn(params, batch):
 
 def fresh_state():
     scaler = amp.DynamicLossScale(init_scale=2.0**10, growth_interval=3, min_scale=1.0)
-    return amp.TrainState.create(params={"w": jnp.zeros(4)}, tx=optax.sgd(0.05), loss_scale=scaler, precision="fp16")
+    return amp.TrainState.create(params={"w": jnp.zeros(4)}, tx=optax.sgd(0.05), scaler=scaler, precision="fp16")
 
 
-CHUNK = jax.jit(lambda state: amp.train_step(state, (X, Y), loss_fn))
+CHUNK = jax.jit(lambda state: amp.train_step(state, loss_fn, (X, Y), has_aux=True))
 
 
 def rows(metrics, done):
@@ -99,16 +99,17 @@ def setting(key, value):
 
 
 TAMPERED = {
-    "scale 0": (setter("loss_scale", "loss_scale", value=0.0), None, "loss_scale.loss_scale = 0.0"),
-    "scale NaN": (setter("loss_scale", "loss_scale", value=np.nan), None, "loss_scale.loss_scale = nan"),
-    "scale inf": (setter("loss_scale", "loss_scale", value=np.inf), None, "loss_scale.loss_scale = inf"),
-    "scale -1": (setter("loss_scale", "loss_scale", value=-1.0), None, "loss_scale.loss_scale = -1.0"),
-    "scale below its floor": (setter("loss_scale", "loss_scale", value=0.5), None, "loss_scale.loss_scale = 0.5"),
-    "backoff 2": (setter("loss_scale", "backoff_factor", value=2.0), None, "loss_scale.backoff_factor = 2.0"),
-    "growth factor 1": (setter("loss_scale", "growth_factor", value=1.0), None, "loss_scale.growth_factor = 1.0"),
-    "growth interval 0": (setter("loss_scale", "growth_interval", value=0), None, "loss_scale.growth_interval = 0"),
-    "tracker at its interval": (setter("loss_scale", "growth_tracker", value=3), None, "growth_tracker = 3"),
-    "tracker negative": (setter("loss_scale", "growth_tracker", value=-1), None, "growth_tracker = -1"),
+    "scale 0": (setter("scaler", "loss_scale", value=0.0), None, "scaler.loss_scale = 0.0"),
+    "scale NaN": (setter("scaler", "loss_scale", value=np.nan), None, "scaler.loss_scale = nan"),
+    "scale inf": (setter("scaler", "loss_scale", value=np.inf), None, "scaler.loss_scale = inf"),
+    "scale -1": (setter("scaler", "loss_scale", value=-1.0), None, "scaler.loss_scale = -1.0"),
+    "scale below its floor": (setter("scaler", "loss_scale", value=0.5), None, "scaler.loss_scale = 0.5"),
+    "backoff 2": (setter("scaler", "backoff_factor", value=2.0), None, "scaler.backoff_factor = 2.0"),
+    "growth factor 1": (setter("scaler", "growth_factor", value=1.0), None, "scaler.growth_factor = 1.0"),
+    "growth interval 0": (setter("scaler", "growth_interval", value=0), None, "scaler.growth_interval = 0"),
+    "tracker at its interval": (setter("scaler", "growth_tracker", value=3), None, "growth_tracker = 3"),
+    "tracker negative": (setter("scaler", "growth_tracker", value=-1), None, "growth_tracker = -1"),
+    "backoffs negative": (setter("scaler", "backoffs", value=-1), None, "scaler.backoffs = -1"),
     "skipped negative": (setter("opt_state", "skipped", value=-1), None, "opt_state.skipped = -1"),
     "skipped above the step": (setter("opt_state", "skipped", value=7), None, "opt_state.skipped = 7"),
     "streak negative": (setter("opt_state", "consecutive_skips", value=-2), None, "consecutive_skips = -2"),
@@ -150,9 +151,9 @@ def test_the_seed_of_a_bad_value_is_named(tmp_path):
     seeds = jax.tree.map(lambda x: jnp.stack([x, x, x]), fresh_state())
     with CheckpointStore(tmp_path / "c", async_save=False) as store:
         store.save(4, seeds, {"kind": "toy"})
-    resave(tmp_path / "c", 4, setter("loss_scale", "backoff_factor", value=[0.5, 0.5, 1.0]))
+    resave(tmp_path / "c", 4, setter("scaler", "backoff_factor", value=[0.5, 0.5, 1.0]))
     with CheckpointStore(tmp_path / "c", async_save=False) as store:
-        with pytest.raises(CheckpointMismatchError, match=r"loss_scale\.backoff_factor = 1\.0 \(seed 2\)"):
+        with pytest.raises(CheckpointMismatchError, match=r"scaler\.backoff_factor = 1\.0 \(seed 2\)"):
             store.restore(seeds)
 
 
@@ -166,9 +167,9 @@ def test_every_train_state_of_a_state_is_checked_not_only_the_one_the_run_reads_
     state = TwoStates(actor=fresh_state(), critic=fresh_state())
     with CheckpointStore(tmp_path / "c", async_save=False) as store:
         store.save(4, state, {"kind": "toy"}, train_state_path=("critic",))
-    resave(tmp_path / "c", 4, setter("actor", "loss_scale", "loss_scale", value=np.inf))
+    resave(tmp_path / "c", 4, setter("actor", "scaler", "loss_scale", value=np.inf))
     with CheckpointStore(tmp_path / "c", async_save=False) as store:
-        with pytest.raises(CheckpointMismatchError, match=r"holds actor\.loss_scale\.loss_scale = inf,"):
+        with pytest.raises(CheckpointMismatchError, match=r"holds actor\.scaler\.loss_scale = inf,"):
             store.restore(state, train_state_path=("critic",))
 
 
@@ -245,7 +246,7 @@ FULL_DISK_CLI = textwrap.dedent(
 
     w = jax.random.normal(jax.random.PRNGKey(0), (40000,))  # incompressible: 160 kB a checkpoint
     loss_fn = lambda p, b: (jnp.mean(p["w"] * b), None)
-    chunk = jax.jit(lambda s: amp.train_step(s, jnp.float32(1e-9), loss_fn))
+    chunk = jax.jit(lambda s: amp.train_step(s, loss_fn, jnp.float32(1e-9), has_aux=True))
 
     def train(workload, parts, run):
         state = amp.TrainState.create(params={"w": w}, tx=optax.sgd(1e-9), precision="fp16")
@@ -294,10 +295,10 @@ def test_the_command_line_refuses_a_tampered_ppo_checkpoint_with_status_2(tmp_pa
     assert main(args) == 0
     checkpoints = tmp_path / "ppo" / "checkpoints"
     step = CheckpointStore(checkpoints).latest_step()
-    resave(checkpoints, step, setter("train_state", "loss_scale", "loss_scale", value=np.nan))
+    resave(checkpoints, step, setter("train_state", "scaler", "loss_scale", value=np.nan))
     before = snapshot(tmp_path / "ppo")
     capsys.readouterr()
     assert main([*args[:5], "1024", *args[6:], "--resume"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "train_state.loss_scale.loss_scale = nan" in err[0], err
+    assert len(err) == 1 and "train_state.scaler.loss_scale = nan" in err[0], err
     assert snapshot(tmp_path / "ppo") == before

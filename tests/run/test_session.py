@@ -3,7 +3,6 @@ a run directory, resume, signal handling, the divergence guard and metric writer
 copying any of the drivers' code. TensorBoard's event file and an offline W&B run are read back."""
 
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -48,20 +47,21 @@ def make_regression(config: RegressionConfig):
     state = TrainState.create(
         params=model.init(jax.random.PRNGKey(1), x[:1]),
         tx=optax.adam(config.lr),
-        loss_scale=DynamicLossScale(),
+        scaler=DynamicLossScale(),
         precision="fp16",
         max_grad_norm=1.0,
         guard=config.divergence_guard(),
     )
     faults = FaultInjection(nonfinite_rate=config.nonfinite_rate)
-    update = functools.partial(train_step, loss_fn=loss_fn, faults=faults if config.nonfinite_rate else None)
+    faults = faults if config.nonfinite_rate else None
+    update = lambda s, batch: train_step(s, loss_fn, batch, has_aux=True, faults=faults)  # noqa: E731
 
     @jax.jit
     def chunk(state):
         state, m = jax.lax.scan(lambda s, _: update(s, (x, y)), state, None, STEPS_PER_CHUNK)
         return state, {
             "loss": m["loss"],
-            "loss_scale": state.loss_scale.loss_scale,
+            "loss_scale": state.scaler.loss_scale,
             "skipped": state.skipped,
             "halted": state.halted,
         }

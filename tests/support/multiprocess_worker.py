@@ -3,7 +3,6 @@ gloo collectives): three update steps on a 4-device mesh where only process 1's 
 inf, at the second step. Prints what this process saw as JSON; tests/run/test_parallel.py
 starts both processes and compares them."""
 
-import functools
 import json
 import sys
 
@@ -26,12 +25,12 @@ def main() -> dict:
     state = TrainState.create(
         params=model.init(jax.random.PRNGKey(1), x[:1]),
         tx=optax.adam(1e-3),
-        loss_scale=DynamicLossScale(),
+        scaler=DynamicLossScale(),
         precision="fp16",
         max_grad_norm=1.0,
     )
     state = jax.device_put(state, replicated(mesh))
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    step = jax.jit(lambda state, batch: train_step(state, loss_fn, batch, has_aux=True))
     seen = []
     for i in range(3):
         local_x = x[mine].copy()
@@ -43,7 +42,7 @@ def main() -> dict:
             {
                 "grads_finite": bool(host_array(metrics["grads_finite"])),
                 "skipped": int(host_array(state.skipped)),
-                "scale": float(host_array(state.loss_scale.loss_scale)),
+                "scale": float(host_array(state.scaler.loss_scale)),
             }
         )
     params = [host_array(p) for p in jax.tree.leaves(state.params)]

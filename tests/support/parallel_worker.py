@@ -2,7 +2,6 @@
 JSON; tests/run/test_parallel.py starts it in a separate process (XLA_FLAGS must be set before
 JAX starts) and makes the assertions."""
 
-import functools
 import json
 import sys
 
@@ -92,12 +91,12 @@ def inject_one_shard():
     model, loss_fn = mlp_loss(jnp.float16)
     params = model.init(jax.random.PRNGKey(1), x[:1])
     state = TrainState.create(
-        params=params, tx=optax.adam(1e-3), loss_scale=DynamicLossScale(), precision="fp16", max_grad_norm=1.0
+        params=params, tx=optax.adam(1e-3), scaler=DynamicLossScale(), precision="fp16", max_grad_norm=1.0
     )
     state = jax.device_put(state, replicated(mesh))
     batch = jax.device_put((x, y), sharded(mesh))
     holder = [i for i, s in enumerate(batch[0].addressable_shards) if not np.all(np.isfinite(np.asarray(s.data)))]
-    step = jax.jit(functools.partial(train_step, loss_fn=loss_fn))
+    step = jax.jit(lambda state, batch: train_step(state, loss_fn, batch, has_aux=True))
     new, metrics = step(state, batch)
     clean, clean_metrics = step(new, jax.device_put((jnp.nan_to_num(x, posinf=0.0), y), sharded(mesh)))
     same = jax.tree.leaves(
@@ -110,8 +109,8 @@ def inject_one_shard():
         "step": int(new.step),
         "params_unchanged": all(same),
         "replicas_agree": all_agree(new),
-        "scale": float(new.loss_scale.loss_scale),
-        "scale_replicas_agree": replicas_agree(new.loss_scale.loss_scale),
+        "scale": float(new.scaler.loss_scale),
+        "scale_replicas_agree": replicas_agree(new.scaler.loss_scale),
         "next_step_finite": bool(clean_metrics["grads_finite"]),
         "skipped_after_clean_step": int(clean.skipped),
     }

@@ -1,0 +1,116 @@
+"""amp 0.3 in the loop styles it claims: a `TrainState` subclass with a required field (as
+CleanRL and SBX subclass Flax's), and Flax NNX (`nnx.Optimizer` over `skip_nonfinite`,
+`scaled_value_and_grad` of the module)."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx, serialization
+
+from genesis_jax import amp
+from genesis_jax.amp.optim import skip_state
+
+
+class RLTrainState(amp.TrainState):
+    target_params: Any  # required: no default, after the parent's keyword-only fields
+
+
+def loss_fn(params, x, y):
+    return jnp.mean((x @ params["w"] - y) ** 2)
+
+
+def test_a_subclass_with_a_required_field_creates_steps_under_jit_and_round_trips():
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(TypeError, match="target_params"):
+        RLTrainState.create(params=params, tx=optax.sgd(0.1))  # required means required
+    state = RLTrainState.create(
+        params=params, target_params={"w": jnp.zeros(3)}, tx=optax.adam(1e-2), precision="fp16", max_grad_norm=1.0
+    )
+    assert isinstance(state, RLTrainState) and type(state.scaler).__name__ == "DynamicLossScale"
+    x, y = jnp.ones((4, 3)), jnp.zeros(4)
+
+    @jax.jit
+    def step(state, x, y):
+        state, metrics = amp.train_step(state, loss_fn, x, y)
+        return state.replace(
+            target_params=jax.tree.map(lambda t, p: 0.5 * t + 0.5 * p, state.target_params, state.params)
+        ), metrics
+
+    state, metrics = step(state, x, y)
+    state, _ = step(state, x * jnp.inf, y)  # a skipped step keeps the subclass too
+    assert isinstance(state, RLTrainState) and bool(metrics["grads_finite"])
+    assert int(state.step) == 2 and int(state.skipped) == 1 and float(state.scaler.loss_scale) == 2.0**15
+    assert not np.array_equal(state.params["w"], params["w"])
+    np.testing.assert_allclose(
+        state.target_params["w"], 0.5 * (0.5 * 0.0 + 0.5 * state.params["w"]) + 0.5 * state.params["w"]
+    )
+
+    blob = serialization.to_bytes(state)
+    target = RLTrainState.create(
+        params={"w": jnp.zeros(3)},
+        target_params={"w": jnp.full(3, 7.0)},
+        tx=optax.adam(1e-2),
+        precision="fp16",
+        max_grad_norm=1.0,
+    )
+    restored = serialization.from_bytes(target, blob)
+    assert isinstance(restored, RLTrainState) and restored.precision == "fp16"
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+        assert np.asarray(a).dtype == np.asarray(b).dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    restored, _ = step(restored, x, y)  # and trains on
+    assert int(restored.step) == 3
+
+
+class HalfMLP(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.hidden = nnx.Linear(3, 8, dtype=jnp.float16, rngs=rngs)
+        self.out = nnx.Linear(8, 1, dtype=jnp.float16, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(jnp.tanh(self.hidden(x)))[:, 0]
+
+
+def nnx_loss(model, x, y):
+    return jnp.mean((model(x).astype(jnp.float32) - y) ** 2)
+
+
+def nnx_view(model, optimizer):
+    """Params and the optimizer's own state (Adam's count and moments; not the skip counts) as bytes."""
+    leaves = jax.tree.leaves((nnx.state(model, nnx.Param), skip_state(optimizer.opt_state).inner_state))
+    return [(np.asarray(v).dtype, np.asarray(v).tobytes()) for v in leaves]
+
+
+def test_an_nnx_loop_skips_a_nonfinite_step_bit_identically_and_stats_count_it():
+    model = HalfMLP(nnx.Rngs(0))
+    assert model.hidden.kernel[...].dtype == jnp.float32  # float32 master params, float16 compute
+    optimizer = nnx.Optimizer(model, amp.skip_nonfinite(optax.adam(1e-2), max_grad_norm=1.0), wrt=nnx.Param)
+    grad_fn = amp.scaled_value_and_grad(nnx_loss)
+
+    @nnx.jit
+    def step(model, optimizer, scaler, x, y):
+        loss, grads, finite, norm, scaler = grad_fn(scaler, model, x, y)
+        optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)
+        return loss, finite, scaler
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 3))
+    y = jnp.sin(x).sum(-1)
+    scaler = amp.DynamicLossScale(init_scale=2.0**10)
+    first, finite, scaler = step(model, optimizer, scaler, x, y)
+    assert bool(finite)
+    for _ in range(20):
+        loss, finite, scaler = step(model, optimizer, scaler, x, y)
+        assert bool(finite)
+    assert float(loss) < float(first)
+
+    before = nnx_view(model, optimizer)
+    _, finite, scaler = step(model, optimizer, scaler, x.at[3, 1].set(jnp.inf), y)
+    assert not bool(finite) and float(scaler.loss_scale) == 2.0**9 and int(scaler.backoffs) == 1
+    assert nnx_view(model, optimizer) == before  # params and optimizer state bit-identical
+    counts = amp.stats(optimizer)
+    assert counts == {"steps": 22, "skipped": 1, "skip_rate": 1 / 22}
+    _, finite, _ = step(model, optimizer, scaler, x, y)
+    assert bool(finite) and nnx_view(model, optimizer) != before and amp.stats(optimizer)["steps"] == 23
