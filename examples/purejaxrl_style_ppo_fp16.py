@@ -34,7 +34,7 @@ class ActorCritic(nn.Module):
                                  name=f"{name}_{i}")(x))
         return x
 
-    @amp.with_precision_rules  # the heads ("*head") and any norms compute in float32
+    @amp.precision_rules()  # the heads ("*head") and any norms compute in float32
     @nn.compact
     def __call__(self, x):
         logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), dtype=self.dtype,
@@ -84,7 +84,7 @@ def make_train(config):
         total = actor_loss + config["VF_COEF"] * value_loss - config["ENT_COEF"] * entropy
         return total, (value_loss, actor_loss, entropy)
 
-    grad_fn = amp.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = amp.scaled_value_and_grad(loss_fn, has_aux=True)
 
     def train(rng):
         rng, init_rng, reset_rng = jax.random.split(rng, 3)
@@ -125,8 +125,8 @@ def make_train(config):
 
             def _update_epoch(update_state, _):
                 def _update_minibatch(state, batch):
-                    (total_loss, _), grads, finite, loss_scale = grad_fn(state.loss_scale, state.params, *batch)
-                    state = state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale)
+                    (total_loss, _), grads, finite, norm, scaler = grad_fn(state.scaler, state.params, *batch)
+                    state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
                     return state, total_loss
 
                 train_state, rng = update_state
@@ -141,7 +141,7 @@ def make_train(config):
 
             (train_state, rng), losses = jax.lax.scan(_update_epoch, (train_state, rng), None, config["UPDATE_EPOCHS"])
             metric = {"episode_return": jnp.nanmean(traj_batch.episode_return), "loss": losses.mean()}
-            metric |= {"loss_scale": train_state.loss_scale.loss_scale, "skipped": train_state.skipped}
+            metric |= {"loss_scale": train_state.scaler.loss_scale, "skipped": train_state.skipped}
             return (train_state, env_state, last_obs, episode_return, rng), metric
 
         runner_state = (train_state, env_state, obs, episode_return, rng)

@@ -9,7 +9,6 @@ Usage: python examples/session_loop.py OUT_DIR [--resume] [--tensorboard] [--chu
 
 import argparse
 import dataclasses
-import functools
 
 import flax.linen as nn
 import jax
@@ -39,24 +38,23 @@ def make_chunk(config: Config):
     y = jnp.sin(x).sum(-1, keepdims=True)
     model = nn.Sequential([nn.Dense(256, dtype=jnp.float16), nn.relu, nn.Dense(1, dtype=jnp.float16)])
 
-    def loss_fn(params, batch):
-        pred = model.apply(params, batch[0]).astype(jnp.float32)  # the loss in float32
-        return jnp.mean((pred - batch[1]) ** 2), None
+    def loss_fn(params, x, y):
+        pred = model.apply(params, x).astype(jnp.float32)  # the loss in float32
+        return jnp.mean((pred - y) ** 2)
 
     state = TrainState.create(  # wraps adam in amp.skip_nonfinite: clipping, skip counts, the guard
         params=model.init(jax.random.PRNGKey(1), x[:1]),
         tx=optax.adam(config.lr),
-        loss_scale=DynamicLossScale(),
+        scaler=DynamicLossScale(),
         precision="fp16",
         max_grad_norm=1.0,
         guard=config.divergence_guard(),
     )
-    update = functools.partial(train_step, loss_fn=loss_fn)
 
     @jax.jit
     def chunk(state):  # 100 updates in one compiled call: state -> (state, metrics)
-        state, m = jax.lax.scan(lambda s, _: update(s, (x, y)), state, None, 100)
-        return state, {"loss": m["loss"][-1], "loss_scale": state.loss_scale.loss_scale, "halted": state.halted}
+        state, m = jax.lax.scan(lambda s, _: train_step(s, loss_fn, x, y), state, None, 100)
+        return state, {"loss": m["loss"][-1], "loss_scale": state.scaler.loss_scale, "halted": state.halted}
 
     def to_rows(m, done):  # the chunk's metric rows: one per chunk here
         return [{"chunk": done + 1, "loss": float(m["loss"]), "loss_scale": float(m["loss_scale"])}]

@@ -50,14 +50,14 @@ def run(num_seeds=4, steps=20, bad_seed=1, bad_step=5):
     loss scale, final loss and final params (`bad_seed=None`: no overflow anywhere)."""
     seeds = jnp.arange(num_seeds)
     states = jax.vmap(init)(seeds)
-    step_fn = jax.jit(jax.vmap(lambda state, batch: amp.train_step(state, batch, loss_fn)))
+    step_fn = jax.jit(jax.vmap(lambda state, batch: amp.train_step(state, loss_fn, batch, has_aux=True)))
     is_bad = seeds == (-1 if bad_seed is None else bad_seed)
     for step in range(steps):
         batches = jax.vmap(make_batch, in_axes=(0, None, 0))(seeds, step, is_bad & (step == bad_step))
         states, metrics = step_fn(states, batches)
     return {
         "skipped": np.asarray(states.skipped),
-        "loss_scale": np.asarray(states.loss_scale.loss_scale),
+        "loss_scale": np.asarray(states.scaler.loss_scale),
         "loss": np.asarray(metrics["loss"]),
         "params": jax.tree.map(np.asarray, states.params),
         "steps": np.asarray(states.step),

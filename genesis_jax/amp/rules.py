@@ -180,8 +180,37 @@ def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: in
         _warn_unmatched(rules, where, stacklevel)
 
 
+class _PrecisionRules:
+    """`precision_rules`' value: a context manager, and a decorator whose every call is one block."""
+
+    def __init__(self, rules: tuple[PrecisionRule, ...]):
+        self.rules, self._blocks = rules, []
+
+    def __enter__(self):
+        block = _rules_block(self.rules, stacklevel=5)
+        self._blocks.append(block)
+        return block.__enter__()
+
+    def __exit__(self, *exc):
+        return self._blocks.pop().__exit__(*exc)
+
+    def __call__(self, method):
+        if not callable(method):
+            raise TypeError(f"precision_rules() decorates a Module method, got {method!r}")
+        where = f" on {method.__qualname__}"
+
+        @functools.wraps(method)
+        def wrapped(*args, **kwargs):
+            with _rules_block(self.rules, where):
+                return method(*args, **kwargs)
+
+        return wrapped
+
+
 def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
     """Within the block, every Flax module call matching one of `rules` runs in its dtype.
+    As a decorator of a Module method (`@amp.precision_rules()`), its body and every
+    submodule it calls run under the rules, however the module is applied.
 
     Warns (once per block, at trace time) when modules were called in it but none matched.
 
@@ -193,12 +222,20 @@ def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
         >>> with amp.precision_rules([amp.PrecisionRule(nn.Dense)]):   # every Dense in float32
         ...     net.apply(params, x).dtype
         dtype('float32')
+        >>> class Policy(nn.Module):
+        ...     @amp.precision_rules()   # FLOAT32_RULES: "*head" computes in float32
+        ...     @nn.compact
+        ...     def __call__(self, x):
+        ...         return nn.Dense(2, dtype=jnp.float16, name="actor_head")(nn.Dense(4, dtype=jnp.float16)(x))
+        >>> Policy().apply(Policy().init(jax.random.PRNGKey(0), x), x).dtype
+        dtype('float32')
     """
-    return _rules_block(_checked_rules(rules))
+    return _PrecisionRules(_checked_rules(rules))
 
 
 def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT32_RULES):
-    """Decorator for a Module method: its body (and every submodule it calls) runs under
+    """Deprecated (0.3): `@amp.precision_rules()` (or `@amp.precision_rules(rules)`) replaces it.
+    Decorator for a Module method: its body (and every submodule it calls) runs under
     `precision_rules(rules)`, so the module obeys the rules however it is applied.
 
     Examples:
