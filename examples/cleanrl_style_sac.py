@@ -67,7 +67,7 @@ def sample_action(actor_params, obs, key):
 def update_critic(qf_state, actor_state, alpha_state, obs, actions, rewards, next_obs, terminations, key):
     next_actions, next_log_prob = sample_action(actor_state.params, next_obs, key)
     next_q = twin_q(qf_state.target_params, next_obs, next_actions).min(0)
-    next_q = next_q - jnp.exp(alpha_state.params) * next_log_prob
+    next_q = next_q - jnp.exp(alpha_state.params["log_alpha"]) * next_log_prob
     target = rewards + (1.0 - terminations) * GAMMA * next_q
 
     def mse_loss(params):
@@ -85,7 +85,7 @@ def update_actor(actor_state, qf_state, alpha_state, obs, key):
     def actor_loss(params):
         actions, log_prob = sample_action(params, obs, key)
         q = twin_q(qf_state.params, obs, actions).min(0)
-        return (jnp.exp(alpha_state.params) * log_prob - q).mean(), log_prob.mean()
+        return (jnp.exp(alpha_state.params["log_alpha"]) * log_prob - q).mean(), log_prob.mean()
 
     (loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(actor_state.params)
     actor_state = actor_state.apply_gradients(grads=grads)
@@ -94,8 +94,8 @@ def update_actor(actor_state, qf_state, alpha_state, obs, key):
 
 @jax.jit
 def update_temperature(alpha_state, entropy):
-    def alpha_loss(log_alpha):
-        return log_alpha * (entropy - TARGET_ENTROPY)
+    def alpha_loss(params):
+        return params["log_alpha"] * (entropy - TARGET_ENTROPY)
 
     loss, grads = jax.value_and_grad(alpha_loss)(alpha_state.params)
     alpha_state = alpha_state.apply_gradients(grads=grads)
@@ -110,7 +110,7 @@ def make_states(seed):
                                    tx=optax.adam(Q_LR))
     actor_state = TrainState.create(apply_fn=actor.apply, params=actor.init(actor_key, obs),
                                     tx=optax.adam(POLICY_LR))
-    alpha_state = TrainState.create(apply_fn=None, params=jnp.float32(0.0),
+    alpha_state = TrainState.create(apply_fn=None, params={"log_alpha": jnp.float32(0.0)},
                                     tx=optax.adam(ALPHA_LR))
     return qf_state, actor_state, alpha_state
 

@@ -68,7 +68,7 @@ def sample_action(actor_params, obs, key):
 def update_critic(qf_state, actor_state, alpha_state, obs, actions, rewards, next_obs, terminations, key):
     next_actions, next_log_prob = sample_action(actor_state.params, next_obs, key)
     next_q = twin_q(qf_state.target_params, next_obs, next_actions).min(0)
-    next_q = next_q - jnp.exp(alpha_state.params) * next_log_prob
+    next_q = next_q - jnp.exp(alpha_state.params["log_alpha"]) * next_log_prob
     target = rewards + (1.0 - terminations) * GAMMA * next_q
 
     def mse_loss(params):
@@ -86,7 +86,7 @@ def update_actor(actor_state, qf_state, alpha_state, obs, key):
     def actor_loss(params):
         actions, log_prob = sample_action(params, obs, key)
         q = twin_q(qf_state.params, obs, actions).min(0)
-        return (jnp.exp(alpha_state.params) * log_prob - q).mean(), log_prob.mean()
+        return (jnp.exp(alpha_state.params["log_alpha"]) * log_prob - q).mean(), log_prob.mean()
 
     actor_state, metrics = amp.train_step(actor_state, actor_loss, has_aux=True)
     loss, log_prob = metrics["loss"], metrics["aux"]
@@ -95,8 +95,8 @@ def update_actor(actor_state, qf_state, alpha_state, obs, key):
 
 @jax.jit
 def update_temperature(alpha_state, entropy):
-    def alpha_loss(log_alpha):
-        return log_alpha * (entropy - TARGET_ENTROPY)
+    def alpha_loss(params):
+        return params["log_alpha"] * (entropy - TARGET_ENTROPY)
 
     alpha_state, metrics = amp.train_step(alpha_state, alpha_loss)
     loss = metrics["loss"]
@@ -111,7 +111,7 @@ def make_states(seed):
                                    tx=optax.adam(Q_LR), precision="fp16", shared_scaler=True)
     actor_state = TrainState.create(apply_fn=actor.apply, params=actor.init(actor_key, obs),
                                     tx=optax.adam(POLICY_LR), precision="fp16", shared_scaler=True)
-    alpha_state = TrainState.create(apply_fn=None, params=jnp.float32(0.0),
+    alpha_state = TrainState.create(apply_fn=None, params={"log_alpha": jnp.float32(0.0)},
                                     tx=optax.adam(ALPHA_LR), precision="fp16", shared_scaler=True)
     return qf_state, actor_state, alpha_state
 

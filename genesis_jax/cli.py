@@ -18,8 +18,14 @@ import logging
 import sys
 from typing import Sequence
 
-from genesis_jax.algos import REGISTRY as ALGORITHMS
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM  # re-exported
+
+try:  # the CLI, algorithms and environments come with the rl extra; genesis_jax.amp needs none of it
+    from genesis_jax.algos import REGISTRY as ALGORITHMS
+
+    MISSING_RL_EXTRA = None
+except ModuleNotFoundError as err:
+    ALGORITHMS, MISSING_RL_EXTRA = {}, err.name
 
 
 class _Parser(argparse.ArgumentParser):
@@ -509,6 +515,13 @@ def _parse(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if MISSING_RL_EXTRA is not None:
+        print(
+            f"genesis-jax: error: the command line needs the rl extra ({MISSING_RL_EXTRA} is not installed): "
+            "pip install 'genesis-jax[rl]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if argv[:1] != ["train"]:
         return _main(argv)
     # A train command holds SIGINT / SIGTERM from its start: one that arrives while JAX loads

@@ -149,3 +149,16 @@ def test_the_sac_fp16_twin_skips_exactly_and_backs_off_as_torch_gradscaler():
     stats = amp.stats(critic=qf, actor=actor, alpha=alpha)
     assert [stats["optimizers"][n]["skipped"] for n in ("critic", "actor", "alpha")] == [2, 1, 1]
     assert stats["backoffs"] == 2  # one per bad iteration, however many optimizers saw it
+
+
+@pytest.mark.slow  # a few dozen updates of each twin; learning itself is the examples' own 15,000-step runs
+@pytest.mark.parametrize("name", ["cleanrl_style_sac", "cleanrl_style_sac_fp16"])
+def test_each_sac_twin_runs_its_loop_end_to_end(name, monkeypatch):
+    example = load(name)
+    monkeypatch.setattr(example, "LEARNING_STARTS", 40)
+    monkeypatch.setattr(example, "BATCH_SIZE", 16)
+    returns, states = example.train(250)
+    assert len(returns) == 1 and np.isfinite(returns[0])  # Pendulum's episodes are 200 steps
+    for state in states:
+        assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(state.params))
+    assert int(states[0].step) == 210 and int(states[1].step) == 105  # the actor every POLICY_FREQUENCY steps
