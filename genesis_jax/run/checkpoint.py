@@ -102,7 +102,7 @@ def state_digest(state_dict) -> str:
     checked on restore, so a corrupted checkpoint is refused rather than loaded. Paths are
     spelled, and leaves ordered, as in the plain nested dict a checkpoint reads back as
     without a target (`restore_raw`): a dataclass's field (flashbax's buffer state) and a
-    dict's key give the same digest. For a state of dicts alone it is `_keystr_digest`'s."""
+    dict's key give the same digest. For a state of dicts alone it is the earlier spelling's (`_earlier_digest`)."""
     named = [
         (tuple(_key_name(k) for k in path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
     ]
@@ -110,17 +110,34 @@ def state_digest(state_dict) -> str:
     return _digest(("".join(f"[{name!r}]" for name in names), leaf) for names, leaf in named)
 
 
-def _keystr_digest(state_dict) -> str:
-    """The digest as genesis-jax wrote it before `state_digest`'s spelling: jax's key paths, in
-    flattening order. Still accepted: a DQN or SAC checkpoint read into its target matches it."""
-    return _digest(
-        (jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
-    )
+def _earlier_digest(state_dict, spec: dict[str, str]) -> str | None:
+    """The digest as genesis-jax wrote it before `state_digest`'s spelling (jax's key paths of
+    the saved tree, in its flattening order), of `state_dict` however it was read: into its
+    target, or as plain dicts (`restore_raw`). The saved tree's paths come from the checkpoint's
+    leaf spec (`_flat_spec`), written in that order with a dataclass's or namedtuple's field
+    marked by a dot ("buffer/.current_index": flashbax's buffer state, SAC's transitions).
+    None where `state_dict`'s leaves are not the spec's."""
+    leaves = {_plain(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]}
+    saved = {key: "/".join(name.removeprefix(".") for name in key.split("/")) for key in spec}
+    if sorted(saved.values()) != sorted(leaves):
+        return None
+    return _digest((_keystr_of_spec_key(key), leaves[saved[key]]) for key in spec)
 
 
-def matches_digest(state_dict, digest: str) -> bool:
-    """Whether `digest` is `state_dict`'s, in this version's spelling or the earlier one."""
-    return state_digest(state_dict) == digest or _keystr_digest(state_dict) == digest
+def _plain(path) -> str:
+    """A key path as the leaf spec spells it, without the dots of attributes: "buffer/current_index"."""
+    return "/".join(_key_name(k) for k in path)
+
+
+def _keystr_of_spec_key(key: str) -> str:
+    """jax's `keystr` of the path a leaf spec's key names: "buffer/.is_full" -> "['buffer'].is_full"."""
+    return "".join(name if name.startswith(".") else f"[{name!r}]" for name in key.split("/"))
+
+
+def matches_digest(state_dict, digest: str, spec: dict[str, str]) -> bool:
+    """Whether `digest` is `state_dict`'s, in this version's spelling or the earlier one
+    (`spec`: the checkpoint's leaf spec, which the earlier spelling is read from)."""
+    return state_digest(state_dict) == digest or _earlier_digest(state_dict, spec) == digest
 
 
 def at_path(tree, path: tuple[str, ...]):
@@ -643,7 +660,8 @@ class CheckpointStore:
 
     def _saved_already(self, step: int, state_dict: dict) -> bool:
         """False for a save of the state `step` already holds; a refusal for another state."""
-        if matches_digest(state_dict, self.read_meta(step).get("digest", "")):
+        meta = self.read_meta(step)
+        if matches_digest(state_dict, meta.get("digest", ""), meta["spec"]):
             return False
         raise CheckpointMismatchError(
             f"checkpoint at step {step} in {self.directory} already exists with other contents; "
@@ -701,7 +719,7 @@ class CheckpointStore:
                 )
             logger.warning("checkpoint at step %d in %s has no checksum: restored unverified", step, self.directory)
             return state
-        if not matches_digest(state, meta["digest"]):
+        if not matches_digest(state, meta["digest"], meta["spec"]):
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
                 "saved with it"

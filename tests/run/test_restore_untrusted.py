@@ -90,21 +90,41 @@ def _digest_before_canonical_paths(state_dict) -> str:
     return digest.hexdigest()
 
 
-def test_a_dqn_checkpoint_written_with_the_earlier_checksum_still_restores_and_saves_again(tmp_path, dqn_state):
-    save(tmp_path / "c", 3, dqn_state, DQN_PATH, "dqn")
-    with CheckpointStore(tmp_path / "c", async_save=False) as store:
-        meta = store.read_meta(3)
-    state_dict = jax.tree.map(np.asarray, serialization.to_state_dict(dqn_state))
+def save_as_before(directory, step, state, train_state_path, kind):
+    """`save`, with the checksum genesis-jax wrote before its paths were spelled alike (at
+    6eb73ed): its meta is otherwise the same (the leaf spec was spelled so then too)."""
+    save(directory, step, state, train_state_path, kind)
+    with CheckpointStore(directory, async_save=False) as store:
+        meta = store.read_meta(step)
+    state_dict = jax.tree.map(np.asarray, serialization.to_state_dict(state))
     meta["digest"] = _digest_before_canonical_paths(state_dict)
-    shutil.rmtree(tmp_path / "c" / "3")  # re-saved as the earlier version wrote it
-    manager = ocp.CheckpointManager(tmp_path / "c", item_names=("state", "meta"))
-    save_args = ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(meta))
-    manager.save(3, args=save_args)
+    shutil.rmtree(directory / str(step))
+    manager = ocp.CheckpointManager(directory, item_names=("state", "meta"))
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(meta)))
     manager.close()
+
+
+def test_a_dqn_checkpoint_written_with_the_earlier_checksum_still_restores_and_saves_again(tmp_path, dqn_state):
+    save_as_before(tmp_path / "c", 3, dqn_state, DQN_PATH, "dqn")
     restored = restore(tmp_path / "c", dqn_state, DQN_PATH, "dqn")
     assert int(restored.buffer.current_index) == 5
     with CheckpointStore(tmp_path / "c", async_save=False) as store:  # the same state at its step: a no-op
         assert store.save(3, dqn_state, {"kind": "dqn", "step": 3}, force=True, train_state_path=DQN_PATH) is False
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_an_off_policy_checkpoint_written_with_the_earlier_checksum_reads_back_without_a_target(
+    tmp_path, kind, dqn_state, sac_state
+):
+    """Read without a target, flashbax's dataclass is a dict: the earlier checksum spelled its
+    fields as attributes (SAC's transitions too, a namedtuple), in their own order."""
+    state, path = (dqn_state, DQN_PATH) if kind == "dqn" else (sac_state, SAC_PATH)
+    save_as_before(tmp_path / "c", 3, state, path, kind)
+    with CheckpointStore(tmp_path / "c", async_save=False) as store:
+        raw, meta = store.restore_raw(3)
+    assert meta["kind"] == kind
+    np.testing.assert_array_equal(raw["buffer"]["current_index"], state.buffer.current_index)
+    np.testing.assert_array_equal(raw["buffer"]["is_full"], state.buffer.is_full)
 
 
 DQN_TAMPERED = {
