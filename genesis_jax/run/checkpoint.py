@@ -288,8 +288,7 @@ def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
     fills the slots in order, from zeros: data there means it has wrapped, so `is_full` was
     cleared or the index moved back). A full buffer's index may be anywhere."""
     index, full = _read(buffer.current_index), _read(buffer.is_full)
-    experience = jax.tree.leaves(buffer.experience)
-    capacity = np.shape(experience[0])[index.ndim + 1]  # experience: [seeds..., add batch (1), capacity, ...]
+    experience, capacity = jax.tree.leaves(buffer.experience), _capacity(buffer)
     written = _written_from(experience, np.clip(index, 0, capacity), full)
     return [
         ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
@@ -300,6 +299,31 @@ def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
             "True where slots at or past current_index hold transitions (flashbax fills them in order)",
         ),
     ]
+
+
+def _capacity(buffer: TrajectoryBufferState) -> int:
+    """The transitions a flashbax item buffer holds: experience is [seeds..., add batch (1), capacity, ...]."""
+    return np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
+
+
+def _replay_count_rules(state) -> list[Rule]:
+    """A buffer's index and fill flag against the state's own count of the transitions it was
+    given (`replay_count()`, where the state has one: DQN's steps, SAC's iterations): flashbax
+    writes the n-th to slot n mod capacity and is full from n = capacity on, so a buffer that
+    never wrapped is not full and its index is n. Checked after the count itself (>= 0)."""
+    if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
+        return []
+    counter, count, per_count = state.replay_count()
+    count = _read(count).astype(np.int64)
+    added, capacity = count * per_count, _capacity(state.buffer)
+    index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
+    rules = []
+    for field, values, expected in (("is_full", full, added >= capacity), ("current_index", index, added % capacity)):
+        good = values == expected
+        at = np.unravel_index(np.argmin(good), np.shape(good))  # the first seed refused (named in its line)
+        how = f"{counter} = {count[at]}: {added[at]} transitions added to {capacity} slots filled in turn"
+        rules.append((f"buffer.{field}", values, good, f"{expected[at].item()} ({how})"))
+    return rules
 
 
 def _written_from(experience: list, start: np.ndarray, full: np.ndarray) -> np.ndarray:
@@ -344,8 +368,9 @@ def check_restored(train_state, *, step: int, directory: str, field_prefix: str 
 
 def check_restored_state(state, *, step: int, directory: str) -> None:
     """`check_restored` for every `TrainState` in a restored `state` (SAC holds three), then
-    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`) and its own
-    counters (`_counter_rules`): one place for every algorithm, none checks its own."""
+    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`), its own
+    counters (`_counter_rules`) and its buffer against its count of what it added
+    (`_replay_count_rules`): one place for every algorithm, none checks its own."""
     train_states = _nodes_of(state, TrainState)
     for prefix, train_state in train_states:
         check_restored(train_state, step=step, directory=directory, field_prefix=prefix)
@@ -354,6 +379,7 @@ def check_restored_state(state, *, step: int, directory: str) -> None:
     if train_states:  # the seed axis: a counter has one value per seed, as a train state's step
         seeds_shape = np.shape(train_states[0][1].step)
         refuse_unwritten(_counter_rules(state, seeds_shape), step=step, directory=directory)
+    refuse_unwritten(_replay_count_rules(state), step=step, directory=directory)
 
 
 def refuse_unwritten(rules: list[Rule], *, step: int, directory: str, field_prefix: str = "") -> None:
