@@ -102,7 +102,8 @@ def state_digest(state_dict) -> str:
     checked on restore, so a corrupted checkpoint is refused rather than loaded. Paths are
     spelled, and leaves ordered, as in the plain nested dict a checkpoint reads back as
     without a target (`restore_raw`): a dataclass's field (flashbax's buffer state) and a
-    dict's key give the same digest. For a state of dicts alone it is the earlier spelling's (`_earlier_digest`)."""
+    dict's key give the same digest. For a state of dicts alone it is the earlier spelling's
+    (`_earlier_digest`)."""
     named = [
         (tuple(_key_name(k) for k in path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
     ]
