@@ -105,7 +105,8 @@ def state_digest(state_dict) -> str:
     checked on restore, so a corrupted checkpoint is refused rather than loaded. Paths are
     spelled, and leaves ordered, as in the plain nested dict a checkpoint reads back as
     without a target (`restore_raw`): a dataclass's field (flashbax's buffer state) and a
-    dict's key give the same digest. For a state of dicts alone it is `_keystr_digest`'s."""
+    dict's key give the same digest. For a state of dicts alone it is the earlier spelling's
+    (`_earlier_digest`)."""
     named = [
         (tuple(_key_name(k) for k in path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
     ]
@@ -113,17 +114,34 @@ def state_digest(state_dict) -> str:
     return _digest(("".join(f"[{name!r}]" for name in names), leaf) for names, leaf in named)
 
 
-def _keystr_digest(state_dict) -> str:
-    """The digest as genesis-jax wrote it before `state_digest`'s spelling: jax's key paths, in
-    flattening order. Still accepted: a DQN or SAC checkpoint read into its target matches it."""
-    return _digest(
-        (jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
-    )
+def _earlier_digest(state_dict, spec: dict[str, str]) -> str | None:
+    """The digest as genesis-jax wrote it before `state_digest`'s spelling (jax's key paths of
+    the saved tree, in its flattening order), of `state_dict` however it was read: into its
+    target, or as plain dicts (`restore_raw`). The saved tree's paths come from the checkpoint's
+    leaf spec (`_flat_spec`), written in that order with a dataclass's or namedtuple's field
+    marked by a dot ("buffer/.current_index": flashbax's buffer state, SAC's transitions).
+    None where `state_dict`'s leaves are not the spec's."""
+    leaves = {_plain(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]}
+    saved = {key: "/".join(name.removeprefix(".") for name in key.split("/")) for key in spec}
+    if sorted(saved.values()) != sorted(leaves):
+        return None
+    return _digest((_keystr_of_spec_key(key), leaves[saved[key]]) for key in spec)
 
 
-def matches_digest(state_dict, digest: str) -> bool:
-    """Whether `digest` is `state_dict`'s, in this version's spelling or the earlier one."""
-    return state_digest(state_dict) == digest or _keystr_digest(state_dict) == digest
+def _plain(path) -> str:
+    """A key path as the leaf spec spells it, without the dots of attributes: "buffer/current_index"."""
+    return "/".join(_key_name(k) for k in path)
+
+
+def _keystr_of_spec_key(key: str) -> str:
+    """jax's `keystr` of the path a leaf spec's key names: "buffer/.is_full" -> "['buffer'].is_full"."""
+    return "".join(name if name.startswith(".") else f"[{name!r}]" for name in key.split("/"))
+
+
+def matches_digest(state_dict, digest: str, spec: dict[str, str]) -> bool:
+    """Whether `digest` is `state_dict`'s, in this version's spelling or the earlier one
+    (`spec`: the checkpoint's leaf spec, which the earlier spelling is read from)."""
+    return state_digest(state_dict) == digest or _earlier_digest(state_dict, spec) == digest
 
 
 def at_path(tree, path: tuple[str, ...]):
@@ -276,8 +294,7 @@ def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
     fills the slots in order, from zeros: data there means it has wrapped, so `is_full` was
     cleared or the index moved back). A full buffer's index may be anywhere."""
     index, full = _read(buffer.current_index), _read(buffer.is_full)
-    experience = jax.tree.leaves(buffer.experience)
-    capacity = np.shape(experience[0])[index.ndim + 1]  # experience: [seeds..., add batch (1), capacity, ...]
+    experience, capacity = jax.tree.leaves(buffer.experience), _capacity(buffer)
     written = _written_from(experience, np.clip(index, 0, capacity), full)
     return [
         ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
@@ -288,6 +305,31 @@ def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
             "True where slots at or past current_index hold transitions (flashbax fills them in order)",
         ),
     ]
+
+
+def _capacity(buffer: TrajectoryBufferState) -> int:
+    """The transitions a flashbax item buffer holds: experience is [seeds..., add batch (1), capacity, ...]."""
+    return np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
+
+
+def _replay_count_rules(state) -> list[Rule]:
+    """A buffer's index and fill flag against the state's own count of the transitions it was
+    given (`replay_count()`, where the state has one: DQN's steps, SAC's iterations): flashbax
+    writes the n-th to slot n mod capacity and is full from n = capacity on, so a buffer that
+    never wrapped is not full and its index is n. Checked after the count itself (>= 0)."""
+    if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
+        return []
+    counter, count, per_count = state.replay_count()
+    count = _read(count).astype(np.int64)
+    added, capacity = count * per_count, _capacity(state.buffer)
+    index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
+    rules = []
+    for field, values, expected in (("is_full", full, added >= capacity), ("current_index", index, added % capacity)):
+        good = values == expected
+        at = np.unravel_index(np.argmin(good), np.shape(good))  # the first seed refused (named in its line)
+        how = f"{counter} = {count[at]}: {added[at]} transitions added to {capacity} slots filled in turn"
+        rules.append((f"buffer.{field}", values, good, f"{expected[at].item()} ({how})"))
+    return rules
 
 
 def _written_from(experience: list, start: np.ndarray, full: np.ndarray) -> np.ndarray:
@@ -332,8 +374,9 @@ def check_restored(train_state, *, step: int, directory: str, field_prefix: str 
 
 def check_restored_state(state, *, step: int, directory: str) -> None:
     """`check_restored` for every `TrainState` in a restored `state` (SAC holds three), then
-    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`) and its own
-    counters (`_counter_rules`): one place for every algorithm, none checks its own."""
+    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`), its own
+    counters (`_counter_rules`) and its buffer against its count of what it added
+    (`_replay_count_rules`): one place for every algorithm, none checks its own."""
     train_states = _nodes_of(state, TrainState)
     for prefix, train_state in train_states:
         check_restored(train_state, step=step, directory=directory, field_prefix=prefix)
@@ -342,6 +385,7 @@ def check_restored_state(state, *, step: int, directory: str) -> None:
     if train_states:  # the seed axis: a counter has one value per seed, as a train state's step
         seeds_shape = np.shape(train_states[0][1].step)
         refuse_unwritten(_counter_rules(state, seeds_shape), step=step, directory=directory)
+    refuse_unwritten(_replay_count_rules(state), step=step, directory=directory)
 
 
 def refuse_unwritten(rules: list[Rule], *, step: int, directory: str, field_prefix: str = "") -> None:
@@ -683,7 +727,8 @@ class CheckpointStore:
 
     def _saved_already(self, step: int, state_dict: dict) -> bool:
         """False for a save of the state `step` already holds; a refusal for another state."""
-        if matches_digest(state_dict, self.read_meta(step).get("digest", "")):
+        meta = self.read_meta(step)
+        if matches_digest(state_dict, meta.get("digest", ""), meta["spec"]):
             return False
         raise CheckpointMismatchError(
             f"checkpoint at step {step} in {self.directory} already exists with other contents; "
@@ -741,7 +786,7 @@ class CheckpointStore:
                 )
             logger.warning("checkpoint at step %d in %s has no checksum: restored unverified", step, self.directory)
             return state
-        if not matches_digest(state, meta["digest"]):
+        if not matches_digest(state, meta["digest"], meta["spec"]):
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
                 "saved with it"

@@ -67,6 +67,16 @@ def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
     return changes
 
 
+def _remove(path: pathlib.Path, names) -> None:
+    """Removes the files and directories `names` in `path`, where they exist."""
+    for name in names:
+        target = path / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
 class RunDirectory:
     """A run's output directory, and the rules that keep runs apart:
 
@@ -114,9 +124,13 @@ class RunDirectory:
             raise RunDirectoryError(f"nothing to resume in {self.path}: it has no checkpoints/")
         self._lock_file = None
         self.set_aside = False  # whether this run moved an old one into .replaced/
+        self._made_dir, self._made_files = False, []  # what `open` made
 
     def open(self) -> "RunDirectory":
         """Locks the directory and, with `overwrite`, sets the old run aside."""
+        # What this run makes, so a run that wrote nothing of its own leaves the directory as found (`close`).
+        self._made_dir = not self.path.exists()
+        self._made_files = [name for name in _RUN_FILES if not (self.path / name).exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         if self.overwrite:
@@ -169,22 +183,21 @@ class RunDirectory:
         f.flush()
         self._lock_file = f
 
-    def close(self, succeeded: bool) -> None:
+    def close(self, succeeded: bool, wrote: bool = True) -> None:
         """Ends the run: drops the old run this one set aside (`succeeded`) or puts it back, and
-        unlocks. A `.replaced/` this run did not make (a resume after a killed overwrite) stays."""
+        unlocks. A `.replaced/` this run did not make (a resume after a killed overwrite) stays.
+        `wrote` False (a run that failed before its first row): the run files and the directory
+        this run made are removed, so the same command is not refused as "holds another run"."""
         if self._lock_file is None:
             return
+        if not (succeeded or wrote):
+            _remove(self.path, self._made_files)
         aside = self.path / self.ASIDE
         if self.set_aside and aside.exists():
             if succeeded:
                 shutil.rmtree(aside)
             else:
-                for name in _RUN_FILES:
-                    target = self.path / name
-                    if target.is_dir():
-                        shutil.rmtree(target)
-                    elif target.exists():
-                        target.unlink()
+                _remove(self.path, _RUN_FILES)
                 for moved in aside.iterdir():
                     os.replace(moved, self.path / moved.name)
                 aside.rmdir()
@@ -192,6 +205,9 @@ class RunDirectory:
         (self.path / self.LOCK).unlink(missing_ok=True)
         self._lock_file.close()
         self._lock_file = None
+        if self._made_dir and not (succeeded or wrote):
+            with contextlib.suppress(OSError):  # not empty: something else was put there meanwhile
+                self.path.rmdir()
 
     @property
     def checkpoints(self) -> pathlib.Path:

@@ -21,7 +21,7 @@ metric rows of a chunk (`to_rows`) and its summary fields:
 
 With a directory (`Session("runs/toy", ...)`) the state is checkpointed, so it must be a dict,
 dataclass or flax struct of arrays, `session.restore({"w": jnp.float32(8.0)})`: a bare array
-is refused at `restore`, before anything runs.
+is refused at `restore`, before anything runs, and the run files the session made are removed.
 
 With several processes (`jax.distributed`), every process runs the same session; only
 process 0 writes the run directory, the metrics and the progress bar, and the processes agree
@@ -209,8 +209,11 @@ class Session:
                 if self.run_dir is not None and self.primary:
                     if not clean:
                         self._write_failure(exc_type, exc)
-                    # An old run set aside by --overwrite goes only once the new one saved a checkpoint.
-                    self.run_dir.close(clean and self._saved)
+                    # An old run set aside by --overwrite goes only once the new one saved a checkpoint; a run
+                    # that failed before its first row takes the files it made with it (the same call runs again).
+                    self.run_dir.close(
+                        clean and self._saved, wrote=clean or self._saved or bool(self.timing.positions_run)
+                    )
             finally:
                 if self._signals is not None:
                     self._signals.__exit__()

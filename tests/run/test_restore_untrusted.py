@@ -90,21 +90,41 @@ def _digest_before_canonical_paths(state_dict) -> str:
     return digest.hexdigest()
 
 
-def test_a_dqn_checkpoint_written_with_the_earlier_checksum_still_restores_and_saves_again(tmp_path, dqn_state):
-    save(tmp_path / "c", 3, dqn_state, DQN_PATH, "dqn")
-    with CheckpointStore(tmp_path / "c", async_save=False) as store:
-        meta = store.read_meta(3)
-    state_dict = jax.tree.map(np.asarray, serialization.to_state_dict(dqn_state))
+def save_as_before(directory, step, state, train_state_path, kind):
+    """`save`, with the checksum genesis-jax wrote before its paths were spelled alike (at
+    6eb73ed): its meta is otherwise the same (the leaf spec was spelled so then too)."""
+    save(directory, step, state, train_state_path, kind)
+    with CheckpointStore(directory, async_save=False) as store:
+        meta = store.read_meta(step)
+    state_dict = jax.tree.map(np.asarray, serialization.to_state_dict(state))
     meta["digest"] = _digest_before_canonical_paths(state_dict)
-    shutil.rmtree(tmp_path / "c" / "3")  # re-saved as the earlier version wrote it
-    manager = ocp.CheckpointManager(tmp_path / "c", item_names=("state", "meta"))
-    save_args = ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(meta))
-    manager.save(3, args=save_args)
+    shutil.rmtree(directory / str(step))
+    manager = ocp.CheckpointManager(directory, item_names=("state", "meta"))
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(meta)))
     manager.close()
+
+
+def test_a_dqn_checkpoint_written_with_the_earlier_checksum_still_restores_and_saves_again(tmp_path, dqn_state):
+    save_as_before(tmp_path / "c", 3, dqn_state, DQN_PATH, "dqn")
     restored = restore(tmp_path / "c", dqn_state, DQN_PATH, "dqn")
     assert int(restored.buffer.current_index) == 5
     with CheckpointStore(tmp_path / "c", async_save=False) as store:  # the same state at its step: a no-op
         assert store.save(3, dqn_state, {"kind": "dqn", "step": 3}, force=True, train_state_path=DQN_PATH) is False
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_an_off_policy_checkpoint_written_with_the_earlier_checksum_reads_back_without_a_target(
+    tmp_path, kind, dqn_state, sac_state
+):
+    """Read without a target, flashbax's dataclass is a dict: the earlier checksum spelled its
+    fields as attributes (SAC's transitions too, a namedtuple), in their own order."""
+    state, path = (dqn_state, DQN_PATH) if kind == "dqn" else (sac_state, SAC_PATH)
+    save_as_before(tmp_path / "c", 3, state, path, kind)
+    with CheckpointStore(tmp_path / "c", async_save=False) as store:
+        raw, meta = store.restore_raw(3)
+    assert meta["kind"] == kind
+    np.testing.assert_array_equal(raw["buffer"]["current_index"], state.buffer.current_index)
+    np.testing.assert_array_equal(raw["buffer"]["is_full"], state.buffer.is_full)
 
 
 DQN_TAMPERED = {
@@ -112,6 +132,17 @@ DQN_TAMPERED = {
     "index negative": ("buffer.current_index", -1, "buffer.current_index = -1,"),
     "not full, transitions past the index": ("buffer.current_index", 2, "buffer.is_full = False,"),
     "steps negative": ("steps", -5, "holds steps = -5,"),
+    # 5 transitions added (steps) to a buffer of 300: it never wrapped, and slot 5 is the next.
+    "full, never wrapped": (
+        "buffer.is_full",
+        True,
+        "buffer.is_full = True, which must be False (steps = 5: 5 transitions",
+    ),
+    "index not the transitions added": (
+        "buffer.current_index",
+        7,
+        "buffer.current_index = 7, which must be 5 (steps = 5:",
+    ),
     "episodes negative": ("episodes", -1, "holds episodes = -1,"),
     "adam count negative": ("opt_state.inner_state.0.count", -3, "train_state.opt_state.inner_state.0.count = -3,"),
 }
@@ -129,8 +160,8 @@ def test_a_dqn_checkpoint_saved_with_values_no_run_writes_is_refused_in_one_line
     assert snapshot(tmp_path / "c") == before
 
 
-def test_a_sac_checkpoint_with_a_negative_iteration_or_index_is_refused(tmp_path, sac_state):
-    for field, value in (("iteration", -2), ("buffer.current_index", 256)):
+def test_a_sac_checkpoint_with_a_negative_iteration_or_an_impossible_buffer_is_refused(tmp_path, sac_state):
+    for field, value in (("iteration", -2), ("buffer.current_index", 256), ("buffer.is_full", True)):
         save(tmp_path / field, 3, replace_leaf(sac_state, field, value), SAC_PATH, "sac")
         with pytest.raises(CheckpointMismatchError, match=rf"holds {field} = {value}, which must be"):
             restore(tmp_path / field, sac_state, SAC_PATH, "sac")
@@ -146,11 +177,22 @@ def test_the_seed_of_a_bad_buffer_index_is_named(tmp_path, dqn_state):
         restore(tmp_path / "c", seeds, DQN_PATH, "dqn")
 
 
+def test_the_seed_of_a_buffer_full_before_its_transitions_fill_it_is_named(tmp_path, dqn_state):
+    seeds = jax.tree.map(lambda x: jnp.stack([x, x]), dqn_state)  # 5 transitions each
+    tampered = seeds.replace(buffer=seeds.buffer.replace(is_full=jnp.array([False, True])))
+    save(tmp_path / "c", 3, tampered, DQN_PATH, "dqn")
+    with pytest.raises(CheckpointMismatchError) as err:
+        restore(tmp_path / "c", seeds, DQN_PATH, "dqn")
+    words = "holds buffer.is_full = True (seed 1), which must be False (steps = 5: 5 transitions added to 300 slots"
+    assert words in str(err.value), err.value
+
+
 def test_every_buffer_a_run_can_write_restores(tmp_path, dqn_state):
     """The controls: empty, partly filled, and full with the index anywhere (it wrapped)."""
     empty = dqn_state.replace(buffer=dqn_state.buffer.replace(current_index=jnp.int32(0)), steps=jnp.int32(0))
     empty = empty.replace(buffer=jax.tree.map(jnp.zeros_like, empty.buffer))
     wrapped = dqn_state.replace(buffer=dqn_state.buffer.replace(current_index=jnp.int32(2), is_full=jnp.bool_(True)))
+    wrapped = wrapped.replace(steps=jnp.int32(DQN_TINY["buffer_size"] + 2))  # its transitions: once round, and 2
     for name, state in {"empty": empty, "partly filled": dqn_state, "wrapped": wrapped}.items():
         save(tmp_path / name, 3, state, DQN_PATH, "dqn")
         restored = restore(tmp_path / name, dqn_state, DQN_PATH, "dqn")

@@ -206,3 +206,29 @@ def test_a_writer_that_cannot_start_leaves_the_old_run_in_place_and_unlocked(tmp
             pass
     assert (run / "metrics.jsonl").read_text() == before  # the old run is back
     assert not (run / ".replaced").exists() and not (run / ".lock").exists()
+
+
+def halve(w):
+    return {"w": w["w"] * 0.5}, {"loss": w["w"]}
+
+
+def fail_first_chunk(w):
+    raise FloatingPointError("the first chunk failed")
+
+
+@pytest.mark.parametrize(
+    "state, step, refusal",
+    [(jnp.float32(8.0), halve, "got a bare"), ({"w": jnp.float32(8.0)}, fail_first_chunk, "the first chunk failed")],
+    ids=["a bare array refused at restore", "the first chunk fails"],
+)
+def test_a_run_that_fails_before_its_first_row_leaves_no_run_behind(tmp_path, state, step, refusal):
+    """Once its empty checkpoints/ stayed, and the corrected call was refused as "holds another run"."""
+    run, to_rows = tmp_path / "run", lambda metrics, done: [{"update": done + 1, "loss": float(metrics["loss"])}]
+    with pytest.raises((ValueError, FloatingPointError), match=refusal):
+        with Session(str(run), kind="toy", total=3, progress=False) as session:
+            session.run(session.restore(state), step, to_rows)
+    assert not run.exists()
+    with Session(str(run), kind="toy", total=3, progress=False) as session:  # the corrected call, as it stands
+        session.run(session.restore({"w": jnp.float32(8.0)}), halve, to_rows)
+        assert session.finish({})["stopped"] is None
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]

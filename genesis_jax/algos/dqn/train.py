@@ -47,6 +47,10 @@ class DQNState(struct.PyTreeNode):
     steps: jax.Array  # environment steps so far
     rng: jax.Array
 
+    def replay_count(self) -> tuple[str, jax.Array, int]:
+        """What `buffer` was given, for a restore's checks (run.checkpoint): each step adds its transition."""
+        return "steps", self.steps, 1
+
 
 def epsilon_at(config: DQNConfig, steps):
     """Linear from epsilon_start to epsilon_end over epsilon_steps environment steps, then flat."""

@@ -67,6 +67,11 @@ class SACState(struct.PyTreeNode):
     rng: jax.Array
     iteration: jax.Array  # environment iterations done
 
+    def replay_count(self) -> tuple[str, jax.Array, int]:
+        """What `buffer` was given, for a restore's checks (run.checkpoint): an iteration adds each environment's
+        transition (episode_return: one per environment)."""
+        return "iteration", self.iteration, self.episode_return.shape[-1]
+
 
 class SAC(Algorithm):
     name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
