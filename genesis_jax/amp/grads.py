@@ -70,7 +70,7 @@ def _check_loss_fn(loss_fn, has_aux) -> None:
 
 
 def _check_grad_args(axis_name, accumulate, grad_transform) -> None:
-    """`value_and_grad`'s other arguments: one sentence naming the bad value."""
+    """`scaled_value_and_grad`'s other arguments: one sentence naming the bad value."""
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     if axis_name is not None and not (names and all(isinstance(n, str) for n in names)):
         raise TypeError(f"axis_name must be None, an axis name or a tuple of axis names, got {axis_name!r}")
@@ -111,18 +111,18 @@ def autocast(fn, policy):
     `fn` is a function (`module.apply`, your own `forward(params, x)`), or a Flax linen
     `Module`: then a module whose `init` is the original's (float32 params) and whose `apply`
     is autocast, so `qf = amp.autocast(QNetwork(), "fp16")` changes nothing else in a loop.
-
-    >>> import jax, jax.numpy as jnp, flax.linen as nn
-    >>> from genesis_jax import amp
-    >>> apply = amp.autocast(lambda params, x: x @ params["w"], "fp16")
-    >>> apply({"w": jnp.ones((3, 2))}, jnp.ones((4, 3))).dtype   # computed in float16
-    dtype('float32')
-    >>> net = amp.autocast(nn.Dense(2), "fp16")   # nn.Dense without dtype=
-    >>> params = net.init(jax.random.PRNGKey(0), jnp.ones((1, 3)))
-    >>> params["params"]["kernel"].dtype, net.apply(params, jnp.ones((1, 3))).dtype
-    (dtype('float32'), dtype('float32'))
-
     Wrap the network, not the loss: the loss then reads float32 outputs and stays float32.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, flax.linen as nn
+        >>> from genesis_jax import amp
+        >>> apply = amp.autocast(lambda params, x: x @ params["w"], "fp16")
+        >>> apply({"w": jnp.ones((3, 2))}, jnp.ones((4, 3))).dtype   # computed in float16
+        dtype('float32')
+        >>> net = amp.autocast(nn.Dense(2), "fp16")   # nn.Dense without dtype=
+        >>> variables = net.init(jax.random.PRNGKey(0), jnp.ones((1, 3)))
+        >>> variables["params"]["kernel"].dtype, net.apply(variables, jnp.ones((1, 3))).dtype
+        (dtype('float32'), dtype('float32'))
     """
     policy = resolve_policy(policy)
     if policy is None:

@@ -455,10 +455,10 @@ def stats(*states, **named_states) -> dict:
     """Host-side counts of one optimizer, or of several sharing a scaler.
 
     Args:
-        *states, **named_states: `amp.TrainState`s, `nnx.Optimizer`s wrapping
-            `skip_nonfinite`, or `skip_nonfinite`'s optimizer states; name them to name
-            their rows (`stats(critic=qf_state, actor=actor_state)`). Under a seed axis the
-            counts are summed over seeds and the scale averaged.
+        *states: `amp.TrainState`s, `nnx.Optimizer`s wrapping `skip_nonfinite`, or
+            `skip_nonfinite`'s optimizer states. Under a seed axis the counts are summed
+            over seeds and the scale averaged.
+        **named_states: the same, named: `stats(critic=qf_state, actor=actor_state)`.
 
     Returns:
         For one: steps (taken or skipped, while not halted), skipped, skip_rate and, for a

@@ -26,12 +26,8 @@ README = REPO / "README.md"
 # carry an attribute docstring (the string after the assignment), which the reference shows.
 NO_EXAMPLE = {
     "PRECISION_NAMES",
-    "DEFAULT_INIT_SCALE",
-    "DEFAULT_GROWTH_INTERVAL",
     "LossScale",  # a type alias (a union of the three scalers)
     "FLOAT32_RULES",
-    "DEFAULT_GUARD_MIN_SCALE",
-    "DEFAULT_MAX_CONSECUTIVE_SKIPS",
 }
 
 
