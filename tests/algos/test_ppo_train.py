@@ -115,13 +115,6 @@ def test_continuous_actions_run():
     assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
 
 
-@pytest.mark.slow  # 18 s
-def test_num_seeds_vmapped():
-    result = train(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048, num_seeds=2), progress=False)
-    assert result.summary["total_updates"] == 2 * 4 * 16
-    assert len(result.metrics[-1]["episode_return_per_seed"]) == 2
-
-
 @pytest.mark.parametrize(
     "argv, words",
     [
