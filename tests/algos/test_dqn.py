@@ -5,7 +5,6 @@ bit-identically."""
 
 from __future__ import annotations
 
-import json
 import signal
 
 import jax
@@ -16,6 +15,8 @@ import pytest
 from genesis_jax.algos.dqn import DQN, DQNConfig, train
 from genesis_jax.algos.dqn.train import td_targets
 from genesis_jax.cli import main
+from tests.support.files import metric_rows
+from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, start_python, wait_until
 
 TINY = dict(
@@ -30,10 +31,6 @@ TINY = dict(
     epsilon_steps=1_000,
     hidden=(16,),
 )
-
-
-def tree_equal(a, b):
-    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
 @pytest.fixture(scope="module")
@@ -168,10 +165,6 @@ KILL_ARGS = [
     "--updates-per-chunk", "1", "--checkpoint-every", "1000", "--learning-starts", "1000",
     "--seed", "3", "--no-progress",
 ]  # fmt: skip
-
-
-def metric_rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow  # an uninterrupted run, a killed one and its resume: three compilations, about 60 s

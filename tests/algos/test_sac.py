@@ -2,9 +2,7 @@
 loss scaler (each skips on its own gradients, the scale backs off once per iteration), bad
 input, learning Pendulum-v1, and a SIGKILL-and-resume that continues bit-identically."""
 
-import json
 import math
-import pathlib
 import signal
 
 import jax
@@ -15,18 +13,12 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.sac import SAC, SACConfig, train
 from genesis_jax.amp.optim import skip_state
 from genesis_jax.cli import main
+from tests.support.files import committed_steps, metric_rows
+from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, start_python, wait_until
 
 # A tiny run: 8 environments, one iteration per row, small networks and batches.
 TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16), buffer_size=256)
-
-
-def tree_equal(a, b):
-    """Every array leaf equal (train states built apart differ in their optimizer's identity)."""
-    leaves_a, leaves_b = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
-    assert len(leaves_a) == len(leaves_b)
-    for x, y in zip(leaves_a, leaves_b):
-        np.testing.assert_array_equal(x, y)
 
 
 def iterations(config, n):
@@ -170,10 +162,6 @@ KILL_ARGS += ["--hidden", "32", "32", "--batch-size", "32", "--learning-starts",
 KILL_ARGS += ["--updates-per-chunk", "2", "--checkpoint-every", "200", "--seed", "3", "--no-progress"]
 
 
-def committed_steps(checkpoints: pathlib.Path) -> list[int]:
-    return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
-
-
 @pytest.mark.slow  # a killed subprocess, its resume and a straight run: about a minute
 def test_sigkill_then_resume_continues_bit_identically(tmp_path):
     from genesis_jax.cli import parse_train_args, train_config
@@ -181,15 +169,15 @@ def test_sigkill_then_resume_continues_bit_identically(tmp_path):
     config = train_config("sac", parse_train_args("sac", KILL_ARGS[2:])[0])
     out = tmp_path / "run"
     proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
-    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 2, proc, timeout=600)
+    wait_until(lambda: len(committed_steps(out)) >= 2, proc, timeout=600)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert committed_steps(out / "checkpoints")[-1] < 40  # killed mid-run
+    assert committed_steps(out)[-1] < 40  # killed mid-run
     resumed = train(config, out_dir=str(out), resume=True, progress=False)
     straight = train(config, progress=False)
     for field in ("critic", "actor", "alpha", "target", "buffer", "rng", "iteration"):
         tree_equal(getattr(resumed.state, field), getattr(straight.state, field))
     assert resumed.metrics == straight.metrics  # the same rows, each once
-    logged = [json.loads(line)["row"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["row"] for r in metric_rows(out)]
     assert logged == list(range(1, 41))

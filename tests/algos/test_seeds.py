@@ -82,6 +82,8 @@ def test_ppo_seed_k_of_n_matches_its_one_seed_run_over_8_updates():
 
     settings = dict(total_steps=2048, num_envs=4, num_steps=64)
     multi = train(PPOConfig(num_seeds=2, seed=3, **settings), progress=False)
+    assert multi.summary["total_updates"] == 2 * 8 * 16  # each seed's 8 updates x 4 epochs x 4 minibatches
+    assert len(multi.metrics[-1]["episode_return_per_seed"]) == 2
     for k in range(2):
         alone = train(PPOConfig(seed=3 + k, **settings), progress=False)
         jax.tree.map(

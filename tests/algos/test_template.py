@@ -12,6 +12,7 @@ from genesis_jax import algos
 from genesis_jax.algos.base import chunk_size
 from genesis_jax.cli import main
 from tests.algos.toy_algorithm import Toy, ToyConfig
+from tests.support.files import metric_rows
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def test_registration_gives_the_cli_command(registered, tmp_path, capsys):
     status = main(["train", "toy", "--total-steps", "64", "--precision", "fp16", "--out", str(out), "--no-progress"])
     assert status == 0
     summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert [r["update"] for r in rows] == list(range(1, 65))
     assert summary["precision"] == "fp16" and summary["total_updates"] == 64 and summary["final_loss"] < 0.05
     assert summary["skipped_updates"] == sum(r["skipped"] for r in rows)

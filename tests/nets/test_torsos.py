@@ -1,5 +1,9 @@
 """The actor-critic torsos: shapes and dtypes in every precision, what runs in float32,
-and the CPU convolution path against XLA's native convolution."""
+and the CPU convolution path against XLA's native convolution.
+
+Each case compiles its work as one program (jax.jit), or only traces it (jax.eval_shape,
+jax.make_jaxpr) where shapes and dtypes are all it reads: run op by op, a network's few hundred
+operations would each be compiled on their own, several times the cost."""
 
 import flax.linen as nn
 import jax
@@ -61,7 +65,7 @@ def test_torso_products_in_half_precision_heads_in_float32(network, dtype):
     obs_shape = TORSOS[network]
     net = ActorCritic(action_dim=3, network=network, obs_shape=obs_shape, dtype=dtype, width=16, depth=1, hidden=(16,))
     obs = jnp.ones((4, *obs_shape))
-    params = net.init(jax.random.PRNGKey(0), obs)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), obs)  # shapes and dtypes: all a trace needs
     dots = _dots(jax.make_jaxpr(lambda p: net.apply(p, obs))(params).jaxpr)
     name = jnp.dtype(dtype).name
     heads = [d for d in dots if d[2][-1] in (1, 3)]
@@ -75,16 +79,17 @@ def test_torso_products_in_half_precision_heads_in_float32(network, dtype):
 def test_layer_norms_and_residual_stream_are_float32(dtype):
     torso = make_torso("resmlp", (7,), width=16, depth=2, dtype=dtype)
     x = jnp.ones((4, 7))
-    params = torso.init(jax.random.PRNGKey(0), x)
+    params = jax.eval_shape(torso.init, jax.random.PRNGKey(0), x)
 
     def outputs_of(kind):
-        _, state = torso.apply(params, x, capture_intermediates=lambda module, _: isinstance(module, kind))
+        capture = lambda module, _: isinstance(module, kind)  # noqa: E731
+        _, state = jax.eval_shape(lambda p: torso.apply(p, x, capture_intermediates=capture), params)
         return jax.tree.leaves(state["intermediates"])
 
     norms, blocks = outputs_of(nn.LayerNorm), outputs_of(ResidualBlock)
     assert len(norms) == 3 and all(v.dtype == jnp.float32 for v in norms)  # two blocks' and the final norm
     assert len(blocks) == 2 and all(v.dtype == jnp.float32 for v in blocks)
-    out = torso.apply(params, x)
+    out = jax.eval_shape(torso.apply, params, x)
     assert out.dtype == jnp.float32
 
 
@@ -92,13 +97,18 @@ def test_layer_norms_and_residual_stream_are_float32(dtype):
 def test_cpu_patch_convolution_equals_the_native_one(stride, padding):
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 20, 20, 4))
     kernel = jax.random.normal(jax.random.PRNGKey(1), (5, 5, 4, 8))
-    native = conv2d(x, kernel, stride, padding, as_patches=False)
-    np.testing.assert_allclose(conv2d(x, kernel, stride, padding, as_patches=True), native, rtol=1e-5, atol=1e-5)
-    grads = [
-        jax.grad(lambda k: jnp.sum(jnp.tanh(conv2d(x, k, stride, padding, as_patches=p))))(kernel)
-        for p in (True, False)
-    ]
-    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+
+    @jax.jit
+    def outputs_and_grads(x, kernel):  # both paths, forward and backward, in one program
+        def out(k, as_patches):
+            return conv2d(x, k, stride, padding, as_patches=as_patches)
+
+        grad = lambda p: jax.grad(lambda k: jnp.sum(jnp.tanh(out(k, p))))(kernel)  # noqa: E731
+        return out(kernel, True), out(kernel, False), grad(True), grad(False)
+
+    patches, native, grad_patches, grad_native = outputs_and_grads(x, kernel)
+    np.testing.assert_allclose(patches, native, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad_patches, grad_native, rtol=1e-4, atol=1e-4)
 
 
 def test_default_network_follows_the_observation_shape():

@@ -12,21 +12,11 @@ import pytest
 
 from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CHECKPOINT_FORMAT, CheckpointMismatchError, CheckpointStore
+from tests.support.files import snapshot
+from tests.support.small_run import ppo_argv
 
 OLD_RUN = Path(__file__).resolve().parents[1] / "data" / "ppo_run_format1"
-OLD_ARGS = [
-    "--precision",
-    "fp16",
-    "--total-steps",
-    "1024",
-    "--num-envs",
-    "4",
-    "--num-steps",
-    "128",
-    "--hidden",
-    "8",
-    "8",
-]
+OLD_ARGS = ppo_argv(1024, num_envs=4, num_steps=128, hidden=(8, 8))  # the old run's sizes, a longer run
 
 
 def test_format_1_is_refused_naming_the_version(tmp_path):
@@ -41,13 +31,12 @@ def test_format_1_is_refused_naming_the_version(tmp_path):
 def test_resume_of_a_format_1_run_exits_2_in_one_line_and_keeps_the_files(tmp_path, capsys):
     run = tmp_path / "old"
     shutil.copytree(OLD_RUN, run)
-    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    status = main(["train", "ppo", *OLD_ARGS, "--out", str(run), "--resume", "--no-progress"])
+    before = snapshot(run)
+    status = main([*OLD_ARGS, "--out", str(run), "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert len(err) == 1 and "written by genesis-jax 0.1.0 in checkpoint format 1" in err[0]
-    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    assert after == before  # nothing on disk changed
+    assert snapshot(run) == before  # nothing on disk changed
 
 
 def test_new_checkpoints_carry_the_format(tmp_path):

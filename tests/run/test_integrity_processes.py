@@ -11,10 +11,10 @@ import pytest
 from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CheckpointStore
 from tests.support.processes import start_python, wait_until
-from tests.support.small_run import SMALL, copy_of, metric_updates, train_small_run
+from tests.support.small_run import SMALL, copy_of, metric_updates, ppo_argv, train_small_run
 
 # A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
-LONG = ["train", "ppo", "--precision", "fp16", "--total-steps", "32768", "--updates-per-chunk", "8", "--no-progress"]
+LONG = ppo_argv(32768, updates_per_chunk=8)
 
 
 def start(argv, preamble=""):
@@ -42,17 +42,7 @@ def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(
 
 
 # Long enough (about 15 s on 2 cores) for a second process to start while the first runs.
-LONGER = [
-    "train",
-    "ppo",
-    "--precision",
-    "fp16",
-    "--total-steps",
-    "1048576",
-    "--updates-per-chunk",
-    "64",
-    "--no-progress",
-]
+LONGER = ppo_argv(1048576, updates_per_chunk=64)
 
 
 @pytest.mark.slow  # three CLI subprocesses: 22-25 s

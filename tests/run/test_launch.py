@@ -28,8 +28,9 @@ from genesis_jax.run.launch import (
 from genesis_jax.run.parallel import check_distributed_args
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_PEER
 from tests.support.processes import REPO, cpu_env, start_python
+from tests.support.small_run import ppo_argv
 
-TINY_PPO = ["train", "ppo", "--num-envs", "4", "--num-steps", "16", "--devices", "2", "--no-progress"]
+TINY_PPO = ppo_argv(precision=None, num_envs=4, num_steps=16, devices=2)
 LAUNCH = ["-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "1"]
 
 

@@ -5,7 +5,6 @@ started by `genesis-jax launch`, against the 1-process 4-device results."""
 
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
@@ -19,8 +18,10 @@ from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.algos.ppo import train as train_ppo
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.launch import free_port
+from tests.support.files import metric_rows
 from tests.support.parallel_worker import checksum
 from tests.support.processes import cpu_env, result_of, run_python, start_python
+from tests.support.small_run import ppo_argv
 
 # Every test here starts 4-device or 2-process subprocesses: 26-214 s each.
 pytestmark = pytest.mark.slow
@@ -84,29 +85,12 @@ def test_four_device_checkpoint_resumes_on_one_device(ppo_runs):
 
 # -- several processes -------------------------------------------------------------------
 
-PPO_ARGS = [
-    "train",
-    "ppo",
-    "--precision",
-    "fp16",
-    "--num-envs",
-    "8",
-    "--num-steps",
-    "64",
-    "--seed",
-    "1",
-    "--devices",
-    "4",
-]
+PPO_ARGS = ppo_argv(num_envs=8, num_steps=64, seed=1, devices=4, no_progress=False)
 LAUNCH = ["-m", "genesis_jax.cli", "launch", "--processes", "2", "--local-devices", "2"]
 
 
 def launch(*args, timeout=600) -> subprocess.CompletedProcess:
     return run_python([*LAUNCH, *args], cpu_env(drop_xla_flags=True), timeout=timeout)
-
-
-def metric_rows(run: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

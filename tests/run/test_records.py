@@ -22,8 +22,9 @@ from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import TrainingInterrupted
 from tests.algos.toy_algorithm import Toy, ToyConfig
-from tests.support.files import one_line_error, snapshot
+from tests.support.files import metric_rows, one_line_error, snapshot
 from tests.support.processes import start_python, wait_until
+from tests.support.small_run import ppo_argv
 
 
 def toy_loss(chunk: int) -> float:
@@ -57,7 +58,7 @@ def toy(out, total, *, calls=None, fail_at=None, signal_first=False, checkpoint_
 
 
 def metric_chunks(run: pathlib.Path) -> list[int]:
-    return [json.loads(line)["chunk"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["chunk"] for r in metric_rows(run)]
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_resume_refuses_an_ended_run_whose_checkpoints_are_gone(tmp_path, gone):
 @pytest.mark.slow  # a PPO and a world-model run through the CLI: about 20 s
 def test_ppo_and_the_world_model_refuse_alike_a_resume_whose_metrics_are_gone(tmp_path, capsys):
     workloads = {
-        "ppo": (["train", "ppo", "--precision", "fp16", "--total-steps", "2048"], "--total-steps", 4096, "update", 4),
+        "ppo": (ppo_argv(2048, no_progress=False), "--total-steps", 4096, "update", 4),
         "world-model": (
             ["train", "world-model", "--epochs", "1", "--num-sequences", "64", "--batch-size", "256", "--width", "16"],
             "--epochs",

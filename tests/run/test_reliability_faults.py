@@ -21,7 +21,9 @@ from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
 from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.signals import DivergenceError
+from tests.support.files import metric_rows
 from tests.support.helpers import mlp_loss, regression_problem, tree_equal
+from tests.support.small_run import ppo_argv
 
 
 def mlp_state(dtype=jnp.float32, scaler=None, precision="fp32", max_grad_norm=1.0, guard=None):
@@ -119,8 +121,7 @@ def test_clean_steps_reset_the_streak():
 
 def tiny_ppo_argv(out, total_steps: int) -> list[str]:
     """`genesis-jax train ppo` in fp16 for `total_steps` into `out`."""
-    sizes = ["--precision", "fp16", "--quiet", "--total-steps", str(total_steps)]
-    return ["train", "ppo", *sizes, "--out", str(out), "--no-progress"]
+    return [*ppo_argv(total_steps), "--quiet", "--out", str(out)]
 
 
 def tiny_world_model_argv(out, epochs: int) -> list[str]:
@@ -137,7 +138,7 @@ def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "diverged" in err[0] and "--min-loss-scale" in err[0] and "growth-interval" in err[0]
     summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     assert summary["stopped"] == "diverged" and rows[-1]["halted"] and not any(r["halted"] for r in rows[:-1])
     assert summary["iterations"] == len(rows) < 100
     assert summary["skipped_updates"] >= summary["injected_nonfinite"] > 0
@@ -184,7 +185,7 @@ def test_world_model_resume_is_bit_identical(tmp_path):
     tree_equal(resumed.state.rng, straight.state.rng)  # the shuffles' key lives beside the train state
     for key in ("train_loss", "eval_loss", "loss_scale", "skipped"):
         assert [r[key] for r in resumed.metrics] == [r[key] for r in straight.metrics]
-    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert [r["epoch"] for r in metric_rows(out)] == [1, 2, 3, 4]
 
 
 # --- bad input: one line, exit 2, nothing on disk changed ------------------------------------

@@ -4,33 +4,20 @@ The in-process reliability tests (fault injection, the guard, bad input) are in
 test_reliability_faults.py."""
 
 import json
-import pathlib
 import signal
 
 import pytest
 
 from genesis_jax.algos.ppo import train as train_ppo
 from genesis_jax.cli import parse_train_args, train_config
+from tests.support.files import committed_steps
 from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, start_python, wait_until
+from tests.support.small_run import ppo_argv
 
 # --- crash safety: real processes, real signals ---------------------------------------------
 
-KILL_ARGS = [
-    "train",
-    "ppo",
-    "--precision",
-    "fp16",
-    "--total-steps",
-    "131072",
-    "--updates-per-chunk",
-    "8",
-    "--checkpoint-every",
-    "4096",
-    "--seed",
-    "7",
-    "--no-progress",
-]
+KILL_ARGS = ppo_argv(131072, updates_per_chunk=8, checkpoint_every=4096, seed=7)
 
 # Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
 # can kill the process while that save is in progress.
@@ -55,21 +42,11 @@ def straight_kill_run():
     return config, train_ppo(config, progress=False)
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """A JAX persistent compilation cache shared by this module's KILL_ARGS subprocesses (as the
-    torture driver's restarts share one): the first compiles the chunk, the others load it."""
-    cache = tmp_path_factory.mktemp("jax-cache")
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-
-
-def committed_steps(checkpoints: pathlib.Path) -> list[int]:
-    return sorted(int(p.name) for p in checkpoints.glob("*") if p.name.isdigit()) if checkpoints.exists() else []
-
-
-def start(out, cache, extra_env=None, script=None):
+def start(out, extra_env=None, script=None):
+    """KILL_ARGS in a subprocess. It shares the test run's compilation cache (conftest.py) with the
+    straight_kill_run fixture, which compiled the same chunk: no subprocess compiles it again."""
     code = ["-c", script] if script else ["-m", "genesis_jax.cli"]
-    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**cache, **(extra_env or {})))
+    return start_python([*code, *KILL_ARGS, "--out", str(out)], cpu_env(**(extra_env or {})))
 
 
 def resume_and_compare(out, straight):
@@ -81,28 +58,28 @@ def resume_and_compare(out, straight):
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
 
 
-@pytest.mark.slow  # kill-and-resume subprocess: 30 s (the first fills compile_cache) + 16 s fixture
-def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run, compile_cache):
+@pytest.mark.slow  # kill-and-resume subprocess (the chunk loaded from the compilation cache) + 16 s fixture
+def test_sigkill_during_training_resumes_from_newest_checkpoint(tmp_path, straight_kill_run):
     out = tmp_path / "run"
-    proc = start(out, compile_cache)
-    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
+    proc = start(out)
+    wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    steps = committed_steps(out / "checkpoints")
+    steps = committed_steps(out)
     assert steps and steps[-1] < 256  # killed mid-run
     resume_and_compare(out, straight_kill_run)
 
 
 @pytest.mark.slow  # kill-and-resume subprocess: 18 s
-def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, compile_cache, caplog):
+def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, caplog):
     out, marker = tmp_path / "run", tmp_path / "saving"
-    proc = start(out, compile_cache, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
+    proc = start(out, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
     wait_until(marker.exists, proc, timeout=180)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     leftovers = [p.name for p in (out / "checkpoints").iterdir() if ".orbax-checkpoint-tmp" in p.name]
-    assert leftovers and committed_steps(out / "checkpoints") == [8]
+    assert leftovers and committed_steps(out) == [8]
     with caplog.at_level("WARNING", logger="genesis_jax"):
         resume_and_compare(out, straight_kill_run)
     assert "incomplete checkpoint" in caplog.text
@@ -110,15 +87,15 @@ def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, strai
 
 @pytest.mark.slow  # signal-and-resume subprocess: 17 s each
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, compile_cache, sig):
+def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, sig):
     out = tmp_path / "run"
-    proc = start(out, compile_cache)
-    wait_until(lambda: len(committed_steps(out / "checkpoints")) >= 1, proc, timeout=180)
+    proc = start(out)
+    wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=180)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, stderr
     assert f"{signal.Signals(sig).name} received" in stderr and "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"] == signal.Signals(sig).name
-    assert committed_steps(out / "checkpoints")[-1] == summary["iterations"] < 256
+    assert committed_steps(out)[-1] == summary["iterations"] < 256
     resume_and_compare(out, straight_kill_run)

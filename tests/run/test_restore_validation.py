@@ -27,6 +27,7 @@ from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore,
 from genesis_jax.run.session import Session
 from tests.support.files import snapshot
 from tests.support.processes import cpu_env, run_python
+from tests.support.small_run import ppo_argv
 
 X = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
 Y = X.sum(-1)
@@ -290,15 +291,15 @@ def test_a_full_disk_mid_save_exits_4_in_one_line_and_keeps_the_earlier_checkpoi
 
 @pytest.mark.slow  # a PPO run through the command line, then a refused resume: 86 s on 2 busy cores
 def test_the_command_line_refuses_a_tampered_ppo_checkpoint_with_status_2(tmp_path, capsys):
-    args = ["train", "ppo", "--precision", "fp16", "--total-steps", "512", "--num-envs", "4", "--num-steps", "128"]
-    args += ["--hidden", "8", "8", "--no-progress", "--out", str(tmp_path / "ppo")]
+    sizes = dict(num_envs=4, num_steps=128, hidden=(8, 8))
+    args = [*ppo_argv(512, **sizes), "--out", str(tmp_path / "ppo")]
     assert main(args) == 0
     checkpoints = tmp_path / "ppo" / "checkpoints"
     step = CheckpointStore(checkpoints).latest_step()
     resave(checkpoints, step, setter("train_state", "scaler", "loss_scale", value=np.nan))
     before = snapshot(tmp_path / "ppo")
     capsys.readouterr()
-    assert main([*args[:5], "1024", *args[6:], "--resume"]) == EXIT_BAD_INPUT
+    assert main([*ppo_argv(1024, **sizes), "--out", str(tmp_path / "ppo"), "--resume"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train_state.scaler.loss_scale = nan" in err[0], err
     assert snapshot(tmp_path / "ppo") == before

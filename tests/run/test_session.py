@@ -19,6 +19,7 @@ from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
+from tests.support.files import metric_rows
 from tests.support.helpers import mlp_loss, regression_problem
 
 STEPS_PER_CHUNK = 5
@@ -121,7 +122,7 @@ def test_a_toy_trainer_gets_a_run_directory_and_exact_resume(tmp_path):
     resumed, rows, calls = train_regression(RegressionConfig(), str(run), resume=True)
     assert calls == 3  # chunks 4..6 only
     assert [r["chunk"] for r in rows] == list(range(1, 7))
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = metric_rows(run)
     assert [r["chunk"] for r in lines] == list(range(1, 7))
     # The same losses as the straight run: the whole state (scaler, optimizer) came back.
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in straight_rows], rtol=1e-6)
@@ -133,7 +134,7 @@ def test_the_guard_stops_a_toy_trainer_with_its_own_message(tmp_path):
         train_regression(RegressionConfig(nonfinite_rate=1.0), str(tmp_path / "bad"))
     # 4 skips in a row trip the guard (limit 3), inside the first chunk of 5: one row, then the stop.
     assert stop.value.summary["stopped"] == "diverged"
-    assert [json.loads(line)["chunk"] for line in (tmp_path / "bad" / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert [r["chunk"] for r in metric_rows(tmp_path / "bad")] == [1]
 
 
 def read_tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

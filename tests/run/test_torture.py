@@ -18,28 +18,13 @@ import pytest
 
 from genesis_jax.algos.base import MEASURED
 from tests.support import torture
+from tests.support.small_run import ppo_argv
 
 KILLS = 12  # every moment x signal pair once
 SEED = 0  # the kill schedule's seed: a failure replays with experiments/torture.py --kills 12 --seed 0
 
 # 64 updates of 4 x 64 steps, a checkpoint every 2 updates (each chunk ends in a save).
-PPO_ARGS = [
-    "train",
-    "ppo",
-    "--precision",
-    "fp16",
-    "--total-steps",
-    "16384",
-    "--num-envs",
-    "4",
-    "--num-steps",
-    "64",
-    "--checkpoint-every",
-    "512",
-    "--seed",
-    "3",
-    "--no-progress",
-]
+PPO_ARGS = ppo_argv(16384, num_envs=4, num_steps=64, checkpoint_every=512, seed=3)
 PPO_UPDATES = 64
 
 WM_EPOCHS = 40

@@ -1,8 +1,22 @@
-"""What the bad-input tests compare: a run directory's files, byte for byte, and the one line
-an error printed."""
+"""What the tests read back from a run directory (its metric rows, its committed checkpoints,
+every file byte for byte) and the one line an error printed."""
 
+import json
 import os
 import pathlib
+
+
+def metric_rows(run: pathlib.Path, wall_clock=()) -> list[dict]:
+    """The run's metrics.jsonl rows, without the keys named in `wall_clock` (times that differ
+    between two runs of the same work)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in wall_clock} for row in rows]
+
+
+def committed_steps(run: pathlib.Path) -> list[int]:
+    """The steps of the run's complete checkpoints (run/checkpoints/<step>), oldest first."""
+    checkpoints = run / "checkpoints"
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
 
 
 def snapshot(path: pathlib.Path) -> dict:

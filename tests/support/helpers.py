@@ -25,5 +25,10 @@ def mlp_loss(dtype, hidden=(32, 32)):
 
 
 def tree_equal(a, b):
-    """Every leaf of `a` equal to the same leaf of `b`, bit for bit."""
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a), jax.device_get(b))
+    """Every leaf of `a` equal to the same leaf of `b`, bit for bit, in shape and dtype too. The
+    leaves are compared in order, not the structures: train states built apart hold optimizers
+    of different identities."""
+    leaves_a, leaves_b = jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))
+    assert len(leaves_a) == len(leaves_b), (len(leaves_a), len(leaves_b))
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(x, y, strict=True)

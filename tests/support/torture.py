@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from tests.support.files import committed_steps, metric_rows
 from tests.support.processes import cpu_env, start_python
 
 MOMENTS = ("start", "compile", "chunk", "save")
@@ -123,11 +124,6 @@ def intact_rows(out: pathlib.Path) -> int:
         return (out / "metrics.jsonl").read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
-
-
-def committed_steps(out: pathlib.Path) -> list[int]:
-    checkpoints = out / "checkpoints"
-    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
 
 
 def saves_in_progress(out: pathlib.Path) -> set[str]:
@@ -415,11 +411,6 @@ def _torture(command_args, out_dir: pathlib.Path, kills: int, rng_seed: int, cac
 
 
 # --- the verdict ----------------------------------------------------------------------------
-
-
-def metric_rows(out: pathlib.Path, wall_clock=()) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in wall_clock} for row in rows]
 
 
 def state_differences(a: pathlib.Path, b: pathlib.Path) -> list[str]:
