@@ -297,9 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(finished cells are kept, so an interrupted study continues), then writes report.md, stats.json and plots.",
     )
     study.add_argument("--out", required=True, help="the study's directory (created; reused to continue a study)")
-    study.add_argument("--tasks", default="CartPole-v1", help="comma-separated task names (see docs/study.md)")
+    study.add_argument(
+        "--tasks", default=None, help="comma-separated task names (see docs/study.md; default CartPole-v1)"
+    )
     study.add_argument("--precisions", default="fp32,bf16,fp16,fp16-unscaled", help="comma-separated; fp32 included")
-    study.add_argument("--num-seeds", type=int, default=8, help="seeds per cell, trained together (default 8)")
+    study.add_argument("--num-seeds", type=int, default=None, help="seeds per cell, trained together (default 8)")
+    study.add_argument(
+        "--preset", default=None, help="a whole study by name: gpu (the full study); flags given beside it override it"
+    )
+    study.add_argument(
+        "--plan",
+        action="store_true",
+        help="run only the power plan: a pilot (fp32, fp16; --pilot-seeds seeds per task) whose spread gives "
+        "the seeds per cell an equivalence verdict needs, and their wall time here; writes plan.md in --out",
+    )
+    study.add_argument("--pilot-seeds", type=int, default=8, help="seeds per pilot cell of --plan (default 8)")
     study.add_argument("--seed", type=int, default=0, help="the first seed: a cell trains seed, seed+1, ...")
     study.add_argument(
         "--total-steps",
@@ -452,26 +464,39 @@ def _task_steps(text: str) -> int | dict[str, int]:
 
 def _run_study(args) -> int:
     try:
-        from genesis_jax.study import run_study
+        from genesis_jax.study import preset, run_plan, run_study
     except ImportError as err:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
     flag = lambda k, v: f"--{k.replace('_', '-')}" + ("" if v is True else f" {_flag_value(v)}")  # noqa: E731
+    skip = {"command"} | ({"pilot_seeds"} if not args.plan else set())
     command = "genesis-jax study " + " ".join(
-        flag(k, v) for k, v in vars(args).items() if k != "command" and v not in (None, False)
+        flag(k, v) for k, v in vars(args).items() if k not in skip and v not in (None, False)
     )
-    path = run_study(
-        args.out,
-        tasks=words(args.tasks),
+    chosen = preset(args.preset) if args.preset else {"tasks": ["CartPole-v1"], "num_seeds": 8, "total_steps": None}
+    tasks = words(args.tasks) if args.tasks is not None else chosen["tasks"]
+    total_steps = chosen["total_steps"]
+    if isinstance(total_steps, dict):  # a preset's budgets, of the tasks chosen, under the flag's
+        total_steps = {t: n for t, n in total_steps.items() if t in tasks}
+        given = args.total_steps
+        total_steps = given if isinstance(given, int) else {**total_steps, **(given or {})}
+    elif args.total_steps is not None:
+        total_steps = args.total_steps
+    options = dict(
+        tasks=tasks,
         precisions=words(args.precisions),
-        num_seeds=args.num_seeds,
         seed=args.seed,
-        total_steps=args.total_steps,
-        reps=args.reps,
-        cost=not args.no_cost,
+        total_steps=total_steps,
         progress=not args.no_progress,
         command=command,
     )
+    if args.plan:
+        study_command = command.replace(" --plan", "").replace(f" --pilot-seeds {args.pilot_seeds}", "")
+        path = run_plan(args.out, pilot_seeds=args.pilot_seeds, study_command=study_command, **options)
+        print(path.read_text())
+        return 0
+    num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
+    path = run_study(args.out, num_seeds=num_seeds, reps=args.reps, cost=not args.no_cost, **options)
     print(f"wrote {path}, stats.json and the plots beside it")
     return 0
 
@@ -522,12 +547,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    if argv[:1] != ["train"]:
+    if argv[:1] not in (["train"], ["study"]):
         return _main(argv)
-    # A train command holds SIGINT / SIGTERM from its start: one that arrives while JAX loads
-    # or the run is set up reaches the run's Session, which stops before training (128+N).
-    # Python's own SIGINT would raise KeyboardInterrupt wherever it lands, and a callback
-    # of JAX's swallows it, so the run went on.
+    # A train or study command holds SIGINT / SIGTERM from its start: one that arrives while
+    # JAX loads, a program compiles or the run is set up reaches the run's Session (or the
+    # study's check between its stages), which stops (128+N). Python's own SIGINT would raise
+    # KeyboardInterrupt wherever it lands, and a callback of JAX's swallows it, so the run went on.
     from genesis_jax.run.signals import StopSignals
 
     with StopSignals():

@@ -153,6 +153,7 @@ class Algorithm:
     progress_unit: str = "update"
     data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
     host_init: bool = False  # `init` resets environments on the host: run it eagerly, not compiled
+    underflow_telemetry: ClassVar[bool] = False  # whether `update` measures it (config.underflow_telemetry)
     init_compile_seconds: float = 0.0
 
     def __init__(self, config, grad_transform: Callable | None = None):
@@ -162,6 +163,8 @@ class Algorithm:
         # Every setting is checked before a file is touched, in one order for every algorithm:
         # the config's own fields (its constructor), then the devices, then the algorithm's setup.
         config.mesh()
+        if getattr(config, "underflow_telemetry", False) and not self.underflow_telemetry:
+            raise ValueError(f"underflow-telemetry is not measured by {self.name}; it is by ppo and world-model")
         self.setup()
 
     # -- what an algorithm fills in -----------------------------------------------------
@@ -393,6 +396,11 @@ class Algorithm:
             }
             if not session.timing.positions_run:  # nothing ran here: what the run measured when it ran stays
                 summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
-            plot = lambda rows, path: self.plot(rows, path / self.plot_file)  # noqa: E731
+
+            def plot(rows, path):
+                self.plot(rows, path / self.plot_file)
+                if rows and "underflow" in rows[0]:  # the opt-in telemetry: its own picture
+                    plots.plot_underflow(rows, self.unit, path / plots.UNDERFLOW_PLOT, title=self.title())
+
             summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
         return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

@@ -38,6 +38,7 @@ RESUMABLE_BASE_FIELDS = (
     "heartbeat_timeout",
     "guard_min_scale",
     "max_consecutive_skips",
+    "underflow_telemetry",
 )
 
 # -- field checks: every trainer config's types and ranges, in one place ----------------------
@@ -202,6 +203,10 @@ class MixedPrecisionConfig:
     """Fault injection: optimizer steps whose loss is multiplied by loss-spike-factor."""
     loss_spike_factor: float = 1e6
     """Fault injection: the factor of inject-loss-spike."""
+    underflow_telemetry: bool = False
+    """Log, per layer, the fraction of gradient entries non-zero in float32 that a float16
+    backward at the current loss scale flushes to 0 or leaves below float16's smallest normal
+    (one float32 and one float16 backward more per update; PPO and the world model)."""
 
     FIELD_BOUNDS = SHARED_FIELD_BOUNDS  # a subclass adds its own table (see `check_fields`)
 

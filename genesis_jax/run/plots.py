@@ -59,3 +59,26 @@ def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
         x_label="environment steps",
         y_label="mean episode return",
     )
+
+
+UNDERFLOW_PLOT = "underflow.png"
+
+
+def plot_underflow(rows: list[dict], x_key: str, path, title: str) -> None:
+    """The underflow telemetry over the run: per layer, the fraction of non-zero float32
+    gradient entries below float16's smallest normal (solid) and flushed to 0 (dashed) in
+    the float16 backward at the run's loss scale (`genesis_jax.amp.telemetry`)."""
+    plt = _pyplot()
+    xs = [r[x_key] for r in rows]
+    layers = sorted(k.split("/", 1)[1] for k in rows[0] if k.startswith("underflow/"))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, layer in enumerate(layers):
+        color = f"C{i % 10}"
+        ax.plot(xs, [r[f"underflow/{layer}"] for r in rows], color=color, label=layer)
+        ax.plot(xs, [r[f"flushed/{layer}"] for r in rows], color=color, linestyle="--")
+    ax.set(xlabel=x_key, ylabel="fraction of non-zero gradient entries", ylim=(-0.02, 1.02))
+    ax.set_title(f"{title}: float16 underflow (solid: below normal, dashed: flushed to 0)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

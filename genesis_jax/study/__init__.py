@@ -13,6 +13,7 @@ and users run it on their own budgets and devices with the same flags as `train`
 
 from __future__ import annotations
 
+import json
 import pathlib
 import signal
 import sys
@@ -20,11 +21,51 @@ import time
 
 import numpy as np
 
-from genesis_jax.run.signals import TrainingInterrupted
-from genesis_jax.study import cells, report, stats
+from genesis_jax.run.signals import StopSignals, TrainingInterrupted
+from genesis_jax.study import cells, plan, report, stats
 from genesis_jax.study.cells import BASELINE, PRECISIONS, TASKS
 
-__all__ = ["PRECISIONS", "TASKS", "run_study"]
+__all__ = ["PRECISIONS", "PRESETS", "TASKS", "run_plan", "run_study"]
+
+# Whole studies by name (`--preset`); flags given beside a preset override its values.
+PRESETS = {
+    # The full study, for a GPU: PPO on CartPole/Acrobot, the four MinAtar games and the wide
+    # res-MLP, DQN on MinAtar, SAC on Pendulum; 32 seeds; PureJaxRL's budgets (5e5 steps for
+    # classic control, 1e7 for MinAtar), SAC its own (CleanRL's Pendulum scale).
+    "gpu": {
+        "tasks": [
+            "CartPole-v1",
+            "Acrobot-v1",
+            "Breakout-MinAtar",
+            "Asterix-MinAtar",
+            "Freeway-MinAtar",
+            "SpaceInvaders-MinAtar",
+            "dqn:Breakout-MinAtar",
+            "dqn:Asterix-MinAtar",
+            "dqn:Freeway-MinAtar",
+            "dqn:SpaceInvaders-MinAtar",
+            "sac:Pendulum-v1",
+            "CartPole-v1-resmlp1024",
+        ],
+        "num_seeds": 32,
+        "total_steps": {
+            "CartPole-v1": 500_000,
+            "Acrobot-v1": 500_000,
+            **{f"{game}-MinAtar": 10_000_000 for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")},
+            **{f"dqn:{game}-MinAtar": 10_000_000 for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")},
+            "sac:Pendulum-v1": 20_000,
+            "CartPole-v1-resmlp1024": 500_000,
+        },
+    },
+}
+
+
+def preset(name: str) -> dict:
+    """A copy of the preset `name`'s settings, or one line naming the presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)}")
+    chosen = PRESETS[name]
+    return {**chosen, "tasks": list(chosen["tasks"]), "total_steps": dict(chosen["total_steps"])}
 
 
 def _log(message: str) -> None:
@@ -34,7 +75,7 @@ def _log(message: str) -> None:
 def measure_cost(task: str, single: dict, multi: dict) -> list[str]:
     """The wall time of the study's N-seed fp32 cell of `task` (`multi`'s summary) against
     the same run with 1 seed (`single`'s, run once and kept under cost/)."""
-    num_seeds, steps = len(multi["seeds"]), multi["total_steps"]
+    num_seeds, (steps, unit) = len(multi["seeds"]), cells.budget_of(multi)
     ratio = multi["wall_seconds"] / single["wall_seconds"]
     running = lambda s: s["wall_seconds"] - s["compile_seconds"]  # noqa: E731
 
@@ -43,7 +84,7 @@ def measure_cost(task: str, single: dict, multi: dict) -> list[str]:
         return f"| {seeds} | {wall:.1f} | {compile_:.1f} | {wall - compile_:.1f} | {3600 * seeds / wall:.0f} |"
 
     return [
-        f"{task}, {BASELINE}, {steps} steps per seed, on {multi['device']}:",
+        f"{task}, {BASELINE}, {steps} {unit} per seed, on {multi['device']}:",
         "",
         "| seeds | wall seconds | compile seconds | wall - compile | seeds per hour |",
         "|---|---|---|---|---|",
@@ -85,12 +126,17 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
         if min(len(s) for s in seed_lists) < stats.MIN_SEEDS_FOR_VERDICT
         else ""
     )
-    steps = ", ".join(f"{t}: {_span(s['total_steps'] for s in by.values())} steps" for t, by in summaries.items())
+    steps = ", ".join(
+        f"{t}: {_span(cells.budget_of(s)[0] for s in by.values())} {cells.budget_of(next(iter(by.values())))[1]}"
+        for t, by in summaries.items()
+    )
     return [
         f"Command: `{command or 'run_study(...)'}`",
         "",
         f"{seed_text}, {steps} per seed (as the cells ran them).{few} "
-        f"Score: `final_return`, each seed's mean return over the episodes of its last 10% of updates. "
+        "Scores: the final return, each seed's mean return over the episodes of its last 10% of updates "
+        "(a world model: log10 of its final eval loss), and the AUC, each seed's mean over the run's "
+        f"{cells.AUC_POINTS} equal windows of the same. "
         f"Device: {', '.join(sorted({s['device'] for s in cells_read}))}. "
         f"{trained} cells trained in this invocation ({seconds:.0f} s), {len(cells_read) - trained} kept from before.",
     ]
@@ -115,24 +161,150 @@ def plan_cells(out: pathlib.Path, tasks, precisions, num_seeds: int, seed: int, 
     }
 
 
-def train_cells(out: pathlib.Path, plan: dict, progress: bool, command: str | None) -> tuple[dict, set]:
+def _check_stop(stop: StopSignals, out: pathlib.Path, where: str, command: str | None) -> None:
+    """Raises the study's stop where a signal arrived outside a cell's run (while a cell's
+    program compiled before its run began, or while the statistics were computed)."""
+    if stop.received is not None:
+        again = f"run `{command}` again" if command else "run the study again with the same arguments"
+        raise TrainingInterrupted(
+            f"{signal.Signals(stop.received).name} received: the study stopped {where}; "
+            f"the finished cells are kept in {out}: to continue, {again}",
+            stop.received,
+        )
+
+
+def train_cells(
+    out: pathlib.Path, plan: dict, progress: bool, command: str | None, stop: StopSignals | None = None
+) -> tuple[dict, set]:
     """Trains every cell of `plan` that has not finished. Returns ({cell directory: summary},
     the directories trained now); a stop by a signal is told as the study's (`stopped_message`)."""
+    stop = stop or StopSignals()
     summaries, trained = {}, set()
     for path, (task, precision, config) in plan.items():
+        _check_stop(stop, out, f"before cell {task} {precision}", command)
         summaries[path] = cells.read_summary(path)
         if summaries[path] is not None:
             _log(f"{task} {precision}: finished before, kept")
             continue
-        _log(f"{task} {precision}: {config.num_seeds} seeds x {config.total_steps} steps")
+        field = TASKS[task].budget_field
+        _log(f"{task} {precision}: {config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}")
         cells.record_planned(out, path, config)
         try:
             summaries[path] = cells.run_cell(path, task, config, progress)
-        except TrainingInterrupted as stop:
-            message = stopped_message(stop, out, task, precision, command)
-            raise TrainingInterrupted(message, stop.signum, stop.summary) from stop
+        except TrainingInterrupted as stopped:
+            message = stopped_message(stopped, out, task, precision, command)
+            raise TrainingInterrupted(message, stopped.signum, stopped.summary) from stopped
         trained.add(path)
     return summaries, trained
+
+
+def task_scores(out: pathlib.Path, summaries: dict, tasks, precisions) -> tuple[dict, dict]:
+    """({precision: final returns [seeds, tasks]}, {precision: AUCs [seeds, tasks]}) of cells."""
+    final = {
+        p: np.stack([cells.seed_scores(summaries[t][p], "final_return") for t in tasks], axis=1) for p in precisions
+    }
+    auc = {
+        p: np.stack([cells.auc_scores(cells.read_rows(cells.cell_dir(out, t, p))) for t in tasks], axis=1)
+        for p in precisions
+    }
+    return final, auc
+
+
+PLAN_FILE = "plan.json"
+
+
+def read_plan(out: pathlib.Path) -> dict | None:
+    try:
+        return json.loads((out / PLAN_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def plan_header(saved: dict | None, tasks, num_seeds: int) -> list[str]:
+    """The report's statement of the plan it ran under (or that it ran under none)."""
+    if saved is None:
+        return ["Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."]
+    asked = {t: saved["tasks"][t]["seeds"] for t in tasks if t in saved["tasks"]}
+    short = [t for t, n in asked.items() if num_seeds < n]
+    text = ", ".join(f"{t}: {n}" for t, n in asked.items()) or "none of these tasks"
+    verdict = (
+        f'this study ran {num_seeds}, fewer than planned for {", ".join(short)}: a "not shown" there may be '
+        "for want of seeds"
+        if short
+        else f"this study ran {num_seeds}, as many or more"
+    )
+    return [
+        f"Plan (`{saved['command']}`, a pilot of {saved['pilot_seeds']} seeds of fp32 and fp16 per task; "
+        f"plan.md): seeds per cell for a +-{stats.MARGIN:g} equivalence verdict: {text}; {verdict}."
+    ]
+
+
+def underflow_lines(out: pathlib.Path, tasks, precisions) -> list[str]:
+    """The report's underflow section, from the cells that recorded the telemetry."""
+    from genesis_jax.study import telemetry_report
+
+    return telemetry_report.section(out, tasks, precisions)
+
+
+def _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps):
+    tasks, precisions = list(tasks), list(precisions)
+    cells.check_choices(tasks, precisions)
+    check_numbers(num_seeds, reps)
+    return tasks, precisions, cells.budgets(tasks, total_steps), pathlib.Path(out_dir)
+
+
+def run_plan(
+    out_dir,
+    tasks=("CartPole-v1",),
+    precisions=tuple(PRECISIONS),
+    pilot_seeds: int = 8,
+    seed: int = 0,
+    total_steps: int | dict[str, int] | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    study_command: str | None = None,
+) -> pathlib.Path:
+    """The study's power plan (`plan`): trains fp32 and fp16 cells of `pilot_seeds` seeds per
+    task at the study's budgets under `out_dir`/plan, then writes plan.json and plan.md into
+    `out_dir` (read by the study's report). Returns plan.md's path."""
+    if isinstance(pilot_seeds, bool) or not isinstance(pilot_seeds, int) or pilot_seeds < plan.MIN_PILOT_SEEDS:
+        raise ValueError(f"a pilot needs at least {plan.MIN_PILOT_SEEDS} seeds per cell, got {pilot_seeds!r}")
+    tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
+    pilot_out = out / "plan"
+    cell_plan = plan_cells(pilot_out, tasks, plan.PILOT_PRECISIONS, pilot_seeds, seed, budgets)
+    cells.check_kept_cells(pilot_out, {path: config for path, (_, _, config) in cell_plan.items()})
+    pilot_out.mkdir(parents=True, exist_ok=True)
+    with StopSignals() as stop:
+        done, _ = train_cells(pilot_out, cell_plan, progress, command, stop)
+        summaries = {t: {p: done[cells.cell_dir(pilot_out, t, p)] for p in plan.PILOT_PRECISIONS} for t in tasks}
+        final, auc = task_scores(pilot_out, summaries, tasks, plan.PILOT_PRECISIONS)
+        randoms = {task: cells.random_floor(task, seed) for task in tasks}
+        known = {task: cells.reference_score(task, seed) for task in tasks}
+        _check_stop(stop, out, "before its plan was written", command)
+    refs = report.references(final, tasks, randoms, known)
+    plans = {}
+    for i, task in enumerate(tasks):
+        norm = lambda m: stats.normalise(m[:, [i]], [randoms[task]], [refs[i][0]])[:, 0]  # noqa: E731
+        plans[task] = plan.task_plan(
+            {p: norm(final[p]) for p in final}, {p: norm(auc[p]) for p in auc}, summaries[task], precisions
+        )
+    device = ", ".join(sorted({s["device"] for by in summaries.values() for s in by.values()}))
+    steps = {t: "{} {}".format(*cells.budget_of(summaries[t][BASELINE])) for t in tasks}
+    seeds = max(p["seeds"] for p in plans.values())
+    study = study_command or "genesis-jax study"
+    lines = [
+        "# Study plan",
+        "",
+        f"Command: `{command or 'run_plan(...)'}`",
+        "",
+        *plan.plan_lines(plans, steps, device),
+        "",
+        f"To run the study at the planned seeds (the most any task needs): `{study} --num-seeds {seeds}`",
+    ]
+    saved = {"command": command or "run_plan(...)", "pilot_seeds": pilot_seeds, "device": device, "tasks": plans}
+    (out / PLAN_FILE).write_text(json.dumps(saved, indent=1) + "\n")
+    (out / "plan.md").write_text("\n".join(lines) + "\n")
+    return out / "plan.md"
 
 
 def run_study(
@@ -153,41 +325,60 @@ def run_study(
 
     Every choice is checked before anything trains, and so are the cells already in
     `out_dir`: one trained with other settings (seeds, steps) is refused, never reused.
+    SIGINT / SIGTERM stop it (a cell saves its checkpoint first) wherever they arrive.
 
     Args:
         tasks: names of `TASKS`; precisions: names of `PRECISIONS` (fp32 among them), each once.
         num_seeds: seeds per cell, trained together (seed, seed+1, ...); verdicts need
-            `stats.MIN_SEEDS_FOR_VERDICT`.
+            `stats.MIN_SEEDS_FOR_VERDICT`; `run_plan` says how many a verdict is likely to need.
         total_steps: environment steps per seed, the same for every precision: one number for
             every task, a {task: steps} mapping (tasks not in it: their own), or None (each task's own).
         reps: bootstrap replications of every confidence interval (at least `stats.MIN_REPS`).
         cost: also run one fp32 seed of the first task, for the N-seeds-vs-1 cost.
     """
-    tasks, precisions = list(tasks), list(precisions)
-    cells.check_choices(tasks, precisions)
-    check_numbers(num_seeds, reps)
-    budgets = cells.budgets(tasks, total_steps)
-    out = pathlib.Path(out_dir)
-    plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
+    tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps)
+    cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
     cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE)
     if cost:  # the first task's fp32 cell again, with 1 seed
-        plan[cost_path] = (tasks[0], BASELINE, cells.cell_config(tasks[0], BASELINE, 1, seed, budgets[tasks[0]]))
-    cells.check_kept_cells(out, {path: config for path, (_, _, config) in plan.items()})
+        cell_plan[cost_path] = (tasks[0], BASELINE, cells.cell_config(tasks[0], BASELINE, 1, seed, budgets[tasks[0]]))
+    cells.check_kept_cells(out, {path: config for path, (_, _, config) in cell_plan.items()})
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    done, trained = train_cells(out, plan, progress, command)
-    seconds = time.perf_counter() - started
-    summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
-    cost_lines = measure_cost(tasks[0], done[cost_path], summaries[tasks[0]][BASELINE]) if cost else ["not measured"]
-    _log("statistics and plots")
-    raw = {p: np.stack([cells.seed_scores(summaries[t][p], "final_return") for t in tasks], axis=1) for p in precisions}
-    randoms = {task: cells.random_return(TASKS[task].settings["env"]) for task in tasks}
-    analysis = report.analyse(raw, tasks, randoms, reps)
-    curves = {
-        task: {p: cells.learning_curve(cells.read_rows(cells.cell_dir(out, task, p)), curve_points) for p in precisions}
-        for task in tasks
-    }
-    curve_files = report.plot_curves(curves, out, reps=min(reps, 500))
-    plot_files = report.plot_summary(analysis, out)
-    lines = header(command, summaries, len(trained - {cost_path}), seconds)
-    return report.write_report(out, analysis, summaries, curve_files, plot_files, lines, cost_lines)
+    with StopSignals() as stop:  # a signal outside a cell's run (compiling, statistics) stops the study too
+        started = time.perf_counter()
+        done, trained = train_cells(out, cell_plan, progress, command, stop)
+        seconds = time.perf_counter() - started
+        summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
+        cost_lines = (
+            measure_cost(tasks[0], done[cost_path], summaries[tasks[0]][BASELINE]) if cost else ["not measured"]
+        )
+        _log("statistics and plots")
+        raw, auc = task_scores(out, summaries, tasks, precisions)
+        randoms = {task: cells.random_floor(task, seed) for task in tasks}
+        known = {task: cells.reference_score(task, seed) for task in tasks}
+        _check_stop(stop, out, "while computing its statistics", command)
+        analysis = report.analyse(raw, tasks, randoms, reps, auc=auc, known=known)
+        curves = {
+            task: {
+                p: cells.learning_curve(cells.read_rows(cells.cell_dir(out, task, p)), curve_points) for p in precisions
+            }
+            for task in tasks
+        }
+        curve_files = report.plot_curves(curves, out, reps=min(reps, 500))
+        plot_files = report.plot_summary(analysis, out)
+        saved_plan = read_plan(out)
+        planned = {t: v["seeds"] for t, v in saved_plan["tasks"].items()} if saved_plan else None
+        lines = header(command, summaries, len(trained - {cost_path}), seconds)
+        lines += ["", *plan_header(saved_plan, tasks, num_seeds)]
+        underflow = underflow_lines(out, tasks, precisions)
+        _check_stop(stop, out, "while computing its statistics", command)
+        return report.write_report(
+            out,
+            analysis,
+            summaries,
+            curve_files,
+            plot_files,
+            lines,
+            cost_lines,
+            planned=planned,
+            sections=(("Underflow (opt-in telemetry)", underflow),),
+        )

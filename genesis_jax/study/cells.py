@@ -10,6 +10,7 @@ settings they did not run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 
@@ -26,28 +27,62 @@ class Task:
 
     algo: str
     settings: dict
-    total_steps: int
-    reference: float | None  # None: the study's own fp32 IQM (said so in the report)
+    total_steps: int  # the default budget, in `budget_field`'s unit
+    reference: float | None  # None: the study's own fp32 IQM (said so in the report), or a loss task's floor
     reference_source: str
+    budget_field: str = "total_steps"  # the config field the budget sets (environment steps, or epochs)
+    score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
 
 
 _GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
+_NOISE_FLOOR = "the data's noise floor (the true model's expected loss), as log10; 0: an untrained model's"
 _NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
 # PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
 # minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
 _MINATAR_PPO = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
+_MINATAR_GAMES = ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+
+
+def _dqn_minatar(game: str) -> dict:
+    """DQN's MinAtar settings (`genesis_jax.algos.dqn.minatar`): the fields it sets apart
+    from DQN's defaults, its budget left to the task."""
+    from genesis_jax.algos.dqn import DQNConfig, minatar
+
+    defaults, chosen = dataclasses.asdict(DQNConfig()), dataclasses.asdict(minatar(f"{game}-MinAtar"))
+    return {k: v for k, v in chosen.items() if v != defaults[k] and k != "total_steps"}
+
+
 TASKS = {
     "CartPole-v1": Task("ppo", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
     "Acrobot-v1": Task("ppo", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
     **{
         f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar", **_MINATAR_PPO}, 1_000_000, None, _NO_REFERENCE)
-        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+        for game in _MINATAR_GAMES
     },
     # The off-policy algorithms: DQN on the classic-control tasks, SAC on Pendulum (its own
     # defaults: CleanRL's and PureJaxRL's).
     "dqn:CartPole-v1": Task("dqn", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
     "dqn:Acrobot-v1": Task("dqn", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    **{
+        f"dqn:{game}-MinAtar": Task("dqn", _dqn_minatar(game), 5_000_000, None, _NO_REFERENCE)
+        for game in _MINATAR_GAMES
+    },
     "sac:Pendulum-v1": Task("sac", {"env": "Pendulum-v1"}, 20_000, -130.0, f"{_GYMNAX_README}: R -130"),
+    # The world model's eval loss, scored in decades: log10(loss), normalised from an untrained
+    # model's (0) to the data's noise floor (1). synthetic-small is the same system in units
+    # 100x smaller: a small loss whose gradients a float16 backward without scaling loses.
+    **{
+        f"wm:{data}": Task(
+            "world-model",
+            {"data": data, "num_sequences": 1024},
+            20,
+            None,
+            _NOISE_FLOOR,
+            budget_field="epochs",
+            score="loss",
+        )
+        for data in ("synthetic", "synthetic-small")
+    },
     "CartPole-v1-resmlp1024": Task(
         "ppo",
         {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
@@ -65,6 +100,8 @@ PRECISIONS = {
     "fp16-unscaled": {"precision": "fp16", "loss_scaling": "none"},
 }
 BASELINE = "fp32"
+# The precisions whose cells record the underflow telemetry (where the algorithm measures it).
+TELEMETRY_PRECISIONS = ("fp16", "fp16-unscaled")
 
 
 def check_choices(tasks, precisions) -> None:
@@ -94,7 +131,7 @@ def budgets(tasks, total_steps) -> dict[str, int]:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"total-steps of {task} must be a positive integer, got {steps!r}")
         fields = {f.name for f in dataclasses.fields(get_algorithm(TASKS[task].algo).config_class)}
-        if "total_steps" not in fields:  # its budget is counted in something else (epochs, say)
+        if TASKS[task].budget_field not in fields:  # its budget is counted in something else (epochs, say)
             raise ValueError(
                 f"{task} trains {TASKS[task].algo}, whose budget is not environment steps: "
                 "total-steps does not apply to it"
@@ -105,8 +142,11 @@ def budgets(tasks, total_steps) -> dict[str, int]:
 def cell_config(task: str, precision: str, num_seeds: int, seed: int, steps: int):
     """The config a cell trains (its algorithm validates it here, before anything runs)."""
     spec = TASKS[task]
-    fields = {**spec.settings, **PRECISIONS[precision], "total_steps": steps, "seed": seed, "num_seeds": num_seeds}
-    return get_algorithm(spec.algo).config_class(**fields)
+    algorithm = get_algorithm(spec.algo)
+    fields = {**spec.settings, **PRECISIONS[precision], spec.budget_field: steps, "seed": seed, "num_seeds": num_seeds}
+    if precision in TELEMETRY_PRECISIONS and algorithm.underflow_telemetry:
+        fields["underflow_telemetry"] = True  # the study shows what float16 loses with and without scaling
+    return algorithm.config_class(**fields)
 
 
 def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
@@ -133,7 +173,7 @@ def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
     algorithm = get_algorithm(TASKS[task].algo)
     started = (path / "checkpoints").is_dir() and any((path / "checkpoints").iterdir())
     options = {"resume": True} if started else {"overwrite": path.exists()}
-    steps = config.total_steps
+    steps = getattr(config, TASKS[task].budget_field)
     try:
         result = algorithm.train(config, str(path), checkpoint_every=max(1, steps // 4), progress=progress, **options)
         summary = result.summary
@@ -146,7 +186,7 @@ def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
 # the study's own record (a cell killed before its summary is judged by that one).
 PLANNED = "planned.json"
 # The study's flags, by the config field each sets: a refusal names the flag to change.
-FLAGS = {"num_seeds": "--num-seeds", "total_steps": "--total-steps", "seed": "--seed"}
+FLAGS = {"num_seeds": "--num-seeds", "total_steps": "--total-steps", "epochs": "--total-steps", "seed": "--seed"}
 
 
 def as_json(config) -> dict:
@@ -212,9 +252,20 @@ def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> Non
 
 
 def seed_scores(summary: dict, score: str) -> np.ndarray:
-    """The final score of each seed of a cell."""
+    """The final score of each seed of a cell: `score` ("final_return"), or for a world
+    model's cell log10 of its final eval loss."""
+    if "eval_loss_per_seed" in summary or summary.get("eval_loss") is not None and "final_return" not in summary:
+        per_seed = summary.get("eval_loss_per_seed") or [summary["eval_loss"]]
+        return np.log10(np.asarray([np.nan if v is None else v for v in per_seed], np.float64))
     per_seed = summary.get(f"{score}_per_seed")
     return np.asarray(per_seed if per_seed is not None else [summary[score]], np.float64)
+
+
+def budget_of(summary: dict) -> tuple[int, str]:
+    """(the budget a cell ran, its unit): environment steps, or a world model's epochs."""
+    if "total_steps" in summary:
+        return summary["total_steps"], "steps"
+    return summary["epochs"], "epochs"
 
 
 def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -222,8 +273,13 @@ def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarra
     windows: the mean return of the episodes that ended in the window (PPO, SAC), or, where
     the rows carry only each seed's recent return (DQN: its last 10 episodes), that return at
     the window's end."""
-    steps = np.asarray([r["step"] for r in rows])
     windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
+    if "eval_loss" in rows[0]:  # a world model: log10 of each seed's eval loss, averaged in the window
+        steps = np.asarray([r["epoch"] for r in rows])
+        per_seed = [r.get("eval_loss_per_seed") or [r["eval_loss"]] for r in rows]
+        logs = np.log10(np.asarray([[np.nan if v is None else v for v in s] for s in per_seed], np.float64))
+        return steps[[w[-1] for w in windows]], np.stack([logs[w].mean(0) for w in windows], axis=1)
+    steps = np.asarray([r["step"] for r in rows])
     if "return_sum_per_seed" not in rows[0] and "recent_return_per_seed" in rows[0]:
         recent = [[np.nan if v is None else v for v in rows[w[-1]]["recent_return_per_seed"]] for w in windows]
         return steps[[w[-1] for w in windows]], np.asarray(recent, np.float64).T
@@ -235,6 +291,51 @@ def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarra
         for w in windows
     ]
     return steps[[w[-1] for w in windows]], np.stack(returns, axis=1)
+
+
+# Windows of a learning curve its AUC averages over (equal shares of the run's rows).
+AUC_POINTS = 20
+
+
+def auc_scores(rows: list[dict], points: int = AUC_POINTS) -> np.ndarray:
+    """Each seed's area under its learning curve, per unit of run: the mean over `points`
+    equal windows of the run (`learning_curve`) of its return; windows in which a seed
+    finished no episode are left out of its mean. Normalised like the final return, 1 means
+    "at the reference return from the first step to the last"."""
+    _, returns = learning_curve(rows, points)
+    finished = np.isfinite(returns)
+    totals = np.where(finished, returns, 0.0).sum(1)
+    return np.divide(totals, finished.sum(1), out=np.full(len(returns), np.nan), where=finished.sum(1) > 0)
+
+
+def reference_score(task: str, seed: int = 0) -> float | None:
+    """A task's known reference score: its published return, a loss task's log10 noise
+    floor (`loss_bounds`), or None (the study's own fp32 IQM)."""
+    if TASKS[task].score == "loss":
+        return loss_bounds(task, seed)[1]
+    return TASKS[task].reference
+
+
+def random_floor(task: str, seed: int = 0) -> float:
+    """The score of a task's normalisation floor: the random policy's return, or for a loss
+    task log10 of an untrained model's eval loss (`loss_bounds`)."""
+    if TASKS[task].score == "loss":
+        return loss_bounds(task, seed)[0]
+    return random_return(TASKS[task].settings["env"])
+
+
+@functools.lru_cache(maxsize=None)
+def loss_bounds(task: str, seed: int = 0) -> tuple[float, float]:
+    """(log10 of the eval loss of an untrained model of `task`, log10 of its data's noise
+    floor): a loss task's 0 and 1 (float32, the model `seed` initialises)."""
+    import jax
+
+    algorithm = get_algorithm(TASKS[task].algo)(cell_config(task, BASELINE, 1, seed, 1))
+    state = algorithm.init(jax.random.PRNGKey(seed))
+    untrained = float(algorithm.loss_fn(state.train_state.params, algorithm.data[1])[0])
+    if algorithm.noise_floor is None:
+        raise ValueError(f"{task}'s data has no known noise floor to normalise its loss against")
+    return float(np.log10(untrained)), float(np.log10(algorithm.noise_floor))
 
 
 def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 10_000) -> float:

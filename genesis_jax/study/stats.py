@@ -163,15 +163,29 @@ def judged_verdict(difference: Estimate, seeds: int, both_learned: bool, margin:
     return verdict(difference, margin)
 
 
+def above_floor(raw_iqm_low: float, random: float) -> bool:
+    """Whether a precision learned a task whose reference is that precision's own IQM (the
+    study's fp32 on a task without a published return, so its normalised IQM is 1 by
+    construction): the lower end of the 95% CI of its raw IQM lies above the random
+    policy's return, so its seeds did better than acting at random."""
+    return bool(raw_iqm_low > random)
+
+
 def equivalence(
-    scores: dict[str, np.ndarray], baseline: str, reps: int = 2000, seed: int = 0, margin: float = MARGIN
+    scores: dict[str, np.ndarray],
+    baseline: str,
+    reps: int = 2000,
+    seed: int = 0,
+    margin: float = MARGIN,
+    learnt: dict[str, list[bool]] | None = None,
 ) -> dict[str, list[tuple[Estimate, str]]]:
     """Per precision and task: the IQM difference (X - baseline) of normalised scores, its
-    CI (the two precisions' seeds resampled independently), and the `judged_verdict`."""
+    CI (the two precisions' seeds resampled independently), and the `judged_verdict`.
+    `learnt`: which precision learned which task (default: `learned(scores)`)."""
     num_tasks = scores[baseline].shape[1]
     func = lambda x, y: np.array([metrics.aggregate_iqm(x) - metrics.aggregate_iqm(y)])  # noqa: E731
     out = {key: [] for key in scores if key != baseline}
-    learnt = learned(scores)
+    learnt = learned(scores) if learnt is None else learnt
     for task in range(num_tasks):
         pairs = {key: [scores[key][:, [task]], scores[baseline][:, [task]]] for key in out}
         for key, (difference,) in _estimates(pairs, func, reps, seed).items():

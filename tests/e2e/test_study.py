@@ -96,13 +96,13 @@ def test_equivalence_verdicts_follow_the_margin_rule():
 
 
 def test_every_task_is_a_valid_config_of_its_algorithm():
-    from genesis_jax.algos import get_algorithm
-    from genesis_jax.study import PRECISIONS, TASKS
+    from genesis_jax.study import PRECISIONS, TASKS, cells
 
     for name, task in TASKS.items():
-        for fields in PRECISIONS.values():
-            config = get_algorithm(task.algo).config_class(**task.settings, **fields, num_seeds=8)
-            assert config.env == task.settings["env"], name
+        for precision in PRECISIONS:
+            config = cells.cell_config(name, precision, 8, 0, task.total_steps)
+            assert all(getattr(config, k) == v for k, v in task.settings.items()), name
+            assert getattr(config, task.budget_field) == task.total_steps and config.num_seeds == 8
 
 
 def test_learning_curves_are_per_seed_window_means():

@@ -13,7 +13,6 @@ import signal
 import numpy as np
 import pytest
 
-from genesis_jax.algos import get_algorithm
 from genesis_jax.cli import main
 from genesis_jax.run.signals import TrainingInterrupted
 from genesis_jax.study import cells, report, stats
@@ -28,14 +27,12 @@ def one_line(capsys) -> str:
     return lines[0]
 
 
-def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, returns=None):
+def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, returns=None, rows=None):
     """A finished CartPole-v1 cell as PPO leaves it: summary.json (its config included) and
     metrics.jsonl. `ran_steps`: the steps it ran (PPO runs whole rollouts: fewer than asked)."""
     path = out / "cells" / "CartPole-v1" / precision
     path.mkdir(parents=True)
-    config = get_algorithm("ppo").config_class(
-        env="CartPole-v1", precision=precision, total_steps=steps, seed=0, num_seeds=num_seeds
-    )
+    config = cells.cell_config("CartPole-v1", precision, num_seeds, 0, steps)  # as the study builds it
     returns = [200.0 + 10 * k for k in range(num_seeds)] if returns is None else returns
     summary = {
         "seeds": list(range(num_seeds)),
@@ -55,7 +52,7 @@ def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, 
         "config": json.loads(json.dumps(config.to_dict())),
     }
     (path / "summary.json").write_text(json.dumps(summary))
-    rows = [
+    rows = rows or [
         {"update": u, "step": 512 * (u + 1), "return_sum_per_seed": returns, "episodes_per_seed": [1] * num_seeds}
         for u in range(4)
     ]

@@ -15,6 +15,8 @@ from genesis_jax.algos.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.algos.ppo.loss import ppo_loss
 from genesis_jax.algos.ppo.transition import Minibatch, Trajectory, Transition
 from genesis_jax.amp import TrainState
+from genesis_jax.amp.policy import get_precision
+from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.envs.registry import EnvSpec
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
@@ -124,16 +126,31 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
     """`update(train_state, traj, last_value, key) -> (train_state, metrics)`: GAE, the
     mismatch measurement, then epochs x minibatches of `train_step(state, batch, loss_fn)`
     (the algorithm's `amp.train_step`)."""
-    network = make_network(config, spec, config.train_precision())
 
-    def loss_fn(params, batch: Minibatch):
-        pi_params, values = network.apply(params, batch.obs)
-        loss, aux = ppo_loss(
-            pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value
-        )
-        # The learner's view, kept for the mismatch metric (read on the first minibatch only).
-        aux["log_pi"] = distributions.log_prob(pi_params, batch.action)
-        return loss, aux
+    def make_loss(network):
+        def loss_fn(params, batch: Minibatch):
+            pi_params, values = network.apply(params, batch.obs)
+            loss, aux = ppo_loss(
+                pi_params, values, batch, config.clip_eps, config.vf_coef, config.ent_coef, config.clip_value
+            )
+            # The learner's view, kept for the mismatch metric (read on the first minibatch only).
+            aux["log_pi"] = distributions.log_prob(pi_params, batch.action)
+            return loss, aux
+
+        return loss_fn
+
+    loss_fn = make_loss(make_network(config, spec, config.train_precision()))
+    # The opt-in underflow telemetry: the update's first minibatch through a float32 and a
+    # float16 backward (at the current loss scale), before the update changes the params.
+    loss32, loss16 = (make_loss(make_network(config, spec, get_precision(p))) for p in ("fp32", "fp16"))
+
+    def telemetry(train_state: TrainState, batch: Minibatch) -> dict:
+        if not config.underflow_telemetry:
+            return {}
+        scale = train_state.loss_scale.loss_scale
+        reference = jax.grad(lambda p: loss32(p, batch)[0])(train_state.params)
+        half = jax.grad(lambda p: loss16(p, batch)[0] * scale)(train_state.params)
+        return underflow_metrics(reference, half)
 
     scalar_names = (
         "loss",
@@ -170,6 +187,8 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
             )
         )
 
+        underflow = telemetry(train_state, jax.tree.map(lambda x: x[: config.minibatch_size], data))
+
         def epoch(state, epoch_key):
             perm = jax.random.permutation(epoch_key, config.batch_size)
             shuffled = jax.tree.map(lambda x: x[perm].reshape((config.num_minibatches, -1) + x.shape[1:]), data)
@@ -193,6 +212,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
             "halted": train_state.halted,
             **{k: jnp.mean(v) for k, v in per_step.items()},
             **mismatch,
+            **underflow,
         }
 
     return update

@@ -41,6 +41,10 @@ _LOGGED = (
 )
 
 
+# The opt-in underflow telemetry's metrics (and their per-layer "KIND/LAYER" columns).
+_TELEMETRY = ("underflow", "flushed")
+
+
 class PPO(Algorithm):
     name = "ppo"
     fields = PPOFields
@@ -49,6 +53,7 @@ class PPO(Algorithm):
     score = "final_return"  # the summary field the bench reports as the learning result
     plot_file = "ppo.png"
     progress_unit = "step"
+    underflow_telemetry = True
 
     def setup(self) -> None:
         config = self.config
@@ -116,6 +121,7 @@ class PPO(Algorithm):
             **{k: m[k].mean(0).astype(float).tolist() for k in _LOGGED},
             "skipped": m["skipped"].sum(0).astype(int).tolist(),
             "halted": m["halted"].any(0).tolist(),
+            **{k: m[k].mean(0).astype(float).tolist() for k in m if k.split("/")[0] in _TELEMETRY},
         }
         if self.num_seeds > 1:
             columns["episode_return_per_seed"] = [
@@ -151,6 +157,7 @@ class PPO(Algorithm):
             "mismatch_kl_v1": over_rows(np.mean, "mismatch_kl_v1"),
             "mismatch_kl_v2": over_rows(np.mean, "mismatch_kl_v2"),
             "mismatch_max_dp": over_rows(np.max, "mismatch_max_dp"),
+            **{f"{k}_mean": over_rows(np.mean, k) for k in _TELEMETRY if rows and k in rows[0]},
         }
 
     def postfix(self, row: dict) -> dict:

@@ -10,6 +10,7 @@ from genesis_jax.run.config import (
     POSITIVE,
     POSITIVE_INT,
     RESUMABLE_BASE_FIELDS,
+    SEED_MAX,
     MixedPrecisionConfig,
 )
 from genesis_jax.run.parallel import ParallelConfig
@@ -21,7 +22,8 @@ class WorldModelFields:
     data-parallel ones). Each field's text below is also its `--help` line."""
 
     data: str = "synthetic"
-    """synthetic | a gymnax or gymnasium env id (random policy) | a .npz written by 'genesis-jax collect'."""
+    """synthetic | synthetic-small | a gymnax or gymnasium env id (random policy) | a .npz written by
+    'genesis-jax collect'. synthetic-small: the synthetic system in units 100x smaller, no terminations."""
     num_sequences: int = 2048
     """Sequences to generate or collect (not for a .npz)."""
     sequence_length: int = 32
@@ -44,10 +46,12 @@ class WorldModelFields:
     """Adam's learning rate."""
     seed: int = 0
     """Seed of the data, the parameters and the fault injection."""
+    num_seeds: int = 1
+    """Seeds trained together in one compiled run (each its own parameters and shuffles; the data is seed's)."""
 
 
 # The counts that must be positive integers.
-_COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon")
+_COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon", "num_seeds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,10 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
     def __post_init__(self):
         super().__post_init__()  # types and ranges of every field first
         self.validate_parallel("batch-size", self.batch_size)
+        if self.devices > 1 and self.num_seeds > 1:
+            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
+        if self.seed + self.num_seeds - 1 > SEED_MAX:
+            raise ValueError(f"seed + num-seeds - 1 must be at most {SEED_MAX}, got {self.seed + self.num_seeds - 1}")
         if self.horizon > self.sequence_length:
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
 

@@ -63,6 +63,26 @@ def synthetic_dataset(
     }
 
 
+SMALL_UNITS = 0.01  # synthetic-small: the synthetic system's observations and rewards in these units
+
+
+def small_units_dataset(num_sequences: int = 512, length: int = 32, seed: int = 0, scale: float = SMALL_UNITS) -> dict:
+    """`synthetic_dataset` in small units: observations and rewards times `scale`, and no
+    episode ends. Its loss is small (the attainable one scale^2 times the synthetic system's
+    MSE terms; termination's cross-entropy tends to 0), so are its gradients: the case where a
+    float16 backward without loss scaling loses them."""
+    data = synthetic_dataset(num_sequences, length, seed)
+    noise = 0.05**2 + 0.05**2  # synthetic_dataset's obs_noise^2 + reward_noise^2
+    return {
+        **data,
+        "obs": data["obs"] * np.float32(scale),
+        "reward": data["reward"] * np.float32(scale),
+        "terminated": np.zeros_like(data["terminated"]),
+        "floor": np.full_like(data["floor"], scale**2 * noise),
+        "meta": {**data["meta"], "source": f"synthetic-small-units(seed={seed}, scale={scale:g}, no terminations)"},
+    }
+
+
 def _random_policy(spec, num_envs: int):
     import jax
     import jax.numpy as jnp

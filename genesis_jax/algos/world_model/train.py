@@ -21,6 +21,8 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFields
 from genesis_jax.amp import TrainState
+from genesis_jax.amp.policy import get_precision
+from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import plots, probes
 from genesis_jax.run.config import INT32_MAX
@@ -38,6 +40,8 @@ def load_data(config: WorldModelConfig, precision=None) -> dict:
     precision = precision or config.train_precision()
     if config.data == "synthetic":
         data = wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
+    elif config.data == "synthetic-small":
+        data = wm_data.small_units_dataset(config.num_sequences, config.sequence_length, config.seed)
     elif config.data.endswith(".npz"):
         data = wm_data.load_dataset(config.data)
     else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
@@ -112,6 +116,7 @@ class WorldModelTrainer(Algorithm):
     score = "eval_loss"  # the summary field the bench reports as the learning result
     plot_file = "world_model.png"
     progress_unit = "epoch"
+    underflow_telemetry = True
 
     def setup(self) -> None:
         config = self.config
@@ -136,6 +141,10 @@ class WorldModelTrainer(Algorithm):
         self.total = config.epochs
         self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
         self.loss_fn = make_loss_fn(self.model)
+        obs_dim, meta = train_set["obs"].shape[-1], self.dataset["meta"]
+        self.loss32, self.loss16 = (
+            make_loss_fn(make_model(config, meta, obs_dim, get_precision(p))) for p in ("fp32", "fp16")
+        )
         self.last_row_time = time.perf_counter()
 
     def init(self, key) -> WorldModelState:
@@ -156,6 +165,12 @@ class WorldModelTrainer(Algorithm):
         batches = constrain(batches, mesh, axis=1)
         ts = state.train_state
         skipped_before = ts.skipped
+        underflow = {}
+        if config.underflow_telemetry:  # the epoch's first batch, float32 and float16 backward, at the scale
+            first = jax.tree.map(lambda x: x[0], batches)
+            reference = jax.grad(lambda p: self.loss32(p, first)[0])(ts.params)
+            half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.loss_scale.loss_scale)(ts.params)
+            underflow = underflow_metrics(reference, half)
         ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.loss_fn), ts, batches)
         finite = metrics["grads_finite"]
         applied = jnp.sum(finite)
@@ -168,28 +183,40 @@ class WorldModelTrainer(Algorithm):
             "skipped": ts.skipped - skipped_before,
             "loss_scale": ts.scaler.loss_scale,
             "halted": ts.halted,
+            **underflow,
         }
 
     def rows(self, m, done: int) -> list[dict]:
+        """One row per epoch: means over seeds (skips summed), each seed's eval loss beside."""
         now = time.perf_counter()
         elapsed, self.last_row_time = now - self.last_row_time, now
-        m = {k: np.atleast_1d(np.asarray(v)) for k, v in m.items()}  # [epochs in this chunk]
-        n = len(m["train_loss"])
-        return [
-            {
+        m = {k: np.asarray(v) for k, v in m.items()}
+        if self.num_seeds == 1:
+            m = {k: np.atleast_1d(v)[None] for k, v in m.items()}  # [seeds, epochs in this chunk]
+        n = m["train_loss"].shape[1]
+        telemetry = [k for k in m if k.split("/")[0] in ("underflow", "flushed")]
+        rows = []
+        for i in range(n):
+            row = {
                 "epoch": done + i + 1,
-                "train_loss": float(m["train_loss"][i]),
-                "eval_loss": float(m["eval_loss"][i]),
-                "loss_scale": float(m["loss_scale"][i]),
-                "skipped": int(m["skipped"][i]),
-                "steps_per_second": self.batches_per_epoch * n / elapsed,
-                "halted": bool(m["halted"][i]),
+                "train_loss": float(np.mean(m["train_loss"][:, i])),
+                "eval_loss": float(np.mean(m["eval_loss"][:, i])),
+                "loss_scale": float(np.mean(m["loss_scale"][:, i])),
+                "skipped": int(np.sum(m["skipped"][:, i])),
+                "steps_per_second": self.batches_per_epoch * n * self.num_seeds / elapsed,
+                "halted": bool(np.any(m["halted"][:, i])),
+                **{k: float(np.mean(m[k][:, i])) for k in telemetry},
             }
-            for i in range(n)
-        ]
+            if self.num_seeds > 1:
+                row["eval_loss_per_seed"] = m["eval_loss"][:, i].astype(float).tolist()
+            rows.append(row)
+        return rows
 
     def summary(self, rows: list[dict], state: WorldModelState) -> dict:
         config, ts = self.config, state.train_state
+        seeds_ts = ts
+        if self.num_seeds > 1:  # the probes below take one seed's state
+            ts = jax.tree.map(lambda x: x[0], ts)
         batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
         compiled = getattr(self, "compiled", None)
         memory = compiled.memory_analysis() if compiled is not None else None
@@ -202,10 +229,13 @@ class WorldModelTrainer(Algorithm):
             "horizon": config.horizon,
             "final_train_loss": rows[-1]["train_loss"],
             "eval_loss": rows[-1]["eval_loss"],
+            "eval_loss_per_seed": rows[-1].get("eval_loss_per_seed", [rows[-1]["eval_loss"]]),
+            "num_seeds": self.num_seeds,
+            **{f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in ("underflow", "flushed") if k in rows[-1]},
             "noise_floor": self.noise_floor,
             "epochs": len(rows),
-            "applied_updates": int(np.sum(np.asarray(ts.step)) - np.sum(np.asarray(ts.skipped))),
-            "steps_per_second": self.session.steps_per_second(self.batches_per_epoch),
+            "applied_updates": int(np.sum(np.asarray(seeds_ts.step)) - np.sum(np.asarray(seeds_ts.skipped))),
+            "steps_per_second": self.session.steps_per_second(self.batches_per_epoch * self.num_seeds),
             "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
             "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
             "flops_per_step": probes.matmul_flops(step, ts, batch0),  # one optimizer step, for the achieved FLOP/s

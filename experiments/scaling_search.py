@@ -1,0 +1,62 @@
+"""The search for a task where loss scaling matters: the world model on the synthetic system
+in small units (`--data synthetic-small`, and other unit scales), fp32, fp16 with dynamic
+loss scaling and fp16 without, at the same settings and seeds. Prints one JSON line per
+precision: each seed's final log10 eval loss, the mean log10 eval loss at mid-run, the noise
+floor (log10) and the skips.
+
+    python experiments/scaling_search.py --scale 0.01 --lr 1e-3 --width 128 --epochs 20 --num-sequences 1024 --seeds 1
+
+`--scale 0.01` is the data `--data synthetic-small` trains on; another scale replaces it
+(`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from genesis_jax.algos.world_model import data as wm_data
+from genesis_jax.algos.world_model import train
+from genesis_jax.algos.world_model.config import WorldModelConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=wm_data.SMALL_UNITS)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--num-sequences", type=int, default=1024)
+    parser.add_argument("--seeds", type=int, default=1)
+    args = parser.parse_args()
+    small = wm_data.small_units_dataset
+    wm_data.small_units_dataset = lambda n, length, seed: small(n, length, seed, scale=args.scale)
+    for precision, scaling in (("fp32", None), ("fp16", None), ("fp16", "none")):
+        config = WorldModelConfig(
+            data="synthetic-small",
+            precision=precision,
+            loss_scaling=scaling,
+            epochs=args.epochs,
+            num_sequences=args.num_sequences,
+            width=args.width,
+            lr=args.lr,
+            num_seeds=args.seeds,
+        )
+        result = train(config, progress=False)
+        s = result.summary
+        mid = result.metrics[args.epochs // 2 - 1]
+        line = {
+            **vars(args),
+            "precision": precision + ("-unscaled" if scaling == "none" else ""),
+            "final_log10_per_seed": np.round(np.log10(s["eval_loss_per_seed"]), 2).tolist(),
+            "mid_log10": round(float(np.log10(mid["eval_loss"])), 2),
+            "floor_log10": round(float(np.log10(s["noise_floor"])), 2),
+            "skipped": s["skipped_updates"],
+        }
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

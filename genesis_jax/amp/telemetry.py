@@ -1,0 +1,99 @@
+"""Underflow telemetry: how much of a gradient float16 loses, layer by layer.
+
+A float16 backward pass holds every gradient in float16, whose smallest normal number is
+2^-14 (about 6.1e-5) and smallest subnormal 2^-24 (about 6e-8). A gradient entry below the
+normal range keeps fewer significant bits (a subnormal), one below half the smallest
+subnormal becomes 0: that part of the update is lost. Loss scaling multiplies the loss, so
+every gradient, by the scale before the backward pass, lifting small entries into range.
+
+`underflow_fractions` compares two gradients of the same loss at the same parameters: the
+float32 backward's (`reference`) and the float16 backward's at the current loss scale
+(`half`, scaled, not yet unscaled). For each layer (the parameter path without its last key,
+so a Dense layer's kernel and bias count together), over the entries that are non-zero in
+float32:
+
+- `flushed`: the fraction that is 0 in the float16 backward;
+- `underflow`: the fraction that is 0 or below float16's smallest normal there.
+
+Where no float16 backward is at hand, `cast_to_half(reference, scale)` stands in for it: the
+float32 gradient times the scale as float16 holds it (what underflows in the parameter
+gradient itself, not in the activations' gradients before it).
+
+>>> import jax.numpy as jnp
+>>> reference = {"dense": {"kernel": jnp.array([1e-9, 1e-6, 1e-2, 0.0])}}
+>>> out = underflow_fractions(reference, cast_to_half(reference, 1.0))
+>>> float(out["dense"]["flushed"]), float(out["dense"]["underflow"])  # of the 3 non-zero entries
+(0.3333333432674408, 0.6666666865348816)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FLOAT16_SMALLEST_NORMAL = float(np.finfo(np.float16).smallest_normal)  # 2^-14
+
+
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def layer_name(path) -> str:
+    """A parameter's layer: its path without the last key ("params/actor/Dense_0" for
+    "params/actor/Dense_0/kernel"), without a leading "params"."""
+    names = [_key_name(k) for k in path]
+    if names and names[0] == "params":
+        names = names[1:]
+    return "/".join(names[:-1]) or (names[0] if names else "")
+
+
+def _by_layer(tree) -> dict[str, list]:
+    layers: dict[str, list] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        layers.setdefault(layer_name(path), []).append(leaf)
+    return layers
+
+
+def cast_to_half(grads, scale, dtype=jnp.float16):
+    """`grads` (float32) times `scale`, rounded to `dtype` and back to float32: the values
+    a `dtype` gradient at that scale would hold."""
+    scale = jnp.asarray(scale, jnp.float32)
+    return jax.tree.map(lambda g: (jnp.asarray(g, jnp.float32) * scale).astype(dtype).astype(jnp.float32), grads)
+
+
+def underflow_fractions(reference, half, smallest_normal: float = FLOAT16_SMALLEST_NORMAL) -> dict[str, dict]:
+    """{layer: {"flushed": fraction, "underflow": fraction, "nonzero": count}} of the
+    entries non-zero in `reference` (module docstring); a layer with none has fractions 0.
+    `reference` and `half` are trees of the same structure (the second at the loss scale)."""
+    ref_layers, half_layers = _by_layer(reference), _by_layer(half)
+    if ref_layers.keys() != half_layers.keys():
+        raise ValueError("the float32 and float16 gradients have different layers")
+    out = {}
+    for layer, refs in ref_layers.items():
+        nonzero = flushed = below = jnp.zeros((), jnp.float32)
+        for ref, hal in zip(refs, half_layers[layer]):
+            live = jnp.asarray(ref) != 0
+            hal = jnp.abs(jnp.asarray(hal, jnp.float32))
+            nonzero += jnp.sum(live, dtype=jnp.float32)
+            flushed += jnp.sum(live & (hal == 0), dtype=jnp.float32)
+            below += jnp.sum(live & (hal < smallest_normal), dtype=jnp.float32)
+        count = jnp.maximum(nonzero, 1.0)
+        out[layer] = {"flushed": flushed / count, "underflow": below / count, "nonzero": nonzero}
+    return out
+
+
+def underflow_metrics(reference, half, smallest_normal: float = FLOAT16_SMALLEST_NORMAL) -> dict:
+    """`underflow_fractions` as flat metrics: "underflow/LAYER", "flushed/LAYER", and over
+    all layers' non-zero entries "underflow" and "flushed"."""
+    fractions = underflow_fractions(reference, half, smallest_normal)
+    total = sum(f["nonzero"] for f in fractions.values())
+    metrics = {}
+    for kind in ("underflow", "flushed"):
+        lost = sum(f[kind] * f["nonzero"] for f in fractions.values())
+        metrics[kind] = lost / jnp.maximum(total, 1.0)
+        metrics.update({f"{kind}/{layer}": f[kind] for layer, f in fractions.items()})
+    return metrics
