@@ -147,7 +147,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
     def telemetry(train_state: TrainState, batch: Minibatch) -> dict:
         if not config.underflow_telemetry:
             return {}
-        scale = train_state.loss_scale.loss_scale
+        scale = train_state.scaler.loss_scale
         reference = jax.grad(lambda p: loss32(p, batch)[0])(train_state.params)
         half = jax.grad(lambda p: loss16(p, batch)[0] * scale)(train_state.params)
         return underflow_metrics(reference, half)

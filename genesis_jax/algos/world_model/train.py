@@ -169,7 +169,7 @@ class WorldModelTrainer(Algorithm):
         if config.underflow_telemetry:  # the epoch's first batch, float32 and float16 backward, at the scale
             first = jax.tree.map(lambda x: x[0], batches)
             reference = jax.grad(lambda p: self.loss32(p, first)[0])(ts.params)
-            half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.loss_scale.loss_scale)(ts.params)
+            half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.scaler.loss_scale)(ts.params)
             underflow = underflow_metrics(reference, half)
         ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.loss_fn), ts, batches)
         finite = metrics["grads_finite"]
