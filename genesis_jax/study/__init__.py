@@ -118,7 +118,10 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
     seed_lists = sorted({tuple(s["seeds"]) for s in cells_read})
     if len(seed_lists) == 1:
         seeds = seed_lists[0]
-        seed_text = f"{len(seeds)} seeds per cell (seeds {seeds[0]} to {seeds[-1]}; rerun seed k alone with --seed k)"
+        rerun = "rerun seed k alone with --seed k"
+        if any("eval_loss" in s for s in cells_read):  # a world model's seeds share the first seed's data
+            rerun += " (a world model's seed k trains on the first seed's data: rerun it with --num-seeds)"
+        seed_text = f"{len(seeds)} seeds per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
     else:
         seed_text = f"seeds per cell differ: {', '.join(str(list(s)) for s in seed_lists)}"
     few = (

@@ -209,7 +209,8 @@ def verdict_table(analysis: dict, planned: dict[str, int] | None = None) -> list
     planned = planned or {}
     lines = ["| task | score | " + " | ".join(precisions) + " |", "|---|---|" + "---|" * len(precisions)]
     for i, task in enumerate(tasks):
-        parts = [("final return", analysis)] + ([("AUC", analysis["auc"])] if "auc" in analysis else [])
+        final = "final return" if TASKS[task].score == "return" else "final eval loss"
+        parts = [(final, analysis)] + ([("AUC", analysis["auc"])] if "auc" in analysis else [])
         for name, part in parts:
             cells = [_verdict_cell(part, p, i, planned.get(task)) for p in precisions]
             lines.append(f"| {task} | {name} | " + " | ".join(cells) + " |")

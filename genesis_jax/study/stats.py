@@ -26,7 +26,8 @@ MARGIN = 0.05  # the equivalence margin, in normalised score (5% of reference - 
 # The fewest seeds per cell a verdict is given from. A percentile bootstrap of the IQM
 # difference of n seeds against n seeds is too narrow below that: in our simulation (normal
 # and bimodal scores, 1500 trials each) its 95% interval covers the true difference 66% of the
-# time at 2 seeds, 80% at 3, 92-93% at 4 to 6, 95% at 8. A power plan will refine it.
+# time at 2 seeds, 80% at 3, 92-93% at 4 to 6, 95% at 8. How many seeds a verdict is likely to
+# need is the plan's question (`study.plan.seeds_needed`), which never asks for fewer than this.
 MIN_SEEDS_FOR_VERDICT = 5
 # A precision whose IQM normalised score on a task is below this did not learn the task (0 is
 # the random policy): it gets no verdict, since two unlearned runs are alike but say nothing.
