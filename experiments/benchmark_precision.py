@@ -1,5 +1,5 @@
 """The precision benchmark (fp32, bf16, fp16, fp16-full on PPO and the world model); the
-same as `genesis-jax bench`, see `genesis_jax/bench.py`.
+same as `genesis-jax bench`, see `genesis_jax/cli/bench.py`.
 
     python experiments/benchmark_precision.py --quick --out benchmarks/precision-quick-cpu
     python experiments/benchmark_precision.py --out benchmarks/precision-gpu      # on a GPU

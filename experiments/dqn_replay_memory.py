@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _report import emit  # noqa: E402
 
 from genesis_jax.algos.dqn import DQN, minatar  # noqa: E402
-from genesis_jax.algos.replay import buffer_bytes, make_replay  # noqa: E402
+from genesis_jax.data.replay import buffer_bytes, make_replay  # noqa: E402
 
 GAMES = ("Breakout-MinAtar", "Asterix-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar")
 

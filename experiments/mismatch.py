@@ -11,7 +11,7 @@ import json
 import pathlib
 import sys
 
-from genesis_jax.mismatch import mismatch_grid, plot_heatmaps, table
+from genesis_jax.cli.mismatch import mismatch_grid, plot_heatmaps, table
 from genesis_jax.run import probes
 
 

@@ -46,7 +46,7 @@ from genesis_jax.run import probes  # noqa: E402
 MODES = ("plain", "default", "strict")
 SMALL_PPO = {"num_envs": 8, "num_steps": 32, "num_minibatches": 4}
 # name: (algorithm, settings, positions per timed call). CPU-sized versions of the precision
-# benchmark's workloads (genesis_jax/bench.py): the same networks, calls of 0.05-2 s on 2 cores.
+# benchmark's workloads (genesis_jax/cli/bench.py): the same networks, calls of 0.05-2 s on 2 cores.
 WORKLOADS = {
     "ppo-mlp": ("ppo", {}, 16),
     "ppo-resmlp-1024": ("ppo", {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO}, 1),

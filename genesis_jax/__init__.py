@@ -7,7 +7,7 @@ The package is layered (each layer imports only those below it):
 - `genesis_jax.run`: a run's outer layer (session, run directory, checkpoints, writers,
   several devices and processes);
 - `genesis_jax.algos`: the algorithms (PPO, the world model), each on one template;
-- `genesis_jax.cli`, `genesis_jax.bench`: the front ends.
+- `genesis_jax.cli`, `genesis_jax.cli.bench`: the front ends.
 
 Names re-exported here load their module on first use, so `import genesis_jax.amp` loads
 nothing else from the package.

@@ -420,7 +420,7 @@ def _run_collect(args) -> int:
 def _run_bench(args) -> int:
     import pathlib
 
-    from genesis_jax.bench import run_benchmark
+    from genesis_jax.cli.bench import run_benchmark
 
     seeds = args.seeds or (0, 1)
     only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
@@ -464,7 +464,7 @@ def _task_steps(text: str) -> int | dict[str, int]:
 
 def _run_study(args) -> int:
     try:
-        from genesis_jax.study import preset, run_plan, run_study
+        from genesis_jax.cli.study import preset, run_plan, run_study
     except ImportError as err:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
@@ -509,7 +509,7 @@ def _run_launch(args) -> int:
 
 
 def _run_demo(args) -> int:
-    from genesis_jax.demo import run_demo
+    from genesis_jax.cli.demo import run_demo
 
     print(json.dumps(run_demo(**{k: v for k, v in vars(args).items() if k != "command"})))
     return 0
@@ -639,7 +639,3 @@ def _main(argv: list[str]) -> int:
         return EXIT_SYSTEM
     print(f"genesis-jax: error: unknown command {args.command!r}", file=sys.stderr)
     return EXIT_BAD_INPUT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

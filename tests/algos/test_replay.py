@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from genesis_jax.algos.replay import buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.data.replay import buffer_bytes, check_replay_sizes, make_replay
 
 
 def minatar_transition(frame_dtype):

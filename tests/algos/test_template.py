@@ -55,7 +55,7 @@ def test_seeds_under_vmap_keep_their_own_counts():
 
 
 def test_bench_rows_for_free(registered):
-    from genesis_jax.bench import Workload, _run
+    from genesis_jax.cli.bench import Workload, _run
 
     (row,) = _run(Workload("toy-small", "toy", {"total_steps": 32}), "fp16", [0])
     assert row["accuracy"] < 1.0 and row["total_steps"] == 32 and len(row["scale_trace"]) == 32

@@ -205,7 +205,7 @@ def test_the_fp16_example_changes_at_most_12_lines_of_the_fp32_one():
 
 @pytest.mark.slow  # the demo's training: 14-26 s
 def test_the_demo_runs_on_the_train_state():
-    from genesis_jax.demo import run_demo
+    from genesis_jax.cli.demo import run_demo
 
     out = run_demo(steps=20)
     assert set(out) == {"precision", "final_loss", "loss_scale", "skipped_steps", "training_steps"}

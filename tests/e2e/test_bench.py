@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from genesis_jax.cli import main
-from genesis_jax.mismatch import grid_matrix
+from genesis_jax.cli.mismatch import grid_matrix
 
 # The quick grid but wm-wide (wm-small's network 8x wider, the same code path): each cell is a
 # compile, and the fixture is this suite's longest setup.

@@ -4,7 +4,7 @@ its own algorithm, and DQN's and SAC's runs give rows through the same template 
 import pytest
 
 from genesis_jax.algos import get_algorithm
-from genesis_jax.bench import Workload, _run, _steps_for_seconds, workloads
+from genesis_jax.cli.bench import Workload, _run, _steps_for_seconds, workloads
 
 TINY_DQN = {
     "row_steps": 100,

@@ -10,7 +10,7 @@ import scipy.stats
 from rliable import library as rly
 from rliable import metrics
 
-from genesis_jax.study import stats
+from genesis_jax.cli.study import stats
 
 # A fixed score matrix per precision: 6 seeds x 2 tasks (normalised scores).
 SCORES = {
@@ -96,7 +96,7 @@ def test_equivalence_verdicts_follow_the_margin_rule():
 
 
 def test_every_task_is_a_valid_config_of_its_algorithm():
-    from genesis_jax.study import PRECISIONS, TASKS, cells
+    from genesis_jax.cli.study import PRECISIONS, TASKS, cells
 
     for name, task in TASKS.items():
         for precision in PRECISIONS:
@@ -106,7 +106,7 @@ def test_every_task_is_a_valid_config_of_its_algorithm():
 
 
 def test_learning_curves_are_per_seed_window_means():
-    from genesis_jax.study.cells import learning_curve
+    from genesis_jax.cli.study.cells import learning_curve
 
     rows = [
         {"step": 10 * (i + 1), "return_sum_per_seed": [float(i), 2.0 * i], "episodes_per_seed": [1, 2]}

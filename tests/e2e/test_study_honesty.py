@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from genesis_jax.cli import main
+from genesis_jax.cli.study import cells, report, stats
 from genesis_jax.run.signals import TrainingInterrupted
-from genesis_jax.study import cells, report, stats
 
 SEEDS, STEPS = 3, 2048
 

@@ -18,7 +18,7 @@ import pytest
 import scipy.stats
 
 from genesis_jax.cli import main
-from genesis_jax.study import PRESETS, cells, plan, report, stats
+from genesis_jax.cli.study import PRESETS, cells, plan, report, stats
 from tests.e2e.test_study_honesty import STEPS, one_line, study_argv, write_cell
 
 
@@ -128,7 +128,7 @@ def test_fp32_as_its_own_reference_is_judged_against_the_random_floor():
 
 
 def test_every_task_of_the_gpu_preset_builds_at_its_budget_and_seeds(tmp_path, monkeypatch, capsys):
-    from genesis_jax import study
+    from genesis_jax.cli import study
 
     chosen = PRESETS["gpu"]
     assert chosen["num_seeds"] == 32 and set(chosen["total_steps"]) == set(chosen["tasks"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from genesis_jax.algos.replay import check_replay_sizes
+from genesis_jax.data.replay import check_replay_sizes
 from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
 from genesis_jax.run.parallel import ParallelConfig

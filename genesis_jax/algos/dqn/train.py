@@ -22,8 +22,8 @@ from flax import struct
 
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields
-from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.amp import TrainState
+from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env

@@ -17,9 +17,9 @@ import optax
 from flax import struct
 
 from genesis_jax.algos.base import Algorithm
-from genesis_jax.algos.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
+from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.dense import Dense

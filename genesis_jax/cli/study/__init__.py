@@ -7,7 +7,7 @@ an interrupted cell continues from its checkpoint, both only at the settings the
 trained with), it validates its choices before any run, its report says what the cells ran,
 and users run it on their own budgets and devices with the same flags as `train`.
 
->>> from genesis_jax.study import run_study
+>>> from genesis_jax.cli.study import run_study
 >>> run_study("runs/study", tasks=["CartPole-v1"], num_seeds=8, total_steps=100_000)  # doctest: +SKIP
 """
 
@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
+from genesis_jax.cli.study import cells, plan, report, stats
+from genesis_jax.cli.study.cells import BASELINE, PRECISIONS, TASKS
 from genesis_jax.run.signals import StopSignals, TrainingInterrupted
-from genesis_jax.study import cells, plan, report, stats
-from genesis_jax.study.cells import BASELINE, PRECISIONS, TASKS
 
 __all__ = ["PRECISIONS", "PRESETS", "TASKS", "run_plan", "run_study"]
 
@@ -244,7 +244,7 @@ def plan_header(saved: dict | None, tasks, num_seeds: int) -> list[str]:
 
 def underflow_lines(out: pathlib.Path, tasks, precisions) -> list[str]:
     """The report's underflow section, from the cells that recorded the telemetry."""
-    from genesis_jax.study import telemetry_report
+    from genesis_jax.cli.study import telemetry_report
 
     return telemetry_report.section(out, tasks, precisions)
 

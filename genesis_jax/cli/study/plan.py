@@ -25,7 +25,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from genesis_jax.study import stats
+from genesis_jax.cli.study import stats
 
 POWER = 0.8  # the chance of "equivalent" when the precisions truly are alike
 PILOT_PRECISIONS = ("fp32", "fp16")

@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from genesis_jax.study import stats  # noqa: E402
-from genesis_jax.study.cells import BASELINE, TASKS  # noqa: E402
+from genesis_jax.cli.study import stats  # noqa: E402
+from genesis_jax.cli.study.cells import BASELINE, TASKS  # noqa: E402
 
 
 def _fmt(e: stats.Estimate, digits: int = 2) -> str:

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from genesis_jax.study import cells  # noqa: E402
+from genesis_jax.cli.study import cells  # noqa: E402
 
 KINDS = ("underflow", "flushed")
 
