@@ -41,7 +41,7 @@ def command(args, workdir: str) -> tuple[list[str], int]:
         rows = args.total_steps // row_steps
         every = ["--checkpoint-every", str(row_steps * args.checkpoint_every)]
         return ["train", args.algo, "--total-steps", str(args.total_steps), *sizes, *every, *common], rows
-    from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
+    from genesis_jax.data.trajectories import collect_dataset, save_dataset
 
     data = os.path.join(workdir, "cartpole.npz")
     save_dataset(collect_dataset("CartPole-v1", args.num_sequences, 32, seed=0), data)

@@ -389,7 +389,7 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
 
 
 def _run_collect(args) -> int:
-    from genesis_jax.algos.world_model.data import (
+    from genesis_jax.data.trajectories import (
         check_collect_args,
         check_output_path,
         collect_dataset,

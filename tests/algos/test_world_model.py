@@ -10,6 +10,7 @@ import pytest
 from genesis_jax.algos.world_model import WorldModelConfig, train
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.cli import main
+from genesis_jax.data import trajectories
 
 
 def test_synthetic_data_is_deterministic_per_seed():
@@ -89,9 +90,9 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     train_ppo(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048), out_dir=str(run), progress=False)
     act, env_id, name = load_policy(str(run))
     assert env_id == "CartPole-v1"
-    trained = wm_data.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=act, policy_name=name)
+    trained = trajectories.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=act, policy_name=name)
     assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
-    host = wm_data.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")
+    host = trajectories.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")
     assert host["obs"].shape == (4, 13, 4) and host["meta"]["source"].startswith("gymnasium:")
     # one-step targets are the true next observations, before any reset
     assert np.all(np.abs(host["next_obs"][:, :, 0] - host["obs"][:, :12, 0]) < 0.2)
@@ -107,7 +108,7 @@ def test_multistep_gru_and_collected_data(tmp_path):
         main(["collect", "--env", "CartPole-v1", "--num-sequences", "32", "--sequence-length", "16", "--out", path])
         == 0
     )
-    data = wm_data.load_dataset(path)
+    data = trajectories.load_dataset(path)
     assert data["obs"].shape == (32, 17, 4) and data["meta"]["discrete_actions"]
     s = train(
         WorldModelConfig(

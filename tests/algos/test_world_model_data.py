@@ -14,6 +14,7 @@ import pytest
 from genesis_jax.algos.world_model import WorldModelConfig, WorldModelTrainer, train
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.cli import main
+from genesis_jax.data import trajectories
 
 N, T, D = 6, 4, 3  # sequences, steps, observation features of the hand-made datasets
 
@@ -139,7 +140,7 @@ def test_a_malformed_dataset_is_refused_in_one_line_naming_the_file_and_key(tmp_
     write_raw(path, make())
     before = digest(path)
     with pytest.raises(ValueError) as err:
-        wm_data.load_dataset(str(path))
+        trajectories.load_dataset(str(path))
     message = str(err.value)
     assert len(message.splitlines()) == 1, message
     assert message.startswith(str(path)) and key in message and words in message, message
@@ -150,8 +151,8 @@ def test_the_valid_datasets_pass_and_load_unchanged(tmp_path):
     """The control for the cases above: the datasets they break are accepted as they are."""
     for name, data in (("discrete", discrete_dataset()), ("synthetic", wm_data.synthetic_dataset(8, 5))):
         path = tmp_path / f"{name}.npz"
-        wm_data.save_dataset(data, str(path))
-        loaded = wm_data.load_dataset(str(path))
+        trajectories.save_dataset(data, str(path))
+        loaded = trajectories.load_dataset(str(path))
         assert loaded["meta"] == data["meta"]
         for key in data:
             if key != "meta":
@@ -162,17 +163,17 @@ def test_the_magnitude_bound_is_the_train_precisions():
     """|obs| = 1e5 is beyond float16 (65504) but not bfloat16 or float32: refused for fp16 alone."""
     data = discrete_dataset()
     data["obs"][0, 0, 0] = 1e5
-    wm_data.validate_dataset(data, "d.npz", jnp.float32, "fp32")
-    wm_data.validate_dataset(data, "d.npz", jnp.bfloat16, "bf16")
+    trajectories.validate_dataset(data, "d.npz", jnp.float32, "fp32")
+    trajectories.validate_dataset(data, "d.npz", jnp.bfloat16, "bf16")
     with pytest.raises(ValueError, match=r"d\.npz: obs holds 100000 at \[0, 0, 0\] .*65504"):
-        wm_data.validate_dataset(data, "d.npz", jnp.float16, "fp16")
+        trajectories.validate_dataset(data, "d.npz", jnp.float16, "fp16")
 
 
 def test_the_trainer_checks_the_data_against_its_precision_before_building_anything(tmp_path):
     data = discrete_dataset()
     data["obs"][1, 2, 0] = -7e4  # float16's largest is 65504
     path = tmp_path / "loud.npz"
-    wm_data.save_dataset(data, str(path))
+    trajectories.save_dataset(data, str(path))
     config = dict(data=str(path), batch_size=4, width=8, depth=1, epochs=1)
     WorldModelTrainer(WorldModelConfig(precision="fp32", **config))  # sets up: the data fits float32
     with pytest.raises(ValueError, match="obs holds -70000 at \\[1, 2, 0\\]"):

@@ -17,9 +17,9 @@ import pytest
 
 from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.algos.world_model import WorldModelConfig, WorldModelTrainer
-from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.cli import main, parse_train_args, train_config
+from genesis_jax.data import trajectories
 from genesis_jax.envs import registry
 from genesis_jax.run.session import Session
 from tests.support.files import unwritable_path
@@ -228,7 +228,7 @@ def no_collecting(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("collect_dataset was called")
 
-    monkeypatch.setattr(wm_data, "collect_dataset", refuse)
+    monkeypatch.setattr(trajectories, "collect_dataset", refuse)
 
 
 def test_collect_to_a_missing_directory_fails_at_once(tmp_path, capsys, no_collecting):
@@ -277,10 +277,10 @@ def test_collect_dataset_checks_its_sizes_before_stepping_an_environment(monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("the environment was stepped")
 
-    monkeypatch.setattr(wm_data, "_collect_gymnax", refuse)
+    monkeypatch.setattr(trajectories, "_collect_gymnax", refuse)
     with pytest.raises(ValueError, match="GiB is available"):
-        wm_data.collect_dataset("CartPole-v1", num_sequences=10**9, length=64)
-    assert wm_data.dataset_bytes(2, 3, obs_dim=4, action_dim=2, continuous=False) == 2 * 4 * 4 * (2 * 4 + 1 + 2)
+        trajectories.collect_dataset("CartPole-v1", num_sequences=10**9, length=64)
+    assert trajectories.dataset_bytes(2, 3, obs_dim=4, action_dim=2, continuous=False) == 2 * 4 * 4 * (2 * 4 + 1 + 2)
 
 
 # -- a Session whose state no checkpoint can hold -------------------------------------------------

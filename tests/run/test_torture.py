@@ -73,7 +73,7 @@ def test_ppo_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
 @pytest.mark.long
 @pytest.mark.slow  # 14 processes, about 100 CPU seconds (32 the first, cold compile; about 5 each restart)
 def test_world_model_killed_12_times_ends_as_the_uninterrupted_run(tmp_path):
-    from genesis_jax.algos.world_model.data import collect_dataset, save_dataset
+    from genesis_jax.data.trajectories import collect_dataset, save_dataset
 
     data = tmp_path / "cartpole.npz"
     save_dataset(collect_dataset("CartPole-v1", 64, 32, seed=0), str(data))

@@ -23,6 +23,7 @@ from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFie
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics
+from genesis_jax.data import trajectories
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import plots, probes
 from genesis_jax.run.config import INT32_MAX
@@ -35,7 +36,7 @@ class WorldModelState(struct.PyTreeNode):
 
 
 def load_data(config: WorldModelConfig, precision=None) -> dict:
-    """The run's dataset, checked (`data.validate_dataset`) against what a run in `precision`
+    """The run's dataset, checked (`trajectories.validate_dataset`) against what a run in `precision`
     (default: the config's) can train on, before anything is compiled."""
     precision = precision or config.train_precision()
     if config.data == "synthetic":
@@ -43,10 +44,10 @@ def load_data(config: WorldModelConfig, precision=None) -> dict:
     elif config.data == "synthetic-small":
         data = wm_data.small_units_dataset(config.num_sequences, config.sequence_length, config.seed)
     elif config.data.endswith(".npz"):
-        data = wm_data.load_dataset(config.data)
+        data = trajectories.load_dataset(config.data)
     else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
-        data = wm_data.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
-    wm_data.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
+        data = trajectories.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
+    trajectories.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
     return data
 
 
@@ -122,7 +123,7 @@ class WorldModelTrainer(Algorithm):
         config = self.config
         self.precision = config.train_precision()
         self.dataset = load_data(config, self.precision)
-        train_seqs, eval_seqs = wm_data.split(self.dataset, config.eval_fraction)
+        train_seqs, eval_seqs = trajectories.split(self.dataset, config.eval_fraction)
         train_set = {k: jnp.asarray(v) for k, v in windows(train_seqs, config.horizon).items() if k != "floor"}
         eval_samples = windows(eval_seqs, config.horizon)
         floor = eval_samples.pop("floor", None)
