@@ -9,7 +9,6 @@ import collections
 import math
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +21,7 @@ from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
-from genesis_jax.nets.dense import Dense
-from genesis_jax.nets.torsos import ResidualMLP
+from genesis_jax.nets.sac import Net, TwinQ
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
 
@@ -32,27 +30,6 @@ COUNTS = ("updates", "episodes", "critic_skipped", "actor_skipped", "alpha_skipp
 LOSSES = ("critic_loss", "actor_loss", "alpha_loss", "alpha", "q_mean", "entropy")
 # next_obs: the pre-reset observation where an episode ended; terminated, not truncated: a time limit bootstraps.
 Transition = collections.namedtuple("Transition", "obs action reward next_obs terminated")
-
-
-class Net(nn.Module):
-    """Inputs concatenated, a torso in `dtype` (ReLU MLP or SimBa's resmlp), a float32 linear head."""
-
-    torso: tuple
-    outputs: int
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, *inputs):
-        x = jnp.concatenate(inputs, axis=-1)
-        if self.torso[0] == "resmlp":
-            x = ResidualMLP(*self.torso[1:], self.dtype)(x)
-        for width in self.torso[1] if self.torso[0] == "mlp" else ():
-            x = nn.relu(Dense(width, self.dtype)(x))
-        return Dense(self.outputs, self.dtype)(x)
-
-
-# The twin critics as one params tree with a leading axis of 2: one batched matmul per layer.
-TwinQ = nn.vmap(Net, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, axis_size=2)
 
 
 class SACState(struct.PyTreeNode):
