@@ -38,13 +38,6 @@ def _import_envpool():
     return envpool
 
 
-def envpool_ids() -> list[str]:
-    try:
-        return [f"ALE/{name}" for name in _import_envpool().list_all_envs() if name.endswith("-v5")]
-    except ImportError:
-        return []
-
-
 def envpool_spec(env_id: str) -> EnvSpec:
     envpool = _import_envpool()
     name = task_id(env_id)

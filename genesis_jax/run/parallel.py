@@ -304,12 +304,6 @@ def constrain(tree, mesh: Mesh | None, axis: int = 0):
     return jax.lax.with_sharding_constraint(tree, sharded(mesh, axis))
 
 
-def on_devices(tree, mesh: Mesh | None, shardings):
-    """`jax.device_put` of `tree` with `shardings` (a sharding or a matching tree) when
-    there is a mesh."""
-    return tree if mesh is None else jax.device_put(tree, shardings)
-
-
 def replicas_agree(array) -> bool:
     """Whether every device's copy of a replicated array holds the same values."""
     shards = [np.asarray(s.data) for s in array.addressable_shards]

@@ -20,7 +20,7 @@ from genesis_jax.amp.state import TrainState
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
-from genesis_jax.run.parallel import constrain, replicated, sharded
+from genesis_jax.run.parallel import constrain
 
 
 class RunnerState(struct.PyTreeNode):
@@ -29,19 +29,6 @@ class RunnerState(struct.PyTreeNode):
     obs: jax.Array
     episode_return: jax.Array  # running return of each env's current episode
     rng: jax.Array
-
-
-def runner_shardings(runner: RunnerState, mesh):
-    """Data parallel: the envs (their states, observations, returns) split over the mesh,
-    the train state and the PRNG key replicated."""
-    split, same = sharded(mesh), replicated(mesh)
-    return RunnerState(
-        train_state=jax.tree.map(lambda _: same, runner.train_state),
-        env_state=jax.tree.map(lambda _: split, runner.env_state),
-        obs=split,
-        episode_return=split,
-        rng=same,
-    )
 
 
 def make_jax_ppo(config: PPOConfig, train_step, mesh=None):
