@@ -5,9 +5,11 @@ The package is layered (each layer imports only those below it):
 - `genesis_jax.amp`: the precision core, usable alone in any JAX loop;
 - `genesis_jax.nets`, `genesis_jax.envs`: Flax networks and environments;
 - `genesis_jax.run`: a run's outer layer (session, run directory, checkpoints, writers,
-  several devices and processes);
-- `genesis_jax.algos`: the algorithms (PPO, the world model), each on one template;
-- `genesis_jax.cli`, `genesis_jax.cli.bench`: the front ends.
+  several devices and processes); beside it `genesis_jax.data`: replay buffers and
+  trajectory datasets;
+- `genesis_jax.algos`: the algorithms (PPO, DQN, SAC, the world model), each on one template;
+- `genesis_jax.cli`: the front ends (the `genesis-jax` command; its bench, mismatch grid,
+  study and demo in `genesis_jax/cli/`).
 
 Names re-exported here load their module on first use, so `import genesis_jax.amp` loads
 nothing else from the package.

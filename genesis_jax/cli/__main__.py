@@ -4,4 +4,5 @@ import sys
 
 from genesis_jax.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (pkgutil.walk_packages does) runs nothing
+    sys.exit(main())

@@ -308,7 +308,7 @@ def validate_dataset(data: dict, source: str, compute_dtype=np.float32, precisio
     evaluation, so there must be at least 2.
 
     Raises:
-        DatasetError (a ValueError).
+        DatasetError: a ValueError; its message names `source`, the key and what is wrong.
     """
     try:
         missing = [k for k in DATASET_KEYS if k not in data]

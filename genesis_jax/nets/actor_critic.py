@@ -28,7 +28,7 @@ class ActorCritic(nn.Module):
     `policy` and `value` methods run what their head needs only. Observations may carry any
     batch dimensions before `obs_shape`. The torsos' matmuls and convolutions run in
     `dtype`; the heads (logits, mean, value) and the norms run in float32, as does every
-    output: the methods run under `nets.rules.FLOAT32_RULES` (modules named `*head`, norms).
+    output: the methods run under `genesis_jax.amp.FLOAT32_RULES` (modules named `*head`, norms).
     """
 
     action_dim: int

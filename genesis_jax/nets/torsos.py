@@ -6,7 +6,7 @@ own. Every torso takes observations of shape [B, *obs_shape] and returns [B, fea
 
 What stays float32, and why: LayerNorm statistics and the residual stream (a sum of many
 half-precision terms loses the small ones; SimBa, BRO and DreamerV3 keep norms in float32;
-the norms are float32 by `nets.rules.FLOAT32_RULES`, which the residual MLP applies),
+the norms are float32 by `genesis_jax.amp.FLOAT32_RULES`, which the residual MLP applies),
 the image scaling of uint8 pixels, and every layer's output that leaves the torso. The
 matmuls and convolutions, the bulk of the work, run in `dtype`.
 """
