@@ -1,23 +1,70 @@
 """The algorithms, each on the template of `genesis_jax.algos.base`.
 
 `REGISTRY` maps a `genesis-jax train NAME` subcommand to the module whose `ALGORITHM` is
-the `Algorithm` subclass: registering a new algorithm is one line here. Modules load on
-first use, so the CLI starts without importing every algorithm.
+the `Algorithm` subclass: registering a new algorithm is one line here. Everything else
+(the CLI command, bench workloads, study tasks, the API reference page, the generic tests,
+the import contract that keeps algorithms apart) is derived from it. Modules load on first
+use, so the CLI starts without importing every algorithm.
 """
 
+import dataclasses
+import functools
 import importlib
 
 # name: (module, the `genesis-jax train` help line)
 REGISTRY = {
     "ppo": ("genesis_jax.algos.ppo.train", "PPO on a gymnax, gymnasium or envpool environment"),
-    "world-model": ("genesis_jax.algos.world_model.train", "a world model from trajectories"),
-    "sac": ("genesis_jax.algos.sac.train", "SAC on a continuous-action gymnax or gymnasium environment"),
-    "dqn": ("genesis_jax.algos.dqn.train", "DQN (double, Huber, replay buffer) on a gymnax environment"),
+    "world-model": (
+        "genesis_jax.algos.world_model.train",
+        "a world model from trajectories (synthetic, random-policy or collected)",
+    ),
+    "dqn": (
+        "genesis_jax.algos.dqn.train",
+        "double DQN with a flashbax replay buffer on a gymnax or gymnasium (ALE Atari) environment",
+    ),
+    "sac": (
+        "genesis_jax.algos.sac.train",
+        "SAC (twin critics, learned temperature; three optimizers under one loss scaler) on a continuous "
+        "gymnax or gymnasium environment",
+    ),
 }
 
 
 def get_algorithm(name: str):
-    """The `Algorithm` subclass registered as `name`."""
+    """The `Algorithm` subclass registered as `name`, its declarations checked (`check_declarations`)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown algorithm {name!r}; accepted: {', '.join(REGISTRY)}")
-    return importlib.import_module(REGISTRY[name][0]).ALGORITHM
+    return _load(name, REGISTRY[name][0])
+
+
+@functools.cache
+def _load(name: str, module: str):
+    algorithm = importlib.import_module(module).ALGORITHM
+    check_declarations(name, algorithm)
+    return algorithm
+
+
+def check_declarations(name: str, algorithm) -> None:
+    """What the template and the tools around it read from an algorithm's class, checked once
+    when it is first loaded: a TypeError naming the declaration that is wrong."""
+
+    def fail(what: str):
+        raise TypeError(f"algorithm {name!r} ({algorithm.__module__}.{algorithm.__name__}): {what}")
+
+    if getattr(algorithm, "name", None) != name:
+        fail(f"its `name` must be the registry's {name!r}, got {getattr(algorithm, 'name', None)!r}")
+    config_class, fields = getattr(algorithm, "config_class", None), getattr(algorithm, "fields", None)
+    if not (dataclasses.is_dataclass(config_class) and isinstance(fields, type) and issubclass(config_class, fields)):
+        fail("`config_class` must be a dataclass deriving from its `fields` dataclass")
+    known = {f.name for f in dataclasses.fields(config_class)}
+    if not algorithm.tiny:
+        fail("`tiny` (the settings of a few-update run, for the generic tests) is empty")
+    settings = [("tiny", algorithm.tiny)]
+    settings += [(f"bench workload {w.name!r}", w.settings) for w in algorithm.bench_workloads]
+    settings += [(f"study task {t!r}", task.settings) for t, task in algorithm.study_tasks.items()]
+    for what, given in settings:
+        unknown = sorted(set(given) - known)
+        if unknown:
+            fail(f"{what} sets {unknown[0]!r}, which is not a field of {config_class.__name__}")
+    if algorithm.budget_field not in known:
+        fail(f"`budget_field` {algorithm.budget_field!r} is not a field of {config_class.__name__}")

@@ -9,12 +9,18 @@ plus the shared `MixedPrecisionConfig` and `ParallelConfig`) and four pure funct
 - `rows(metrics, done) -> list[dict]`: a chunk's metrics as `metrics.jsonl` rows;
 - `summary(rows, state) -> dict`: its own summary fields;
 
-and, where it acts in an environment, `act(state) -> act(key, obs) -> action`. From that
+and, where it acts in an environment, `act(state) -> act(key, obs) -> action`. It also
+declares, as class attributes, what the tools around it need: `config_class`, `tiny` (the
+settings of a few-update run, which every generic test trains), `budget_field`,
+`bench_workloads` and `study_tasks`. Registering it (one line in `genesis_jax.algos.REGISTRY`)
+checks these, and `update`'s metrics are checked for `REQUIRED_METRICS` when it is compiled.
+From that
 alone `Algorithm.train` gives it the Session (run directory, checkpoints and resume,
 SIGINT / SIGTERM, the divergence guard's stop, metric writers, the progress bar), seeds
 trained together under `vmap` (a `num_seeds` field), data parallelism over a device mesh
 (`shardings`), the common summary (speed, compile time, memory, overflow counts), its
-`genesis-jax train NAME` command (registered in `genesis_jax.algos.REGISTRY`) and bench rows.
+`genesis-jax train NAME` command, bench rows, study tasks, its API reference page and the
+generic tests (kill and resume, bad input, seeds, devices, every precision).
 
 Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
 program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`
@@ -76,6 +82,32 @@ def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> in
 
 
 SEED_AXIS = "seed"  # the vmap axis of seeds trained together
+
+# What `update` must return among its metrics, one value per position: the template reads
+# them for the rows' per-seed columns, the progress bar and the divergence guard's stop.
+REQUIRED_METRICS = ("loss_scale", "skipped", "halted")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchWorkload:
+    """A `genesis-jax bench` workload an algorithm names: its config settings besides precision and seed."""
+
+    name: str
+    settings: dict
+    quick: bool = False  # in `bench --quick` (CPU-sized); else in the full (GPU-sized) run
+    vmap_seeds: bool = False  # all seeds in one compiled run (JAX environments)
+    seconds: float | None = None  # total steps sized to about this long a run (host environments)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyTask:
+    """A `genesis-jax study` task an algorithm names: its settings, budget and reference score."""
+
+    settings: dict
+    total_steps: int  # the default budget, in the algorithm's `budget_field` unit
+    reference: float | None  # None: the study's own fp32 IQM (said so in the report), or a loss task's floor
+    reference_source: str
+    score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
 
 
 def _stop_when_every_seed_halted(chunk):
@@ -140,7 +172,12 @@ class Algorithm:
 
     name: ClassVar[str]  # the `train` subcommand and the checkpoints' kind
     fields: ClassVar[type]  # the algorithm's own config fields: the first --help group
-    config: Any  # an instance of its config class (fields + MixedPrecisionConfig + ParallelConfig)
+    config_class: ClassVar[type]  # its config: `fields` + MixedPrecisionConfig + ParallelConfig
+    config: Any  # an instance of `config_class`
+    tiny: ClassVar[dict] = {}  # config settings of a few-update run, for the generic tests
+    budget_field: ClassVar[str] = "total_steps"  # the field a longer run raises (environment steps, epochs)
+    bench_workloads: ClassVar[tuple[BenchWorkload, ...]] = ()
+    study_tasks: ClassVar[dict[str, StudyTask]] = {}  # task name -> task
     unit: ClassVar[str] = "update"  # what one metrics row counts
     meta_key: ClassVar[str | None] = None  # the checkpoint meta's position field (default: unit)
     train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)
@@ -248,8 +285,17 @@ class Algorithm:
         """`call(state) -> (state, metrics[per_chunk])`, compiled: `update` scanned
         `per_chunk` times, vmapped over seeds, sharded over the mesh, the state donated."""
 
+        def update(state, data):
+            state, metrics = self.update(state, data)
+            missing = [k for k in REQUIRED_METRICS if not isinstance(metrics, dict) or k not in metrics]
+            if missing:  # checked while tracing: costs nothing at run time
+                raise TypeError(
+                    f"{type(self).__name__}.update returns no {', '.join(missing)} metric (REQUIRED_METRICS)"
+                )
+            return state, metrics
+
         def chunk(state, data):
-            return jax.lax.scan(lambda s, _: self.update(s, data), state, None, per_chunk)
+            return jax.lax.scan(lambda s, _: update(s, data), state, None, per_chunk)
 
         if self.num_seeds > 1:
             chunk = _stop_when_every_seed_halted(jax.vmap(chunk, in_axes=(0, None), axis_name=SEED_AXIS))

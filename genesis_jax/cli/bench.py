@@ -31,9 +31,7 @@ import time
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm
-from genesis_jax.algos.dqn import DQNConfig
-from genesis_jax.algos.dqn import minatar as dqn_minatar
+from genesis_jax.algos import REGISTRY, get_algorithm
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
@@ -49,52 +47,14 @@ class Workload:
 
 
 def workloads(quick: bool) -> list[Workload]:
-    """Tiny budgets for --quick (CPU, CI); GPU-sized ones otherwise: the large networks where
-    half precision can pay, few enough to finish in minutes on one GPU."""
-    if quick:
-        return [
-            Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 65_536, "lr": 1e-3}, True),
-            Workload(
-                "ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 4096}
-            ),
-            Workload(
-                "wm-small",
-                "world-model",
-                {"width": 64, "depth": 2, "batch_size": 512, "epochs": 3, "num_sequences": 256},
-            ),
-            Workload(
-                "wm-wide",
-                "world-model",
-                {"width": 512, "depth": 3, "batch_size": 1024, "epochs": 2, "num_sequences": 256},
-            ),
-        ]
-    # DQN's MinAtar settings: the fields genesis_jax.algos.dqn.minatar sets apart from DQN's defaults.
-    defaults, minatar = dataclasses.asdict(DQNConfig()), dataclasses.asdict(dqn_minatar("Breakout-MinAtar"))
-    minatar_dqn = {k: v for k, v in minatar.items() if v != defaults[k]}
-    big_ppo = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
+    """Every registered algorithm's workloads (`Algorithm.bench_workloads`): tiny budgets for
+    --quick (CPU, CI); GPU-sized ones otherwise, the large networks where half precision can
+    pay, few enough to finish in minutes on one GPU."""
     return [
-        Workload("ppo-cartpole-gymnax", "ppo", {"env": "CartPole-v1", "total_steps": 500_000}, True),
-        Workload(
-            "ppo-resmlp-1024",
-            "ppo",
-            {"env": "CartPole-v1", "network": "resmlp", "width": 1024, "depth": 2, **big_ppo},
-            True,
-        ),
-        Workload("ppo-cnn-minatar", "ppo", {"env": "Breakout-MinAtar", "network": "cnn", **big_ppo}, True),
-        Workload("ppo-cartpole-gymnasium", "ppo", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
-        # Off-policy: DQN with MinAtar's settings (CNN), SAC with SimBa's residual torso 1024 wide.
-        Workload("dqn-cnn-minatar", "dqn", {**minatar_dqn, "total_steps": 200_000, "epsilon_steps": 20_000}, True),
-        Workload("sac-resmlp-1024", "sac", {"network": "resmlp", "width": 1024, "depth": 2, "total_steps": 20_000}),
-        Workload(
-            "wm-1024",
-            "world-model",
-            {"width": 1024, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096},
-        ),
-        Workload(
-            "wm-2048",
-            "world-model",
-            {"width": 2048, "depth": 4, "batch_size": 8192, "epochs": 10, "num_sequences": 4096},
-        ),
+        Workload(w.name, name, w.settings, w.vmap_seeds, w.seconds)
+        for name in REGISTRY
+        for w in get_algorithm(name).bench_workloads
+        if w.quick == quick
     ]
 
 

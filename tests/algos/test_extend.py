@@ -6,20 +6,14 @@ import dataclasses
 import pytest
 
 from genesis_jax.algos import get_algorithm
-from tests.algos.test_every_precision import TINY
-
-LONGER = {"ppo": "total_steps", "dqn": "total_steps", "sac": "total_steps", "world-model": "epochs"}
-
-
-def test_every_registered_algorithm_says_how_it_is_extended():
-    assert set(LONGER) == set(TINY)
+from tests.support.registry import NAMES, tiny_config
 
 
 @pytest.mark.slow  # two tiny trainings per algorithm: about 60 s
-@pytest.mark.parametrize("name", sorted(LONGER))
+@pytest.mark.parametrize("name", NAMES)
 def test_a_finished_run_is_extended(name, tmp_path):
-    algorithm, field = get_algorithm(name), LONGER[name]
-    config = algorithm.config_class(**TINY[name])
+    algorithm = get_algorithm(name)
+    config, field = tiny_config(name), algorithm.budget_field
     first = algorithm.train(config, str(tmp_path), progress=False)
     longer = dataclasses.replace(config, **{field: 2 * getattr(config, field)})
     options = {}

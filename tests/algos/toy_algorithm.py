@@ -58,6 +58,7 @@ class Toy(Algorithm):
     name = "toy"
     fields = ToyFields
     config_class = ToyConfig
+    tiny = dict(total_steps=32)
     score = "final_loss"
 
     def setup(self):

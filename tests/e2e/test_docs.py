@@ -4,6 +4,7 @@ written so that both pytest-markdown-docs (which runs them, docs/conftest.py) an
 (which renders them) read them; the README's code blocks run here, by the same rules.
 `mkdocs build --strict` itself runs in CI (.ci/run)."""
 
+import importlib.util
 import inspect
 import pathlib
 import re
@@ -97,7 +98,7 @@ def test_the_cli_page_names_every_command():
     from genesis_jax.algos import REGISTRY
     from genesis_jax.cli import build_parser
 
-    page = (DOCS / "reference" / "cli.md").read_text()
+    page = registry_hook().expand((DOCS / "reference" / "cli.md").read_text())
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     for command in commands:
         if command == "train":
@@ -105,6 +106,22 @@ def test_the_cli_page_names_every_command():
                 assert f"`genesis-jax train {workload}`" in page
         else:
             assert f"`genesis-jax {command}`" in page
+
+
+def registry_hook():
+    """docs/hooks.py, the mkdocs hook that writes the registry's parts of the pages."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_algorithm_reference_has_a_section_per_registered_algorithm():
+    from genesis_jax.algos import REGISTRY
+
+    page = registry_hook().expand((DOCS / "reference" / "algorithms.md").read_text())
+    for name, (module, _) in REGISTRY.items():
+        assert f"## `{name}`" in page and f"::: {module}\n" in page + "\n"
 
 
 def test_every_page_is_in_the_navigation():

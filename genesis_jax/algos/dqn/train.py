@@ -20,8 +20,8 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm
-from genesis_jax.algos.dqn.config import DQNConfig, DQNFields
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.envs.gymnasium_env import observation_dtype
@@ -78,9 +78,51 @@ def mean_over_seeds(values) -> list:
     return [float(s / n) if n else None for s, n in zip(sums, counts)]
 
 
+def minatar_settings(game: str) -> dict:
+    """`minatar`'s settings for `game`: the fields it sets apart from DQN's defaults, its budget left out."""
+    defaults, chosen = DQNConfig().to_dict(), minatar(f"{game}-MinAtar").to_dict()
+    return {k: v for k, v in chosen.items() if v != defaults[k] and k != "total_steps"}
+
+
+BENCH = (
+    BenchWorkload(  # MinAtar's settings, with the CNN
+        "dqn-cnn-minatar",
+        {**minatar_settings("Breakout"), "total_steps": 200_000, "epsilon_steps": 20_000},
+        vmap_seeds=True,
+    ),
+)
+_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
+STUDY = {
+    "dqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
+    "dqn:Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    **{
+        f"dqn:{game}-MinAtar": StudyTask(
+            minatar_settings(game),
+            5_000_000,
+            None,
+            "none published for this gymnax version that we could verify: the study's own fp32 IQM",
+        )
+        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+    },
+}
+
+
 class DQN(Algorithm):
     name, fields, config_class, meta_key = "dqn", DQNFields, DQNConfig, "step"
     score, plot_file, unit, progress_unit = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
+    tiny = dict(
+        total_steps=400,
+        num_envs=2,
+        train_frequency=2,
+        row_steps=200,
+        learning_starts=100,
+        hidden=(16,),
+        buffer_size=400,
+        batch_size=16,
+        target_update_interval=2,
+        epsilon_steps=200,
+    )
+    bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         c, spec = self.config, resolve_env(self.config.env, self.config.env_backend)

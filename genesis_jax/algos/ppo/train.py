@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
 from genesis_jax.algos.ppo.core import make_network
 from genesis_jax.envs.registry import resolve_env
@@ -44,6 +44,42 @@ _LOGGED = (
 # The opt-in underflow telemetry's metrics (and their per-layer "KIND/LAYER" columns).
 _TELEMETRY = ("underflow", "flushed")
 
+_BIG = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
+BENCH = (
+    BenchWorkload("ppo-cartpole-gymnax", {"env": "CartPole-v1", "total_steps": 65_536, "lr": 1e-3}, True, True),
+    BenchWorkload(
+        "ppo-cartpole-gymnasium", {"env": "CartPole-v1", "env_backend": "gymnasium", "total_steps": 4096}, True
+    ),
+    BenchWorkload("ppo-cartpole-gymnax", {"env": "CartPole-v1", "total_steps": 500_000}, vmap_seeds=True),
+    BenchWorkload(
+        "ppo-resmlp-1024",
+        {"env": "CartPole-v1", "network": "resmlp", "width": 1024, "depth": 2, **_BIG},
+        vmap_seeds=True,
+    ),
+    BenchWorkload("ppo-cnn-minatar", {"env": "Breakout-MinAtar", "network": "cnn", **_BIG}, vmap_seeds=True),
+    BenchWorkload("ppo-cartpole-gymnasium", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
+)
+
+_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
+_NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
+# PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
+# minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
+_MINATAR = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
+STUDY = {
+    "CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
+    "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    **{
+        f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, _NO_REFERENCE)
+        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+    },
+    "CartPole-v1-resmlp1024": StudyTask(
+        {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
+        500_000,
+        500.0,
+        f"{_GYMNAX_README}: R 500 (the maximum)",
+    ),
+}
+
 
 class PPO(Algorithm):
     name = "ppo"
@@ -54,6 +90,8 @@ class PPO(Algorithm):
     plot_file = "ppo.png"
     progress_unit = "step"
     underflow_telemetry = True
+    tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
+    bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         config = self.config

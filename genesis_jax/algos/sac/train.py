@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
@@ -50,9 +50,26 @@ class SACState(struct.PyTreeNode):
         return "iteration", self.iteration, self.episode_return.shape[-1]
 
 
+# SimBa's residual torso 1024 wide: where half precision can pay.
+BENCH = (BenchWorkload("sac-resmlp-1024", {"network": "resmlp", "width": 1024, "depth": 2, "total_steps": 20_000}),)
+# Its own defaults: CleanRL's and PureJaxRL's.
+STUDY = {
+    "sac:Pendulum-v1": StudyTask(
+        {"env": "Pendulum-v1"},
+        20_000,
+        -130.0,
+        "gymnax README, table of environments (gymnax-blines PPO checkpoint): R -130",
+    )
+}
+
+
 class SAC(Algorithm):
     name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
     unit, progress_unit = "row", "step"  # a metrics row: `steps_per_row` environment steps
+    tiny = dict(
+        num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, buffer_size=64
+    )
+    bench_workloads, study_tasks = BENCH, STUDY
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
 
     def setup(self) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFields
 from genesis_jax.amp import TrainState
@@ -109,6 +109,25 @@ def activation_bytes(loss_fn, params, batch) -> int:
     return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(residuals)))
 
 
+BENCH = tuple(
+    BenchWorkload(name, {"width": w, "depth": d, "batch_size": b, "epochs": e, "num_sequences": n}, quick)
+    for name, w, d, b, e, n, quick in (
+        ("wm-small", 64, 2, 512, 3, 256, True),
+        ("wm-wide", 512, 3, 1024, 2, 256, True),
+        ("wm-1024", 1024, 4, 8192, 10, 4096, False),
+        ("wm-2048", 2048, 4, 8192, 10, 4096, False),
+    )
+)
+# The eval loss, scored in decades: log10(loss), normalised from an untrained model's (0) to the
+# data's noise floor (1). synthetic-small is the same system in units 100x smaller: a small loss
+# whose gradients a float16 backward without scaling loses.
+_NOISE_FLOOR = "the data's noise floor (the true model's expected loss), as log10; 0: an untrained model's"
+STUDY = {
+    f"wm:{data}": StudyTask({"data": data, "num_sequences": 1024}, 20, None, _NOISE_FLOOR, score="loss")
+    for data in ("synthetic", "synthetic-small")
+}
+
+
 class WorldModelTrainer(Algorithm):
     name = "world-model"
     fields = WorldModelFields
@@ -118,6 +137,8 @@ class WorldModelTrainer(Algorithm):
     plot_file = "world_model.png"
     progress_unit = "epoch"
     underflow_telemetry = True
+    tiny = dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1)
+    budget_field, bench_workloads, study_tasks = "epochs", BENCH, STUDY
 
     def setup(self) -> None:
         config = self.config

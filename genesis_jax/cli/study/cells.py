@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm
+from genesis_jax.algos import REGISTRY, get_algorithm
 from genesis_jax.run.run_dir import jsonable
 from genesis_jax.run.signals import DivergenceError
 
@@ -34,63 +34,20 @@ class Task:
     score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
 
 
-_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
-_NOISE_FLOOR = "the data's noise floor (the true model's expected loss), as log10; 0: an untrained model's"
-_NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
-# PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
-# minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
-_MINATAR_PPO = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
-_MINATAR_GAMES = ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+def _registered_tasks() -> dict[str, Task]:
+    """Every registered algorithm's study tasks (`Algorithm.study_tasks`)."""
+    tasks = {}
+    for name in REGISTRY:
+        algorithm = get_algorithm(name)
+        for task, t in algorithm.study_tasks.items():
+            if task in tasks:
+                raise ValueError(f"study task {task!r} is named by {tasks[task].algo} and {name}")
+            fields = dataclasses.asdict(t)
+            tasks[task] = Task(name, budget_field=algorithm.budget_field, **fields)
+    return tasks
 
 
-def _dqn_minatar(game: str) -> dict:
-    """DQN's MinAtar settings (`genesis_jax.algos.dqn.minatar`): the fields it sets apart
-    from DQN's defaults, its budget left to the task."""
-    from genesis_jax.algos.dqn import DQNConfig, minatar
-
-    defaults, chosen = dataclasses.asdict(DQNConfig()), dataclasses.asdict(minatar(f"{game}-MinAtar"))
-    return {k: v for k, v in chosen.items() if v != defaults[k] and k != "total_steps"}
-
-
-TASKS = {
-    "CartPole-v1": Task("ppo", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
-    "Acrobot-v1": Task("ppo", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
-    **{
-        f"{game}-MinAtar": Task("ppo", {"env": f"{game}-MinAtar", **_MINATAR_PPO}, 1_000_000, None, _NO_REFERENCE)
-        for game in _MINATAR_GAMES
-    },
-    # The off-policy algorithms: DQN on the classic-control tasks, SAC on Pendulum (its own
-    # defaults: CleanRL's and PureJaxRL's).
-    "dqn:CartPole-v1": Task("dqn", {"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
-    "dqn:Acrobot-v1": Task("dqn", {"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
-    **{
-        f"dqn:{game}-MinAtar": Task("dqn", _dqn_minatar(game), 5_000_000, None, _NO_REFERENCE)
-        for game in _MINATAR_GAMES
-    },
-    "sac:Pendulum-v1": Task("sac", {"env": "Pendulum-v1"}, 20_000, -130.0, f"{_GYMNAX_README}: R -130"),
-    # The world model's eval loss, scored in decades: log10(loss), normalised from an untrained
-    # model's (0) to the data's noise floor (1). synthetic-small is the same system in units
-    # 100x smaller: a small loss whose gradients a float16 backward without scaling loses.
-    **{
-        f"wm:{data}": Task(
-            "world-model",
-            {"data": data, "num_sequences": 1024},
-            20,
-            None,
-            _NOISE_FLOOR,
-            budget_field="epochs",
-            score="loss",
-        )
-        for data in ("synthetic", "synthetic-small")
-    },
-    "CartPole-v1-resmlp1024": Task(
-        "ppo",
-        {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
-        500_000,
-        500.0,
-        f"{_GYMNAX_README}: R 500 (the maximum)",
-    ),
-}
+TASKS = _registered_tasks()
 
 # What each precision of a study means as config fields; fp16-unscaled shows what scaling buys.
 PRECISIONS = {

@@ -1,0 +1,60 @@
+"""Episode bookkeeping for vectorised environments stepped inside a compiled loop: each
+environment's running return and the newest finished episodes' returns, from which an
+algorithm reports its `final_return` (the mean of the last `RECENT` finished episodes)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+RECENT = 10  # final_return: the mean of the last RECENT finished training episodes
+
+
+class Episodes(struct.PyTreeNode):
+    """`running`: each environment's return so far; `recent`: the newest RECENT finished
+    episodes' returns (NaN: none yet), a ring; `count`: finished episodes so far.
+
+    >>> e = Episodes.create(num_envs=2)
+    >>> e, (finished, return_sum) = e.record(jnp.array([1.0, 2.0]), jnp.array([True, False]))
+    >>> int(finished), float(return_sum), float(e.recent_mean()), e.running.tolist()
+    (1, 1.0, 1.0, [0.0, 2.0])
+    """
+
+    running: jax.Array
+    recent: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def create(cls, num_envs: int) -> Episodes:
+        return cls(jnp.zeros(num_envs, jnp.float32), jnp.full(RECENT, jnp.nan, jnp.float32), jnp.int32(0))
+
+    def record(self, reward, done) -> tuple[Episodes, tuple[jax.Array, jax.Array]]:
+        """One vector step's rewards and ends: the new bookkeeping, and (episodes finished,
+        the sum of their returns)."""
+        returns = self.running + reward
+        slot = jnp.where(done, (self.count + jnp.cumsum(done) - 1) % RECENT, RECENT)  # RECENT: not written
+        new = Episodes(
+            running=jnp.where(done, 0.0, returns),
+            recent=self.recent.at[slot].set(returns, mode="drop"),
+            count=self.count + done.sum(),
+        )
+        return new, (done.sum(), jnp.where(done, returns, 0.0).sum())
+
+    def recent_mean(self) -> jax.Array:
+        return jnp.nanmean(self.recent)
+
+
+def final_returns(recent, num_seeds: int) -> list[float]:
+    """Each seed's mean return of its last RECENT finished episodes (NaN where none finished),
+    from `Episodes.recent` of a 1- or N-seed run."""
+    recent = np.asarray(recent).reshape(num_seeds, RECENT)
+    return [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
+
+
+def mean_over_seeds(values) -> list:
+    """[seeds, rows] -> each row's mean over the seeds with a value (None where none has)."""
+    have = ~np.isnan(values)
+    sums, counts = np.where(have, values, 0.0).sum(0), have.sum(0)
+    return [float(s / n) if n else None for s, n in zip(sums, counts)]

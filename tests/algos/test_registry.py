@@ -1,0 +1,149 @@
+"""What every registered algorithm gets from its registry line, tested for each at its own
+`tiny` size (`Algorithm.tiny`): a new algorithm is picked up here with nothing to add.
+
+The declarations are checked on registration; `update`'s required metrics when it compiles;
+the CLI's --help has its groups; a setting the devices refuse is one line before the disk;
+seed 0 of a vmapped 2-seed run is the 1-seed run; 4 CPU devices match 1; a SIGKILL mid-run
+resumes to the run never interrupted; import-linter keeps it apart from the others; bench and
+study list its workloads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import signal
+import tomllib
+
+import jax
+import numpy as np
+import pytest
+
+from genesis_jax import algos
+from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
+from genesis_jax.cli import main
+from tests.support.files import committed_steps, one_line_error
+from tests.support.helpers import tree_equal
+from tests.support.processes import cpu_env, result_of, run_python, start_python, wait_until
+from tests.support.registry import NAMES, tiny_argv, tiny_config
+
+REPO_TOML = tomllib.loads(open("pyproject.toml", "rb").read().decode())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_algorithm_passes_its_registration_checks(name):
+    algorithm = get_algorithm(name)
+    assert algorithm.name == name and algorithm.tiny
+    tiny_config(name)  # the tiny settings make a valid config
+
+
+def test_a_wrong_declaration_is_refused_when_registered():
+    toy = get_algorithm("ppo")
+    for change, words in [
+        ({"name": "other"}, "must be the registry's 'ppo'"),
+        ({"tiny": {}}, "`tiny`"),
+        ({"tiny": {"no_such_field": 1}}, "tiny sets 'no_such_field'"),
+        ({"budget_field": "epochs"}, "`budget_field` 'epochs'"),
+        ({"config_class": dict}, "`config_class` must be a dataclass"),
+    ]:
+        broken = type("Broken", (toy,), change)
+        with pytest.raises(TypeError, match=re.escape(words)):
+            check_declarations("ppo", broken)
+
+
+def test_update_without_a_required_metric_is_refused_when_compiled(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
+    toy = get_algorithm("toy")
+
+    class NoHalted(toy):
+        def update(self, state, data):
+            state, metrics = super().update(state, data)
+            return state, {k: v for k, v in metrics.items() if k != "halted"}
+
+    with pytest.raises(TypeError, match="NoHalted.update returns no halted metric"):
+        NoHalted.train(tiny_config("toy"), progress=False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_lists_its_groups_and_every_field(name, capsys):
+    assert main(["train", name, "--help"]) == 0
+    text = capsys.readouterr().out
+    for group in (name, "mixed-precision", "parallel", "run"):
+        assert f"{group} options" in text
+    for field in dataclasses.fields(get_algorithm(name).config_class):
+        assert "--" + field.name.replace("_", "-") in text, field.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_more_devices_than_the_machine_has_is_one_line_before_the_disk(name, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", name, *tiny_argv(name), "--devices", "2", "--out", str(out)]) == 2
+    assert one_line_error(capsys).startswith("genesis-jax: error: ")
+    assert not out.exists()
+
+
+@pytest.mark.slow  # two tiny compiled runs per algorithm
+@pytest.mark.parametrize("name", NAMES)
+def test_seed_0_of_a_vmapped_two_seed_run_is_the_one_seed_run(name):
+    algorithm = get_algorithm(name)
+    one = algorithm.train(tiny_config(name), progress=False)
+    two = algorithm.train(tiny_config(name, num_seeds=2), progress=False)
+    first_seed = jax.tree.map(lambda x: x[0], two.train_state.params)
+    for a, b in zip(jax.tree.leaves(one.train_state.params), jax.tree.leaves(first_seed)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-4, atol=1e-5)
+    assert two.summary["total_updates"] == 2 * one.summary["total_updates"]
+
+
+@pytest.mark.slow  # one 4-device subprocess training every algorithm twice
+def test_four_devices_match_one_device_for_every_algorithm():
+    proc = run_python(["-m", "tests.support.registry", "devices"], cpu_env(host_devices=4), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = result_of(proc.stdout)
+    assert runs["device_count"] == 4 and set(runs["algorithms"]) == set(NAMES)
+    for name, (one, four) in runs["algorithms"].items():
+        assert one["updates"] == four["updates"] > 0, name
+        np.testing.assert_allclose(four["checksum"], one["checksum"], rtol=1e-3, err_msg=name)
+
+
+@pytest.mark.slow  # per algorithm: a run in process, a CLI subprocess killed, a resume
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
+    algorithm = get_algorithm(name)
+    config = tiny_config(name, **{algorithm.budget_field: 8 * algorithm.tiny.get(algorithm.budget_field, 1)})
+    every = algorithm(config).unit_size  # a checkpoint every position
+    straight = algorithm.train(config, progress=False)
+    out = tmp_path / "run"
+    argv = tiny_argv(name, **{algorithm.budget_field: getattr(config, algorithm.budget_field)})
+    proc = start_python(["-m", "genesis_jax.cli", "train", name, *argv, "--checkpoint-every", str(every),
+                         "--out", str(out)], cpu_env())  # fmt: skip
+    wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=300)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = algorithm.train(config, str(out), resume=True, progress=False)
+    tree_equal(resumed.train_state.params, straight.train_state.params)
+    tree_equal(resumed.train_state.opt_state, straight.train_state.opt_state)
+    assert json.dumps(resumed.metrics) == json.dumps(straight.metrics)
+
+
+def test_the_import_contract_keeps_every_registered_algorithm_apart():
+    (contract,) = [c for c in REPO_TOML["tool"]["importlinter"]["contracts"] if c["type"] == "independence"]
+    assert contract["modules"] == ["genesis_jax.algos.*"]  # every package in algos, whatever is registered
+    for name, (module, _) in REGISTRY.items():
+        assert module.startswith("genesis_jax.algos.") and module.count(".") >= 3, (name, module)
+
+
+def test_bench_and_study_list_every_algorithms_own_workloads():
+    from genesis_jax.cli.bench import workloads
+    from genesis_jax.cli.study.cells import TASKS
+
+    for name in NAMES:
+        algorithm = get_algorithm(name)
+        named = {w.name for w in algorithm.bench_workloads if w.quick}
+        assert named == {w.name for w in workloads(quick=True) if w.kind == name}
+        assert {t for t, task in TASKS.items() if task.algo == name} == set(algorithm.study_tasks)
+
+
+def test_registration_is_one_line(monkeypatch):
+    monkeypatch.setitem(algos.REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
+    assert get_algorithm("toy").name == "toy"
