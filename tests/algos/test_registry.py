@@ -123,7 +123,8 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     resumed = algorithm.train(config, str(out), resume=True, progress=False)
     tree_equal(resumed.train_state.params, straight.train_state.params)
     tree_equal(resumed.train_state.opt_state, straight.train_state.opt_state)
-    assert json.dumps(resumed.metrics) == json.dumps(straight.metrics)
+    timeless = lambda rows: [{k: v for k, v in r.items() if "per_second" not in k} for r in rows]  # noqa: E731
+    assert json.dumps(timeless(resumed.metrics)) == json.dumps(timeless(straight.metrics))
 
 
 def test_the_import_contract_keeps_every_registered_algorithm_apart():
