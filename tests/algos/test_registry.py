@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import re
 import signal
 import tomllib
@@ -27,7 +28,7 @@ from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, result_of, run_python, start_python, wait_until
 from tests.support.registry import NAMES, tiny_argv, tiny_config
 
-REPO_TOML = tomllib.loads(open("pyproject.toml", "rb").read().decode())
+REPO_TOML = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -128,7 +129,8 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
 
 
 def test_the_import_contract_keeps_every_registered_algorithm_apart():
-    (contract,) = [c for c in REPO_TOML["tool"]["importlinter"]["contracts"] if c["type"] == "independence"]
+    contracts = REPO_TOML["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["type"] == "independence" and "genesis_jax.algos.*" in c["modules"]]
     assert contract["modules"] == ["genesis_jax.algos.*"]  # every package in algos, whatever is registered
     for name, (module, _) in REGISTRY.items():
         assert module.startswith("genesis_jax.algos.") and module.count(".") >= 3, (name, module)
