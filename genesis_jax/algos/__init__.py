@@ -27,6 +27,7 @@ REGISTRY = {
         "SAC (twin critics, learned temperature; three optimizers under one loss scaler) on a continuous "
         "gymnax or gymnasium environment",
     ),
+    "pqn": ("genesis_jax.algos.pqn.train", "PQN: Q(lambda) over many environments, no replay or target network"),
 }
 
 
