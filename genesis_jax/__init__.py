@@ -7,7 +7,7 @@ The package is layered (each layer imports only those below it):
 - `genesis_jax.run`: a run's outer layer (session, run directory, checkpoints, writers,
   several devices and processes); beside it `genesis_jax.data`: replay buffers and
   trajectory datasets;
-- `genesis_jax.algos`: the algorithms (PPO, DQN, SAC, the world model), each on one template;
+- `genesis_jax.algos`: the algorithms (PPO, DQN, SAC, PQN, the world model), each on one template;
 - `genesis_jax.cli`: the front ends (the `genesis-jax` command; its bench, mismatch grid,
   study and demo in `genesis_jax/cli/`).
 

@@ -1,11 +1,11 @@
-"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on PPO, DQN, SAC and
-the world model, several seeds.
+"""The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on every registered
+algorithm's workloads (`Algorithm.bench_workloads`), several seeds.
 
 The full run (meant for a GPU) has the networks where half precision can pay: PPO with a
 width-1024 residual MLP and with the CNN on MinAtar Breakout, world models of width 1024
-and 2048, DQN with the CNN on MinAtar Breakout, SAC with a width-1024 residual torso, plus
-the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by time). `--quick`
-has small CartPole PPO and world-model configs for a CPU.
+and 2048, DQN and PQN with the CNN on MinAtar Breakout, SAC with a width-1024 residual torso,
+plus the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by time).
+`--quick` has small CartPole PPO and PQN and world-model configs for a CPU.
 
 Per workload x precision it records the total steps, steps/s (median over seeds,
 compilation excluded), compile seconds, the training step's device bytes (XLA's memory
@@ -50,12 +50,17 @@ def workloads(quick: bool) -> list[Workload]:
     """Every registered algorithm's workloads (`Algorithm.bench_workloads`): tiny budgets for
     --quick (CPU, CI); GPU-sized ones otherwise, the large networks where half precision can
     pay, few enough to finish in minutes on one GPU."""
-    return [
+    chosen = [
         Workload(w.name, name, w.settings, w.vmap_seeds, w.seconds)
         for name in REGISTRY
         for w in get_algorithm(name).bench_workloads
         if w.quick == quick
     ]
+    names = [w.name for w in chosen]
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated:
+        raise ValueError(f"bench workload {repeated!r} is named by more than one algorithm")
+    return chosen
 
 
 def _train_or_stop(algorithm, config):

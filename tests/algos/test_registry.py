@@ -79,7 +79,8 @@ def test_help_lists_its_groups_and_every_field(name, capsys):
 def test_more_devices_than_the_machine_has_is_one_line_before_the_disk(name, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", name, *tiny_argv(name), "--devices", "2", "--out", str(out)]) == 2
-    assert one_line_error(capsys).startswith("genesis-jax: error: ")
+    line = one_line_error(capsys)
+    assert line.startswith("genesis-jax: error: ") and "device" in line
     assert not out.exists()
 
 
@@ -103,15 +104,18 @@ def test_four_devices_match_one_device_for_every_algorithm():
     assert runs["device_count"] == 4 and set(runs["algorithms"]) == set(NAMES)
     for name, (one, four) in runs["algorithms"].items():
         assert one["updates"] == four["updates"] > 0, name
-        np.testing.assert_allclose(four["checksum"], one["checksum"], rtol=1e-3, err_msg=name)
+        for a, b in zip(one["params"], four["params"]):  # the devices sum the batch in another order
+            np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.slow  # per algorithm: a run in process, a CLI subprocess killed, a resume
 @pytest.mark.parametrize("name", NAMES)
 def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     algorithm = get_algorithm(name)
-    config = tiny_config(name, **{algorithm.budget_field: 8 * algorithm.tiny.get(algorithm.budget_field, 1)})
-    every = algorithm(config).unit_size  # a checkpoint every position
+    config = tiny_config(name, **{algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)})
+    sizing = algorithm(config)
+    every, positions = sizing.unit_size, sizing.total  # a checkpoint every position
+    sizing.close()
     straight = algorithm.train(config, progress=False)
     out = tmp_path / "run"
     argv = tiny_argv(name, **{algorithm.budget_field: getattr(config, algorithm.budget_field)})
@@ -121,6 +125,7 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+    assert committed_steps(out)[-1] < positions * every  # killed mid-run: the resume has work to do
     resumed = algorithm.train(config, str(out), resume=True, progress=False)
     tree_equal(resumed.train_state.params, straight.train_state.params)
     tree_equal(resumed.train_state.opt_state, straight.train_state.opt_state)

@@ -24,6 +24,7 @@ from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.envs.episodes import RECENT, mean_over_seeds
 from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env
 from genesis_jax.envs.registry import resolve_env
@@ -31,8 +32,6 @@ from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
-
-RECENT = 10  # final_return: the mean of the last RECENT finished training episodes
 
 
 class DQNState(struct.PyTreeNode):
@@ -69,13 +68,6 @@ def td_loss(q, target, huber_delta: float | None):
     """float32 mean Huber loss (None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
     error = q.astype(jnp.float32) - target
     return jnp.mean(jnp.square(error) if huber_delta is None else optax.huber_loss(error, delta=huber_delta))
-
-
-def mean_over_seeds(values) -> list:
-    """[seeds, rows] -> each row's mean over the seeds with a value (None where none has)."""
-    have = ~np.isnan(values)
-    sums, counts = np.where(have, values, 0.0).sum(0), have.sum(0)
-    return [float(s / n) if n else None for s, n in zip(sums, counts)]
 
 
 def minatar_settings(game: str) -> dict:

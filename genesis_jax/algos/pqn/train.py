@@ -35,9 +35,13 @@ from genesis_jax.nets.torsos import check_network, default_network, make_torso
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
 
+# purejaxql's MinAtar settings (its pqn_minatar.yaml), the CNN torso.
+MINATAR = {"num_envs": 128, "num_steps": 32, "num_epochs": 2, "num_minibatches": 32, "lr": 5e-4, "lam": 0.65}
+MINATAR |= {"reward_scale": 1.0, "epsilon_end": 0.05, "epsilon_fraction": 0.1}
+EVAL_ENVS = 32  # greedy episodes at the end of a run (gymnax): the summary's eval_return
 BENCH = (
     BenchWorkload("pqn-cartpole", {"env": "CartPole-v1", "total_steps": 65_536}, quick=True, vmap_seeds=True),
-    BenchWorkload("pqn-cnn-minatar", {"env": "Breakout-MinAtar", "num_envs": 128, "num_steps": 32}, vmap_seeds=True),
+    BenchWorkload("pqn-cnn-minatar", {"env": "Breakout-MinAtar", "total_steps": 2_000_000, **MINATAR}, vmap_seeds=True),
 )
 STUDY = {
     "pqn:CartPole-v1": StudyTask(
@@ -60,10 +64,10 @@ class QNetwork(nn.Module):
     @with_precision_rules  # the LayerNorms and the head in float32
     @nn.compact
     def __call__(self, obs):
-        x = obs.astype(jnp.float32)
+        x = obs.astype(jnp.float32) if obs.dtype == jnp.bool_ else obs  # uint8 frames: the torso scales them
         widths = self.hidden
         if self.network == "mlp":
-            x = x.reshape(x.shape[0], -1)
+            x = x.reshape(x.shape[0], -1).astype(jnp.float32)
         else:
             torso = make_torso(self.network, self.obs_shape, dtype=self.dtype, param_dtype=self.param_dtype)
             x, widths = torso(x if len(self.obs_shape) == 3 else x.reshape(x.shape[0], -1)), self.hidden[-1:]
@@ -117,6 +121,8 @@ class PQN(Algorithm):
         self.total, self.unit_size, self.spec, self.last_return = c.num_updates, c.batch_size, spec, None
         self.env = in_loop_env(spec, c.num_envs, c.seed)
         self.host_init = self.env.host is not None  # init resets them
+        evaluable = spec.backend == "gymnax" and spec.max_episode_steps is not None
+        self.eval_env = in_loop_env(spec, EVAL_ENVS, c.seed) if evaluable else None
 
     def init(self, key) -> PQNState:
         c = self.config
@@ -213,8 +219,37 @@ class PQN(Algorithm):
         }
         return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
+    def greedy_returns(self, params, key):
+        """The return of each of EVAL_ENVS fresh episodes under the greedy policy (epsilon 0),
+        every one ended within the time limit."""
+        env, reset_key, key = self.eval_env, *jax.random.split(key)
+        obs, env_state = env.reset(reset_key)
+
+        def step(carry, key):
+            obs, env_state, total, running = carry
+            action = jnp.argmax(self.net.apply(params, obs), -1)
+            obs, env_state, reward, terminated, truncated, _ = env.step(
+                jax.random.split(key, EVAL_ENVS), env_state, action
+            )
+            return (obs, env_state, total + jnp.where(running, reward, 0.0), running & ~(terminated | truncated)), None
+
+        start = (obs, env_state, jnp.zeros(EVAL_ENVS, jnp.float32), jnp.ones(EVAL_ENVS, bool))
+        (_, _, total, _), _ = jax.lax.scan(step, start, jax.random.split(key, self.spec.max_episode_steps))
+        return total
+
     def summary(self, rows: list[dict], state: PQNState) -> dict:
         per_seed = final_returns(state.episodes.recent, self.num_seeds)
+        evaluation = {}
+        if self.eval_env is not None:
+            evaluate = jax.jit(self.greedy_returns if self.num_seeds == 1 else jax.vmap(self.greedy_returns))
+            keys = self.seed_keys()  # seed k's evaluation is a 1-seed run's with seed + k
+            returns = np.asarray(evaluate(state.train_state.params, keys))
+            per_seed_eval = returns.reshape(self.num_seeds, EVAL_ENVS).mean(1).tolist()
+            evaluation = {
+                "eval_return": float(np.mean(per_seed_eval)),
+                "eval_return_per_seed": per_seed_eval,
+                "eval_return_is": f"the mean return of {EVAL_ENVS} greedy episodes (epsilon 0) after training",
+            }
         return {
             "env": self.config.env,
             "env_backend": self.spec.backend,
@@ -223,6 +258,7 @@ class PQN(Algorithm):
             "final_return": float(np.mean(per_seed)),
             "final_return_per_seed": per_seed,
             "final_return_is": f"the mean return of the last {RECENT} finished training episodes (epsilon-greedy)",
+            **evaluation,
         }
 
     def close(self) -> None:
@@ -236,8 +272,9 @@ class PQN(Algorithm):
         plots.plot_curves(rows, "step", ["recent_return", "loss"], file, title=self.title(), log_y=False)
 
     def describe(self, s: dict) -> str:
+        evaluated = f"eval_return={s['eval_return']:.1f} " if "eval_return" in s else ""
         return (
-            f"PQN {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+            f"PQN {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} {evaluated}"
             f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
             f"skipped={s['skipped_updates']}/{s['total_updates']}"
         )
