@@ -1,11 +1,8 @@
 """DQN on the template: the loop's invariants on a tiny run (gymnax, and gymnasium on the host
 path, ALE Atari's uint8 frames included), the TD target against a numpy reference, the target
-network's updates, learning CartPole on a CPU budget, bad input, and a SIGKILLed run resumed
-bit-identically."""
+network's updates, learning CartPole on a CPU budget, bad input (SIGKILL and resume: tests/algos/test_registry.py)."""
 
 from __future__ import annotations
-
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +12,7 @@ import pytest
 from genesis_jax.algos.dqn import DQN, DQNConfig, train
 from genesis_jax.algos.dqn.train import td_targets
 from genesis_jax.cli import main
-from tests.support.files import metric_rows
 from tests.support.helpers import tree_equal
-from tests.support.processes import cpu_env, start_python, wait_until
 
 TINY = dict(
     total_steps=2_000,
@@ -158,26 +153,3 @@ def test_dqn_learns_cartpole_on_a_cpu_budget():
     )
     result = train(config, progress=False)
     assert result.summary["final_return"] >= 150, result.metrics[-3:]  # a random policy averages about 22
-
-
-KILL_ARGS = [
-    "train", "dqn", "--precision", "fp16", "--total-steps", "20000", "--row-steps", "1000",
-    "--updates-per-chunk", "1", "--checkpoint-every", "1000", "--learning-starts", "1000",
-    "--seed", "3", "--no-progress",
-]  # fmt: skip
-
-
-@pytest.mark.slow  # an uninterrupted run, a killed one and its resume: three compilations, about 60 s
-def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    straight, out = tmp_path / "straight", tmp_path / "killed"
-    assert main([*KILL_ARGS, "--out", str(straight)]) == 0
-    proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
-    wait_until(lambda: len(list((out / "checkpoints").glob("[0-9]*"))) >= 3, proc, timeout=300)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and len(metric_rows(out)) < 20  # killed mid-run
-    assert main([*KILL_ARGS, "--out", str(out), "--resume"]) == 0
-    resumed, expected = metric_rows(out), metric_rows(straight)
-    assert [r["row"] for r in resumed] == list(range(1, 21))  # each row once
-    drop = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "wall_seconds")} for r in rows]  # noqa: E731
-    assert drop(resumed) == drop(expected)

@@ -22,7 +22,9 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
+from genesis_jax.algos.base import MEASURED
 from genesis_jax.cli import main
+from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
 from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, result_of, run_python, start_python, wait_until
@@ -127,10 +129,28 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert committed_steps(out)[-1] < positions * every  # killed mid-run: the resume has work to do
     resumed = algorithm.train(config, str(out), resume=True, progress=False)
-    tree_equal(resumed.train_state.params, straight.train_state.params)
-    tree_equal(resumed.train_state.opt_state, straight.train_state.opt_state)
+    tree_equal(resumed.state, straight.state)  # every leaf: params, optimizer, scaler, buffers, environments, keys
     timeless = lambda rows: [{k: v for k, v in r.items() if "per_second" not in k} for r in rows]  # noqa: E731
     assert json.dumps(timeless(resumed.metrics)) == json.dumps(timeless(straight.metrics))
+
+
+def kill_and_resume_argv(name: str) -> tuple[list[str], int]:
+    """A CLI command line 16 times the tiny run, a checkpoint every position; its positions."""
+    algorithm = get_algorithm(name)
+    budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
+    sizing = algorithm(tiny_config(name, **budget))
+    every, positions = sizing.unit_size, sizing.total
+    sizing.close()
+    return ["train", name, *tiny_argv(name, precision="fp16", **budget), "--checkpoint-every", str(every)], positions
+
+
+@pytest.mark.long
+@pytest.mark.slow  # per algorithm: 5 processes (a straight run, 3 killed, the last resume)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_torture_schedule_at_three_kills_ends_as_the_uninterrupted_run(name, tmp_path):
+    argv, positions = kill_and_resume_argv(name)
+    result = torture.torture(argv, tmp_path, 3, 0)
+    assert len(result.kills) == 3 and torture.verdict(result, positions, MEASURED) == [], torture.table(result)
 
 
 def test_the_import_contract_keeps_every_registered_algorithm_apart():

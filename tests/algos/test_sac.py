@@ -1,9 +1,8 @@
 """SAC on the template: exact update counts, the Polyak target, three optimizers under one
 loss scaler (each skips on its own gradients, the scale backs off once per iteration), bad
-input, learning Pendulum-v1, and a SIGKILL-and-resume that continues bit-identically."""
+input, learning Pendulum-v1 (SIGKILL and resume: tests/algos/test_registry.py)."""
 
 import math
-import signal
 
 import jax
 import numpy as np
@@ -13,9 +12,7 @@ from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.sac import SAC, SACConfig, train
 from genesis_jax.amp.optim import skip_state
 from genesis_jax.cli import main
-from tests.support.files import committed_steps, metric_rows
 from tests.support.helpers import tree_equal
-from tests.support.processes import cpu_env, start_python, wait_until
 
 # A tiny run: 8 environments, one iteration per row, small networks and batches.
 TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16), buffer_size=256)
@@ -153,31 +150,3 @@ def test_the_host_path_trains_on_gymnasium_environments():
 def test_sac_learns_pendulum_within_20k_steps(precision):
     result = train(SACConfig(precision=precision, total_steps=20_000, hidden=(64, 64)), progress=False)
     assert result.summary["final_return"] > -200, [r["episode_return"] for r in result.metrics]
-
-
-# --- SIGKILL, then resume: the same rows and state as a run never interrupted ----------------
-
-KILL_ARGS = ["train", "sac", "--precision", "fp16", "--total-steps", "4000", "--steps-per-row", "100"]
-KILL_ARGS += ["--hidden", "32", "32", "--batch-size", "32", "--learning-starts", "200", "--buffer-size", "4000"]
-KILL_ARGS += ["--updates-per-chunk", "2", "--checkpoint-every", "200", "--seed", "3", "--no-progress"]
-
-
-@pytest.mark.slow  # a killed subprocess, its resume and a straight run: about a minute
-def test_sigkill_then_resume_continues_bit_identically(tmp_path):
-    from genesis_jax.cli import parse_train_args, train_config
-
-    config = train_config("sac", parse_train_args("sac", KILL_ARGS[2:])[0])
-    out = tmp_path / "run"
-    proc = start_python(["-m", "genesis_jax.cli", *KILL_ARGS, "--out", str(out)], cpu_env())
-    wait_until(lambda: len(committed_steps(out)) >= 2, proc, timeout=600)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    assert committed_steps(out)[-1] < 40  # killed mid-run
-    resumed = train(config, out_dir=str(out), resume=True, progress=False)
-    straight = train(config, progress=False)
-    for field in ("critic", "actor", "alpha", "target", "buffer", "rng", "iteration"):
-        tree_equal(getattr(resumed.state, field), getattr(straight.state, field))
-    assert resumed.metrics == straight.metrics  # the same rows, each once
-    logged = [r["row"] for r in metric_rows(out)]
-    assert logged == list(range(1, 41))
