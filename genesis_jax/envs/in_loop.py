@@ -9,6 +9,7 @@ from typing import Callable
 
 from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.registry import resolve_env
 from genesis_jax.envs.spec import EnvSpec
 
 
@@ -34,3 +35,16 @@ def in_loop_env(spec: EnvSpec, num_envs: int, seed: int, vectorization: str = "s
         return InLoopEnv(env.step, env.reset)
     host = GymnasiumVecEnv(spec.env_id, num_envs, vectorization)
     return InLoopEnv(io_callback_step(host), lambda _key: (host.reset(seed=seed), ()), host)
+
+
+def resolve_in_loop(config, algorithm: str, *, continuous: bool, instead: str) -> EnvSpec:
+    """`config.env` resolved for `algorithm`, whose environments step inside its compiled loop:
+    a ValueError, before anything is built, for the other kind of action space (naming the
+    algorithm to use `instead`) or for seeds and devices that host environments cannot have."""
+    spec = resolve_env(config.env, config.env_backend)
+    if spec.continuous != continuous:
+        want, have = ("continuous", "discrete") if continuous else ("discrete", "continuous")
+        raise ValueError(f"{algorithm} needs {want} actions; {config.env} has {have} ones: use {instead}")
+    if spec.backend != "gymnax" and (config.num_seeds > 1 or config.devices > 1):
+        raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+    return spec

@@ -131,7 +131,7 @@ def test_atari_frames_stay_uint8_in_the_buffer():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--env", "Pendulum-v1"], "dqn needs a discrete action space; Pendulum-v1 has a continuous one: use sac"),
+        (["--env", "Pendulum-v1"], "dqn needs discrete actions; Pendulum-v1 has continuous ones: use sac"),
         (["--buffer-size", "64", "--batch-size", "128"], "buffer-size 64 is smaller than batch-size 128"),
         (["--env", "Breakout-MinAtar", "--buffer-size", "1000000000"], "of memory is available"),
         (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),

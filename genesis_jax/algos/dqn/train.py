@@ -26,8 +26,7 @@ from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
 from genesis_jax.envs.episodes import RECENT, mean_over_seeds
 from genesis_jax.envs.gymnasium_env import observation_dtype
-from genesis_jax.envs.in_loop import in_loop_env
-from genesis_jax.envs.registry import resolve_env
+from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run import plots
@@ -117,11 +116,7 @@ class DQN(Algorithm):
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
-        c, spec = self.config, resolve_env(self.config.env, self.config.env_backend)
-        if spec.continuous:
-            raise ValueError(f"dqn needs a discrete action space; {c.env} has a continuous one: use sac")
-        if spec.backend != "gymnax" and (c.num_seeds > 1 or c.devices > 1):
-            raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+        c, spec = self.config, resolve_in_loop(self.config, "dqn", continuous=False, instead="sac")
         self.total, self.unit_size, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
         precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)

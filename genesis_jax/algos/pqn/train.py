@@ -28,8 +28,7 @@ from genesis_jax.algos.pqn.config import PQNConfig, PQNFields
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.rules import with_precision_rules
 from genesis_jax.envs.episodes import RECENT, Episodes, final_returns, mean_over_seeds
-from genesis_jax.envs.in_loop import in_loop_env
-from genesis_jax.envs.registry import resolve_env
+from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.torsos import check_network, default_network, make_torso
 from genesis_jax.run import plots
@@ -109,11 +108,7 @@ class PQN(Algorithm):
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
-        c, spec = self.config, resolve_env(self.config.env, self.config.env_backend)
-        if spec.continuous:
-            raise ValueError(f"pqn needs a discrete action space; {c.env} has a continuous one: use sac")
-        if spec.backend != "gymnax" and (c.num_seeds > 1 or c.devices > 1):
-            raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+        c, spec = self.config, resolve_in_loop(self.config, "pqn", continuous=False, instead="sac")
         network = c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
         precision = c.train_precision()

@@ -19,8 +19,7 @@ from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.in_loop import in_loop_env
-from genesis_jax.envs.registry import resolve_env
+from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
@@ -74,11 +73,7 @@ class SAC(Algorithm):
 
     def setup(self) -> None:
         c = self.config
-        spec = resolve_env(c.env, c.env_backend)  # a bad id fails here, before anything is written
-        if not spec.continuous:
-            raise ValueError(f"{c.env} has discrete actions; SAC needs continuous ones: train it with dqn")
-        if spec.backend != "gymnax" and (c.num_seeds > 1 or c.devices > 1):
-            raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+        spec = resolve_in_loop(c, "sac", continuous=True, instead="dqn or pqn")  # before anything is written
         self.spec, self.total, self.unit_size = spec, c.total_steps // c.steps_per_row, c.steps_per_row
         dtype = c.train_precision().compute_dtype
         self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)
