@@ -428,6 +428,9 @@ class Algorithm:
         self.session = session
         with session:
             state = session.restore(self.initial_state())
+            remaining = session.total - session.position
+            if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
+                per_chunk = _largest_divisor_at_most(remaining, per_chunk)
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
             call = self.compile_chunk(state, per_chunk) if session.position < session.total else None

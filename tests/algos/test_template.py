@@ -65,3 +65,12 @@ def test_chunks_divide_the_run():
     assert chunk_size(64, None) == 2 and chunk_size(10**15 // 4096, None) > 0
     with pytest.raises(ValueError, match="does not divide"):
         chunk_size(64, 5)
+
+
+def test_a_resume_between_chunk_boundaries_stops_at_the_total(tmp_path):
+    # 3 updates, then extended to 64: chunks of 2 (chunk_size(64)) from update 3 once ran to 65.
+    assert chunk_size(64, None) == 2
+    Toy.train(ToyConfig(total_steps=3), str(tmp_path), progress=False)
+    longer = Toy.train(ToyConfig(total_steps=64), str(tmp_path), resume=True, allow_config_change=True, progress=False)
+    assert [r["update"] for r in longer.metrics] == list(range(1, 65))
+    assert int(longer.train_state.step) == 64
