@@ -110,6 +110,12 @@ class StudyTask:
     score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
 
 
+# What the algorithms' study tasks cite as their reference returns, and the MinAtar games they cover.
+GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
+NO_PUBLISHED_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
+MINATAR_GAMES = ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+
+
 def _stop_when_every_seed_halted(chunk):
     """Seeds are independent runs: one seed's divergence guard freezes that seed alone, and
     the run stops only when every seed has halted. The chunk's `halted` metric ([seeds,

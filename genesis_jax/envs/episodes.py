@@ -46,11 +46,17 @@ class Episodes(struct.PyTreeNode):
         return jnp.nanmean(self.recent)
 
 
-def final_returns(recent, num_seeds: int) -> list[float]:
-    """Each seed's mean return of its last RECENT finished episodes (NaN where none finished),
-    from `Episodes.recent` of a 1- or N-seed run."""
+def final_return_summary(recent, num_seeds: int) -> dict:
+    """The summary's final_return (the mean over seeds), each seed's (the mean return of its
+    last RECENT finished episodes, NaN where none finished) and what it is, from the newest
+    returns (`Episodes.recent`, or a ring of the same shape) of a 1- or N-seed run."""
     recent = np.asarray(recent).reshape(num_seeds, RECENT)
-    return [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
+    per_seed = [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
+    return {
+        "final_return": float(np.mean(per_seed)),
+        "final_return_per_seed": per_seed,
+        "final_return_is": f"the mean return of the last {RECENT} finished training episodes (epsilon-greedy)",
+    }
 
 
 def mean_over_seeds(values) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from genesis_jax.amp.rules import with_precision_rules
@@ -49,3 +50,18 @@ class QNetwork(nn.Module):
             torso = make_torso(self.network, self.obs_shape, dtype=self.dtype, param_dtype=self.param_dtype)
             x = torso(x if len(self.obs_shape) == 3 else x.reshape(x.shape[0], -1))
         return Dense(self.action_dim, self.dtype, self.param_dtype, name="q_head")(x).astype(jnp.float32)
+
+
+def epsilon_greedy(explore_key, random_key, q_values, epsilon):
+    """Actions [batch] from Q-values [batch, actions]: each row's argmax, or with probability
+    `epsilon` a uniformly random action (`explore_key` decides which rows, `random_key` draws them).
+
+    >>> import jax, jax.numpy as jnp
+    >>> q = jnp.array([[0.0, 1.0], [2.0, 0.0]])
+    >>> epsilon_greedy(jax.random.PRNGKey(0), jax.random.PRNGKey(1), q, 0.0).tolist()
+    [1, 0]
+    """
+    rows, actions = q_values.shape
+    greedy = jnp.argmax(q_values, -1)
+    explore = jax.random.uniform(explore_key, (rows,)) < epsilon
+    return jnp.where(explore, jax.random.randint(random_key, (rows,), 0, actions), greedy)

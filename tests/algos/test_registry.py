@@ -110,19 +110,27 @@ def test_four_devices_match_one_device_for_every_algorithm():
             np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5, err_msg=name)
 
 
+def killable_run(name: str, precision: str):
+    """16 times the algorithm's tiny run, a checkpoint every position: (its config, the same run
+    as a `genesis-jax` command line without --out, its positions, progress units per position)."""
+    algorithm = get_algorithm(name)
+    budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
+    config = tiny_config(name, precision=precision, **budget)
+    sizing = algorithm(config)
+    positions, every = sizing.total, sizing.unit_size
+    sizing.close()
+    argv = ["train", name, *tiny_argv(name, precision=precision, **budget), "--checkpoint-every", str(every)]
+    return config, argv, positions, every
+
+
 @pytest.mark.slow  # per algorithm: a run in process, a CLI subprocess killed, a resume
 @pytest.mark.parametrize("name", NAMES)
 def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     algorithm = get_algorithm(name)
-    config = tiny_config(name, **{algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)})
-    sizing = algorithm(config)
-    every, positions = sizing.unit_size, sizing.total  # a checkpoint every position
-    sizing.close()
+    config, argv, positions, every = killable_run(name, "fp32")
     straight = algorithm.train(config, progress=False)
     out = tmp_path / "run"
-    argv = tiny_argv(name, **{algorithm.budget_field: getattr(config, algorithm.budget_field)})
-    proc = start_python(["-m", "genesis_jax.cli", "train", name, *argv, "--checkpoint-every", str(every),
-                         "--out", str(out)], cpu_env())  # fmt: skip
+    proc = start_python(["-m", "genesis_jax.cli", *argv, "--out", str(out)], cpu_env())
     wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=300)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -134,21 +142,11 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     assert json.dumps(timeless(resumed.metrics)) == json.dumps(timeless(straight.metrics))
 
 
-def kill_and_resume_argv(name: str) -> tuple[list[str], int]:
-    """A CLI command line 16 times the tiny run, a checkpoint every position; its positions."""
-    algorithm = get_algorithm(name)
-    budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
-    sizing = algorithm(tiny_config(name, **budget))
-    every, positions = sizing.unit_size, sizing.total
-    sizing.close()
-    return ["train", name, *tiny_argv(name, precision="fp16", **budget), "--checkpoint-every", str(every)], positions
-
-
 @pytest.mark.long
 @pytest.mark.slow  # per algorithm: 5 processes (a straight run, 3 killed, the last resume)
 @pytest.mark.parametrize("name", NAMES)
 def test_the_torture_schedule_at_three_kills_ends_as_the_uninterrupted_run(name, tmp_path):
-    argv, positions = kill_and_resume_argv(name)
+    _, argv, positions, _ = killable_run(name, "fp16")
     result = torture.torture(argv, tmp_path, 3, 0)
     assert len(result.kills) == 3 and torture.verdict(result, positions, MEASURED) == [], torture.table(result)
 

@@ -20,14 +20,21 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import (
+    GYMNAX_README,
+    MINATAR_GAMES,
+    NO_PUBLISHED_REFERENCE,
+    Algorithm,
+    BenchWorkload,
+    StudyTask,
+)
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.episodes import RECENT, mean_over_seeds
+from genesis_jax.envs.episodes import RECENT, Episodes, final_return_summary, mean_over_seeds
 from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
-from genesis_jax.nets.q_network import QNetwork
+from genesis_jax.nets.q_network import QNetwork, epsilon_greedy
 from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
@@ -82,18 +89,17 @@ BENCH = (
         vmap_seeds=True,
     ),
 )
-_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
 STUDY = {
-    "dqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
-    "dqn:Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    "dqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"),
+    "dqn:Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80"),
     **{
         f"dqn:{game}-MinAtar": StudyTask(
             minatar_settings(game),
             5_000_000,
             None,
-            "none published for this gymnax version that we could verify: the study's own fp32 IQM",
+            NO_PUBLISHED_REFERENCE,
         )
-        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+        for game in MINATAR_GAMES
     },
 }
 
@@ -153,24 +159,24 @@ class DQN(Algorithm):
         """One epsilon-greedy vector step, its transitions added to the buffer."""
         explore_key, random_key, env_key = jax.random.split(key, 3)
         n = self.config.num_envs
-        greedy = jnp.argmax(self.net.apply(s.train_state.params, s.obs), -1)
-        explore = jax.random.uniform(explore_key, (n,)) < epsilon_at(self.config, s.steps)
-        action = jnp.where(explore, jax.random.randint(random_key, (n,), 0, self.spec.action_dim), greedy)
+        q = self.net.apply(s.train_state.params, s.obs)
+        action = epsilon_greedy(explore_key, random_key, q, epsilon_at(self.config, s.steps))
         step = self.env.step(jax.random.split(env_key, n), s.env_state, action)
         obs, env_state, reward, terminated, truncated, final_obs = step
         transition = dict(obs=s.obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
-        done, returns = terminated | truncated, s.episode_return + reward
-        slot = jnp.where(done, (s.episodes + jnp.cumsum(done) - 1) % RECENT, RECENT)  # RECENT: not written
+        # The bookkeeping of envs.episodes, on DQNState's own fields (the checkpoints' layout).
+        episodes = Episodes(s.episode_return, s.recent_returns, s.episodes)
+        episodes, ended = episodes.record(reward, terminated | truncated)
         s = s.replace(
             buffer=self.replay.add(s.buffer, transition),  # stored compactly: MinAtar's 0/1 floats as uint8
             env_state=env_state,
             obs=obs,
-            episode_return=jnp.where(done, 0.0, returns),
-            recent_returns=s.recent_returns.at[slot].set(returns, mode="drop"),
-            episodes=s.episodes + done.sum(),
+            episode_return=episodes.running,
+            recent_returns=episodes.recent,
+            episodes=episodes.count,
             steps=s.steps + n,
         )
-        return s, (done.sum(), jnp.where(done, returns, 0.0).sum())
+        return s, ended
 
     def loss_fn(self, params, batch):
         obs, action, target = batch
@@ -244,16 +250,12 @@ class DQN(Algorithm):
         return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
     def summary(self, rows: list[dict], state: DQNState) -> dict:
-        recent = np.asarray(state.recent_returns).reshape(self.num_seeds, RECENT)
-        per_seed = [float(np.nanmean(r)) if np.isfinite(r).any() else float("nan") for r in recent]
         return {
             "env": self.config.env,
             "env_backend": self.spec.backend,
             "num_seeds": self.num_seeds,
             "total_steps": rows[-1]["step"] if rows else 0,
-            "final_return": float(np.mean(per_seed)),
-            "final_return_per_seed": per_seed,
-            "final_return_is": f"the mean return of the last {RECENT} finished training episodes (epsilon-greedy)",
+            **final_return_summary(state.recent_returns, self.num_seeds),
             "buffer_bytes": self.buffer_bytes,
             "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
         }

@@ -13,7 +13,14 @@ import os
 import jax
 import numpy as np
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import (
+    GYMNAX_README,
+    MINATAR_GAMES,
+    NO_PUBLISHED_REFERENCE,
+    Algorithm,
+    BenchWorkload,
+    StudyTask,
+)
 from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
 from genesis_jax.algos.ppo.core import make_network
 from genesis_jax.envs.registry import resolve_env
@@ -60,23 +67,21 @@ BENCH = (
     BenchWorkload("ppo-cartpole-gymnasium", {"env": "CartPole-v1", "env_backend": "gymnasium"}, seconds=10.0),
 )
 
-_GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
-_NO_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
 # PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
 # minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
 _MINATAR = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
 STUDY = {
-    "CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{_GYMNAX_README}: R 500 (the maximum)"),
-    "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{_GYMNAX_README}: R -80"),
+    "CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"),
+    "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80"),
     **{
-        f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, _NO_REFERENCE)
-        for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+        f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, NO_PUBLISHED_REFERENCE)
+        for game in MINATAR_GAMES
     },
     "CartPole-v1-resmlp1024": StudyTask(
         {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
         500_000,
         500.0,
-        f"{_GYMNAX_README}: R 500 (the maximum)",
+        f"{GYMNAX_README}: R 500 (the maximum)",
     ),
 }
 

@@ -23,13 +23,14 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.pqn.config import PQNConfig, PQNFields
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.rules import with_precision_rules
-from genesis_jax.envs.episodes import RECENT, Episodes, final_returns, mean_over_seeds
+from genesis_jax.envs.episodes import Episodes, final_return_summary, mean_over_seeds
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.dense import Dense
+from genesis_jax.nets.q_network import epsilon_greedy
 from genesis_jax.nets.torsos import check_network, default_network, make_torso
 from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
@@ -43,9 +44,7 @@ BENCH = (
     BenchWorkload("pqn-cnn-minatar", {"env": "Breakout-MinAtar", "total_steps": 2_000_000, **MINATAR}, vmap_seeds=True),
 )
 STUDY = {
-    "pqn:CartPole-v1": StudyTask(
-        {"env": "CartPole-v1"}, 500_000, 500.0, "gymnax README, table of environments: R 500 (the maximum)"
-    ),
+    "pqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"),
 }
 
 
@@ -144,9 +143,8 @@ class PQN(Algorithm):
         """One epsilon-greedy vector step: its transition, and (episodes ended, their returns' sum)."""
         explore_key, random_key, env_key = jax.random.split(key, 3)
         n = self.config.num_envs
-        greedy = jnp.argmax(self.net.apply(s.train_state.params, s.obs), -1)
-        explore = jax.random.uniform(explore_key, (n,)) < self.epsilon(s.steps)
-        action = jnp.where(explore, jax.random.randint(random_key, (n,), 0, self.spec.action_dim), greedy)
+        q = self.net.apply(s.train_state.params, s.obs)
+        action = epsilon_greedy(explore_key, random_key, q, self.epsilon(s.steps))
         obs, env_state, reward, terminated, truncated, final_obs = self.env.step(
             jax.random.split(env_key, n), s.env_state, action
         )
@@ -233,7 +231,6 @@ class PQN(Algorithm):
         return total
 
     def summary(self, rows: list[dict], state: PQNState) -> dict:
-        per_seed = final_returns(state.episodes.recent, self.num_seeds)
         evaluation = {}
         if self.eval_env is not None:
             evaluate = jax.jit(self.greedy_returns if self.num_seeds == 1 else jax.vmap(self.greedy_returns))
@@ -250,9 +247,7 @@ class PQN(Algorithm):
             "env_backend": self.spec.backend,
             "num_seeds": self.num_seeds,
             "total_steps": rows[-1]["step"] if rows else 0,
-            "final_return": float(np.mean(per_seed)),
-            "final_return_per_seed": per_seed,
-            "final_return_is": f"the mean return of the last {RECENT} finished training episodes (epsilon-greedy)",
+            **final_return_summary(state.episodes.recent, self.num_seeds),
             **evaluation,
         }
 

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
@@ -57,7 +57,7 @@ STUDY = {
         {"env": "Pendulum-v1"},
         20_000,
         -130.0,
-        "gymnax README, table of environments (gymnax-blines PPO checkpoint): R -130",
+        f"{GYMNAX_README}: R -130",
     )
 }
 

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from genesis_jax.algos.base import MINATAR_GAMES
 from genesis_jax.cli.study import cells, plan, report, stats
 from genesis_jax.cli.study.cells import BASELINE, PRECISIONS, TASKS
 from genesis_jax.run.signals import StopSignals, TrainingInterrupted
@@ -51,8 +52,8 @@ PRESETS = {
         "total_steps": {
             "CartPole-v1": 500_000,
             "Acrobot-v1": 500_000,
-            **{f"{game}-MinAtar": 10_000_000 for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")},
-            **{f"dqn:{game}-MinAtar": 10_000_000 for game in ("Breakout", "Asterix", "Freeway", "SpaceInvaders")},
+            **{f"{game}-MinAtar": 10_000_000 for game in MINATAR_GAMES},
+            **{f"dqn:{game}-MinAtar": 10_000_000 for game in MINATAR_GAMES},
             "sac:Pendulum-v1": 20_000,
             "CartPole-v1-resmlp1024": 500_000,
         },
