@@ -4,7 +4,7 @@ algorithm's workloads (`Algorithm.bench_workloads`), several seeds.
 The full run (meant for a GPU) has the networks where half precision can pay: PPO with a
 width-1024 residual MLP and with the CNN on MinAtar Breakout, world models of width 1024
 and 2048, DQN and PQN with the CNN on MinAtar Breakout, SAC with a width-1024 residual torso,
-plus the 64x64 CartPole policy on gymnax and on gymnasium (host loop, sized by time).
+plus the 64x64 CartPole policy on gymnax and on gymnasium (host environments, sized by time).
 `--quick` has small CartPole PPO and PQN and world-model configs for a CPU.
 
 Per workload x precision it records the total steps, steps/s (median over seeds,
@@ -43,7 +43,7 @@ class Workload:
     kind: str  # a registered algorithm: ppo | world-model | ...
     settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
     vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
-    seconds: float | None = None  # total steps sized to about this long a run (host-loop PPO)
+    seconds: float | None = None  # total steps sized to about this long a run (host-environment PPO)
 
 
 def workloads(quick: bool) -> list[Workload]:

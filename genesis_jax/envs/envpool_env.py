@@ -63,6 +63,7 @@ class EnvPoolVecEnv:
             task_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **ATARI_OPTIONS
         )
         self.num_envs = num_envs
+        self.obs_dtype = np.uint8
 
     @staticmethod
     def _channels_last(obs):

@@ -28,21 +28,30 @@ class InLoopEnv:
             self.host.close()
 
 
-def in_loop_env(spec: EnvSpec, num_envs: int, seed: int, vectorization: str = "sync") -> InLoopEnv:
-    """`num_envs` copies of `spec`'s environment for a compiled loop; host ones reset from `seed`."""
+def in_loop_env(
+    spec: EnvSpec, num_envs: int, seed: int, vectorization: str = "sync", action_repeat: int = 1
+) -> InLoopEnv:
+    """`num_envs` copies of `spec`'s environment for a compiled loop; host ones (gymnasium,
+    EnvPool) reset from `seed`."""
     if spec.backend == "gymnax":
         env = GymnaxVecEnv(spec.env_id, num_envs)
         return InLoopEnv(env.step, env.reset)
-    host = GymnasiumVecEnv(spec.env_id, num_envs, vectorization)
+    if spec.backend == "envpool":
+        from genesis_jax.envs.envpool_env import EnvPoolVecEnv  # an optional dependency
+
+        host = EnvPoolVecEnv(spec.env_id, num_envs, seed)
+    else:
+        host = GymnasiumVecEnv(spec.env_id, num_envs, vectorization, action_repeat)
     return InLoopEnv(io_callback_step(host), lambda _key: (host.reset(seed=seed), ()), host)
 
 
-def resolve_in_loop(config, algorithm: str, *, continuous: bool, instead: str) -> EnvSpec:
+def resolve_in_loop(config, algorithm: str, *, continuous: bool | None = None, instead: str = "") -> EnvSpec:
     """`config.env` resolved for `algorithm`, whose environments step inside its compiled loop:
     a ValueError, before anything is built, for the other kind of action space (naming the
-    algorithm to use `instead`) or for seeds and devices that host environments cannot have."""
+    algorithm to use `instead`; `continuous` None: either kind) or for seeds and devices that
+    host environments cannot have."""
     spec = resolve_env(config.env, config.env_backend)
-    if spec.continuous != continuous:
+    if continuous is not None and spec.continuous != continuous:
         want, have = ("continuous", "discrete") if continuous else ("discrete", "continuous")
         raise ValueError(f"{algorithm} needs {want} actions; {config.env} has {have} ones: use {instead}")
     if spec.backend != "gymnax" and (config.num_seeds > 1 or config.devices > 1):

@@ -78,7 +78,7 @@ def test_same_seed_same_result():
     assert [r["loss"] for r in a.metrics] != [r["loss"] for r in c.metrics]
 
 
-@pytest.mark.slow  # learning run on the host loop: 19 s
+@pytest.mark.slow  # learning run on host (gymnasium) environments: 19 s
 def test_gymnasium_path_improves_cartpole():
     config = PPOConfig(
         env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0

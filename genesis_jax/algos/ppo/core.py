@@ -1,4 +1,4 @@
-"""What both PPO loops share: networks, optimizer, train state and the update from a rollout.
+"""PPO's networks, optimizer, train state and the update from a rollout.
 
 A rollout arrives as `Transition`s ([T, N, ...] arrays), becomes a `Trajectory` (done
 derived, truncations bootstrapped), and is learned from as shuffled `Minibatch`es.

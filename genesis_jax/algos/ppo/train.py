@@ -1,5 +1,6 @@
-"""PPO on the algorithm template: gymnax environments (the whole update under jit, seeds
-under vmap, environments split over devices) and host environments (gymnasium, EnvPool).
+"""PPO on the algorithm template, in the PureJaxRL style: rollout, GAE, epochs and minibatches
+all under one jit, seeds under vmap and environments split over devices on gymnax; host
+environments (gymnasium, EnvPool) step from inside the same compiled loop (`envs.in_loop`).
 
 >>> from genesis_jax.algos.ppo import PPOConfig, train
 >>> result = train(PPOConfig(env="CartPole-v1", precision="fp16", total_steps=20_000))  # doctest: +SKIP
@@ -9,9 +10,12 @@ under vmap, environments split over devices) and host environments (gymnasium, E
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from genesis_jax.algos.base import (
     GYMNAX_README,
@@ -22,14 +26,16 @@ from genesis_jax.algos.base import (
     StudyTask,
 )
 from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
-from genesis_jax.algos.ppo.core import make_network
+from genesis_jax.algos.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
+from genesis_jax.algos.ppo.transition import Transition
+from genesis_jax.amp import TrainState
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.torsos import check_network
 from genesis_jax.run import plots
 from genesis_jax.run.checkpoint import CheckpointStore
-from genesis_jax.run.parallel import replicated, sharded
+from genesis_jax.run.parallel import constrain, replicated, sharded
 
 # Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
 _LOGGED = (
@@ -86,6 +92,14 @@ STUDY = {
 }
 
 
+class RunnerState(struct.PyTreeNode):
+    train_state: TrainState
+    env_state: Any  # () for host environments: their state lives on the host
+    obs: jax.Array
+    episode_return: jax.Array  # running return of each env's current episode
+    rng: jax.Array
+
+
 class PPO(Algorithm):
     name = "ppo"
     fields = PPOFields
@@ -99,28 +113,67 @@ class PPO(Algorithm):
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
-        config = self.config
-        # A bad id or an unsupported space fails here, before anything is written.
-        spec = resolve_env(config.env, config.env_backend)
-        self.backend = spec.backend
-        check_network(config.network, spec.obs_shape)
-        if config.devices > 1 and self.backend != "gymnax":
-            raise ValueError("devices > 1 needs a JAX environment (env backend gymnax)")
-        self.total, self.unit_size = config.num_updates, config.batch_size
-        self.last_return = None
-        if self.backend == "gymnax":
-            from genesis_jax.algos.ppo.jax_loop import make_jax_ppo
+        # Imported here: gymnax's import starts JAX's backends, which parsing `train ppo` must not.
+        from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 
-            self.init, self.one_update, self.spec = make_jax_ppo(config, self.train_step, config.mesh())
-            self.host_env = None
-        else:
-            from genesis_jax.algos.ppo.host_loop import make_host_ppo
+        c = self.config
+        # A bad id, an unsupported space or seeds a host environment cannot have: refused
+        # here, before anything is written.
+        self.spec = spec = resolve_in_loop(c, "ppo")
+        check_network(c.network, spec.obs_shape)
+        self.total, self.unit_size, self.last_return = c.num_updates, c.batch_size, None
+        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
+        self.host_init = self.env.host is not None  # init resets them
+        self.rollout_net = make_network(c, spec, c.rollout_precision_resolved())
+        self.learn = make_update_fn(c, spec, self.train_step)
+        self.truncation_bound = max_truncations(c, spec)
+        self.mesh = c.mesh()
 
-            self.init, self.host_chunk, self.warmup, self.host_env = make_host_ppo(config, self.train_step)
-            self.host_init = True  # init resets the host environments
+    def init(self, key) -> RunnerState:
+        state_key, env_key, run_key = jax.random.split(key, 3)
+        obs, env_state = self.env.reset(env_key)  # host environments restart from the seed
+        return RunnerState(
+            train_state=init_train_state(self.config, self.spec, state_key),
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros((self.config.num_envs,), jnp.float32),
+            rng=run_key,
+        )
 
-    def update(self, runner, data):
-        return self.one_update(runner)
+    def env_step(self, runner: RunnerState, randomness):
+        """One vector step with the rollout policy: the transition, and the returns of the
+        episodes it finished (0 elsewhere)."""
+        action_noise, env_keys = randomness
+        pi_params, value = self.rollout_net.apply(runner.train_state.params, runner.obs)
+        action = distributions.sample_with(pi_params, action_noise)
+        log_mu = distributions.log_prob(pi_params, action)
+        obs, env_state, reward, terminated, truncated, final_obs = self.env.step(env_keys, runner.env_state, action)
+        transition = Transition(runner.obs, action, log_mu, value, reward, terminated, truncated, final_obs)
+        done = jnp.logical_or(terminated, truncated)
+        episode_return = runner.episode_return + reward
+        finished_return = jnp.where(done, episode_return, 0.0)
+        env_state, obs, episode_return = constrain((env_state, obs, jnp.where(done, 0.0, episode_return)), self.mesh)
+        runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return)
+        return runner, (transition, finished_return)
+
+    def update(self, runner: RunnerState, data):
+        """A rollout of `num_steps` vector steps, then the PPO update on it."""
+        c, spec = self.config, self.spec
+        # The rollout's randomness is drawn before its loop, in two calls rather than in
+        # three per step: on small networks random-number generation is a large share of a step.
+        rng, noise_key, env_key, update_key = jax.random.split(runner.rng, 4)
+        steps_by_envs = (c.num_steps, c.num_envs)
+        randomness = (
+            distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
+            jax.random.split(env_key, steps_by_envs),
+        )
+        runner, (steps, finished_returns) = jax.lax.scan(self.env_step, runner, randomness)
+        value_of = lambda obs: self.rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
+        traj = finish_rollout(steps, value_of, c.gamma, self.truncation_bound)
+        train_state, metrics = self.learn(runner.train_state, traj, value_of(runner.obs), update_key)
+        metrics["episodes"] = traj.done.sum()
+        metrics["return_sum"] = finished_returns.sum()
+        return runner.replace(train_state=train_state, rng=rng), metrics
 
     def shardings(self, runner, mesh):
         """The environments (their states, observations, returns) split over the mesh, the
@@ -134,15 +187,8 @@ class PPO(Algorithm):
             rng=same,
         )
 
-    def compile_chunk(self, runner, per_chunk: int):
-        if self.host_env is None:
-            return super().compile_chunk(runner, per_chunk)
-        self.warmup(runner)  # host loops have no single program: compile the policy and learner
-        return lambda r: self.host_chunk(r, per_chunk)
-
     def close(self) -> None:
-        if self.host_env is not None:
-            self.host_env.close()
+        self.env.close()
 
     def rows(self, chunk_metrics: dict, first_update: int) -> list[dict]:
         """One row per update, means over seeds, plus each seed's return.
@@ -191,7 +237,7 @@ class PPO(Algorithm):
 
         return {
             "env": config.env,
-            "env_backend": self.backend,
+            "env_backend": self.spec.backend,
             "rollout_precision": config.rollout_precision_resolved().name,
             "num_seeds": config.num_seeds,
             "total_steps": rows[-1]["step"] if rows else 0,
