@@ -7,6 +7,7 @@ Here at the root, not in notebooks/: --doctest-modules imports every conftest.py
 testpaths, and two directories without __init__.py (notebooks/, docs/) would both give the
 module name `conftest`, which pytest refuses."""
 
+import builtins
 import os
 import shutil
 import sys
@@ -17,6 +18,11 @@ import pytest
 # nbmake's kernels inherit the environment: the notebooks run at their smoke size under the suite
 # (notebooks/precision_tour.ipynb reads it; GENESIS_NOTEBOOK_SMOKE=0 runs them at full size).
 os.environ.setdefault("GENESIS_NOTEBOOK_SMOKE", "1")
+
+# Doctests that compile a network or a replay buffer (seconds each): the slow lane.
+SLOW_DOCTESTS = frozenset(
+    {"genesis_jax.nets.conv.Conv", "genesis_jax.nets.q_network.QNetwork", "genesis_jax.data.replay"}
+)
 
 LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
 
@@ -45,6 +51,13 @@ def pytest_unconfigure(config):
         shutil.rmtree(config._jax_test_cache, ignore_errors=True)
 
 
+def pytest_runtest_teardown(item):
+    """A doctest's displayhook leaves its last value in `builtins._`; a JAX array there (it
+    claims to be Hashable but is not) breaks any later import that hashes the builtins, as
+    tyro's first import does: the order of the files on a worker must not decide a test."""
+    builtins.__dict__.pop("_", None)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--long",
@@ -62,7 +75,7 @@ def long_tests_wanted(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     skip_long = None if long_tests_wanted(config) else pytest.mark.skip(reason=LONG_SKIP_REASON)
     for item in items:
-        if item.path.suffix == ".ipynb":
+        if item.path.suffix == ".ipynb" or item.name in SLOW_DOCTESTS:
             item.add_marker(pytest.mark.slow)
         if skip_long and item.get_closest_marker("long"):
             item.add_marker(skip_long)

@@ -17,7 +17,7 @@ import pytest
 from markdown_it import MarkdownIt
 from pytest_markdown_docs.plugin import MarkdownTextFile, parse_superfences_block_info
 
-# The slow marker's "~10 s on 2 CPU cores" is up to ~20 s of CPU time; twice that fails. (The
+# The slow marker's "~4 s on 2 CPU cores" is up to ~8 s of CPU time; a block far over it fails. (The
 # docs' blocks took at most 8 s of wall time and 13 s of CPU time when this was written.)
 FAST_BLOCK_CPU_SECONDS = 40.0
 PYTHON = ("py", "python", "python3")

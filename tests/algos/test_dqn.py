@@ -64,6 +64,7 @@ def test_final_return_is_the_mean_of_the_last_ten_finished_episodes(tiny_run):
     assert tiny_run.summary["buffer_bytes"] == 1_000 * (4 * 4 + 4 + 4 + 1 + 4 * 4) + 5
 
 
+@pytest.mark.slow
 def test_polyak_target_update_mixes_by_tau():
     algo = DQN(DQNConfig(**{**TINY, "tau": 0.25, "target_update_interval": 2}))
     state = algo.init(jax.random.PRNGKey(0))
@@ -102,6 +103,7 @@ def test_each_minatar_game_stores_uint8_frames_and_traces_a_whole_update(env, ch
     assert metrics["loss"].dtype == jnp.float32 and metrics["updates"].dtype == jnp.int32
 
 
+@pytest.mark.slow
 def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
     config = DQNConfig(**{**TINY, "total_steps": 1_000}, env_backend="gymnasium")
     result = train(config, progress=False)

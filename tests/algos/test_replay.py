@@ -64,6 +64,7 @@ def test_round_trip_is_exact_in_the_added_dtypes():
     )
 
 
+@pytest.mark.slow
 def test_samples_only_filled_slots_and_the_newest_after_wrapping():
     replay = make_replay({"id": jnp.int32(0)}, capacity=50, batch_size=10)
     state = replay.add(replay.init(), {"id": jnp.arange(7)})

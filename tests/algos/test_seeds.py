@@ -27,6 +27,7 @@ def poison_seed(index: int, every: int):
     return hook
 
 
+@pytest.mark.slow
 def test_seed_k_of_n_is_the_one_seed_run_with_seed_plus_k():
     multi = Toy.train(ToyConfig(total_steps=64, num_seeds=3, seed=5), progress=False)
     assert multi.summary["seeds"] == [5, 6, 7]
@@ -48,6 +49,7 @@ def test_an_overflow_in_one_seed_skips_that_seed_alone():
     assert not np.allclose(hit.train_state.params["w"][1], clean.train_state.params["w"][1])
 
 
+@pytest.mark.slow
 def test_seeded_fault_injection_differs_per_seed_and_is_counted_per_seed():
     config = ToyConfig(total_steps=48, num_seeds=3, seed=2, precision="fp16", inject_nonfinite=0.2)
     result = Toy.train(config, progress=False)

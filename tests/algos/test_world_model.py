@@ -46,6 +46,7 @@ def test_fp16_halves_saved_activations(fp32_and_fp16):
     assert ratio <= 0.6
 
 
+@pytest.mark.slow
 def test_per_epoch_skips_equal_injected_steps(tmp_path):
     injected = {3, 4, 17, 40}  # global optimizer steps made non-finite
 

@@ -78,6 +78,7 @@ def test_pieces_compose_with_optimizers_and_train_in_fp16(name, optimizer):
     assert int(opt_state.skipped) <= 3 and float(scaler.loss_scale) == 2.0 ** (16 - int(opt_state.skipped))
 
 
+@pytest.mark.slow
 def test_in_fp32_without_a_scale_the_pieces_equal_plain_optax():
     model, (x, y) = make_model(jnp.float32), regression()
     params = model.init(jax.random.PRNGKey(1), x)
@@ -444,6 +445,7 @@ def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32(
     assert amp.autocast(dense.apply, "fp16")(dense_params, x).dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
     code = textwrap.dedent("""
         import pkgutil, sys

@@ -69,6 +69,7 @@ def torch_rule(schedule, init_scale, growth_interval):
     return out
 
 
+@pytest.mark.slow
 def test_critic_overflow_steps_the_actor_and_leaves_the_critic_bit_identical():
     lr = 0.05
     scaler = amp.DynamicLossScale(init_scale=2.0**10, growth_interval=3)

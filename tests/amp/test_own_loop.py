@@ -105,6 +105,7 @@ def test_precision_rules_stay_quiet_without_module_calls_or_on_an_error():
         jax.jit(lambda p, x: net.apply(p, x))(params, x)  # a fresh trace inside the block: warned
 
 
+@pytest.mark.slow
 def test_genesis_networks_match_their_rules_without_a_warning():
     from genesis_jax.nets.actor_critic import ActorCritic
 
@@ -119,6 +120,7 @@ def _dot_dtypes(fn, *args):
     return [e.outvars[0].aval.dtype for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "dot_general"]
 
 
+@pytest.mark.slow
 def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
     def mlp(params, x):
         return jnp.tanh(x @ params["w1"]) @ params["w2"]
@@ -165,6 +167,7 @@ def vmap_example():
     return runpy.run_path(str(REPO / "examples" / "vmap_seeds.py"))
 
 
+@pytest.mark.slow
 def test_under_vmap_each_seed_has_its_own_scaler_and_one_seeds_overflow_skips_no_other(vmap_example):
     run = vmap_example["run"]
     clean = run(num_seeds=4, steps=12, bad_seed=None)

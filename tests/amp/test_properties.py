@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +94,7 @@ def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool, strict: boo
     return tx, step
 
 
+@pytest.mark.slow
 @settings(max_examples=40, **PROFILE)
 @given(
     # (optimizer, max_grad_norm, grads_finite passed or decided from the norm, strict): one program each
@@ -321,6 +323,7 @@ def test_strict_adam_never_takes_a_step_that_overflows_its_second_moment(exponen
         assert_bit_identical(opt_state.inner_state, new_state.inner_state)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, **PROFILE)
 @given(
     exponents=st.lists(st.integers(-40, 38), min_size=6, max_size=6),

@@ -47,6 +47,7 @@ def numpy_fractions(reference, half) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1.0, 2.0**8, 2.0**16])
 def test_fractions_match_numpy_on_a_small_networks_float16_backward(scale):
     reference, half = gradients(scale)

@@ -42,6 +42,7 @@ def inject_at(target_step, value):
     return transform
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [jnp.inf, jnp.nan, -jnp.inf])
 def test_nonfinite_step_leaves_state_bit_identical(value):
     state, loss_fn, batch = make_state()
@@ -60,6 +61,7 @@ def test_nonfinite_step_leaves_state_bit_identical(value):
     assert not np.array_equal(final.params["params"]["dense_0"]["kernel"], after[0]["params"]["dense_0"]["kernel"])
 
 
+@pytest.mark.slow
 def test_clipping_acts_on_unscaled_gradients():
     # With scale 2^10 a clip on the scaled gradients would shrink them 1024x more.
     s_plain, loss_fn, batch = make_state(jnp.float32, NoOpLossScale(), "fp32", tx=optax.sgd(1.0), max_grad_norm=0.1)
@@ -113,6 +115,7 @@ def train_loss(precision, steps=300):
     return final, stats(state)
 
 
+@pytest.mark.slow
 def test_fp16_training_reaches_fp32_loss():
     loss32, _ = train_loss("fp32")
     loss16, stats16 = train_loss("fp16")
@@ -121,6 +124,7 @@ def test_fp16_training_reaches_fp32_loss():
     assert stats16["steps"] == 300
 
 
+@pytest.mark.slow
 def test_fp16_full_keeps_dtypes_through_steps():
     with pytest.warns(UserWarning):
         prec = get_precision("fp16-full")
@@ -195,6 +199,7 @@ def test_apply_gradients_with_a_nonfinite_decision_changes_nothing_but_the_skip_
     assert int(new.scaler.backoffs) == int(state.scaler.backoffs) + 1 and int(new.scaler.growth_tracker) == 0
 
 
+@pytest.mark.slow
 def test_a_guard_trip_halts_the_state_for_good():
     """Three skips in a row trip a guard of two; afterwards step, params, the optimizer state,
     the scaler and the counts no longer change, clean gradients included."""

@@ -1,5 +1,7 @@
 """The installed package stands alone: every module imports without torch being loaded."""
 
+import pytest
+
 from tests.support.processes import run_python
 
 CHECK = """
@@ -13,6 +15,7 @@ print(len(names), loaded)
 """
 
 
+@pytest.mark.slow
 def test_importing_every_module_of_the_package_never_imports_torch():
     out = run_python(["-c", CHECK], env={"JAX_PLATFORMS": "cpu", "PATH": ""}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

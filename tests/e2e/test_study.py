@@ -69,6 +69,7 @@ def test_per_task_estimates_are_rliable_on_each_column():
         assert ours["fp16"]["Median"][task].point == pytest.approx(np.median(SCORES["fp16"][:, task]))
 
 
+@pytest.mark.slow
 def test_probability_of_improvement_agrees_with_rliable():
     ours = stats.probability_of_improvement(SCORES, "fp32", reps=REPS, seed=0)
     pairs = {k: [SCORES[k], SCORES["fp32"]] for k in ("fp16", "bf16")}

@@ -101,6 +101,7 @@ def test_a_cell_stopped_before_its_summary_is_judged_by_the_study_record(tmp_pat
     assert f"{killed} was trained with" in line and "--total-steps: 2048 -> 4096" in line
 
 
+@pytest.mark.slow
 def test_the_header_says_what_the_cells_ran(tmp_path, capsys):
     # --total-steps 2000 is 3 whole PPO rollouts of 512 steps: the cells ran 1536 steps
     out = tmp_path / "study"
@@ -123,6 +124,7 @@ def verdict(analysis) -> str:
     return analysis["equivalence"]["fp16"][0][1]
 
 
+@pytest.mark.slow
 def test_no_verdict_from_runs_at_the_random_floor_or_from_too_few_seeds():
     # the case: 2 seeds, neither precision learned (normalised IQM 0.02)
     floor = fp16_against_fp32([31.5, 31.6], [31.5, 31.6])

@@ -89,6 +89,7 @@ def test_the_planned_seeds_give_the_promised_power_for_the_mean():
     assert plan.pooled_sd([1.0, 2.0, 3.0], [2.0, 4.0]) == pytest.approx(np.sqrt((2.0 + 2.0) / 3))
 
 
+@pytest.mark.slow
 def test_the_plan_from_its_pilot_and_the_study_states_it(tmp_path, capsys):
     out = tmp_path / "study"
     rng = np.random.default_rng(1)

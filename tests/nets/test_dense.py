@@ -66,6 +66,7 @@ def test_every_hidden_matmul_of_the_actor_critic_gradient_is_float16_and_the_hea
     assert len(half) == 4 + 4 + 2 and len(full) == 2 + 2 + 2 and len(dots) == 16
 
 
+@pytest.mark.slow
 def test_gradients_between_layers_are_float16_so_loss_scaling_still_matters():
     """A loss gradient of 1e-9 underflows float16 (smallest subnormal 6e-8): every hidden
     layer's kernel gradient is zero unless the loss is scaled (the float32 head's is not);

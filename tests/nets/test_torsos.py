@@ -32,6 +32,7 @@ def _dots(jaxpr):
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("network", list(TORSOS))
 def test_outputs_are_float32_with_any_batch_shape(network, dtype):
@@ -93,6 +94,7 @@ def test_layer_norms_and_residual_stream_are_float32(dtype):
     assert out.dtype == jnp.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stride,padding", [(1, "VALID"), (2, "SAME"), (4, "VALID")])
 def test_cpu_patch_convolution_equals_the_native_one(stride, padding):
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 20, 20, 4))

@@ -26,6 +26,9 @@ from genesis_jax.amp.optim import skip_state  # noqa: E402
 from genesis_jax.nets import MLP  # noqa: E402
 from tests.parity import harness as parity  # noqa: E402
 
+# Every test here runs PyTorch beside JAX (torch's import alone takes seconds): the slow lane.
+pytestmark = pytest.mark.slow
+
 OBS_DIM, ACTION_DIM, HIDDEN, BATCH = 4, 2, 16, 32
 INIT_SCALE, GROWTH_INTERVAL = 2.0**10, 2
 ACTOR_LR, MOMENTUM, CRITIC_LR = 0.05, 0.9, 1e-2
@@ -176,7 +179,7 @@ def runs(critic_optimizer):
 
 # torch-style Adam in the fast lane (about 5 s of CPU time: one compile, 14 steps each side);
 # optax.adam, which differs only by its float32 bias corrections, in the slow lane.
-@pytest.mark.parametrize("critic_optimizer", ["torch-style", pytest.param("optax", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("critic_optimizer", ["torch-style", "optax"])
 def test_scale_sequence_and_params_match_one_gradscaler_step_by_step(critic_optimizer):
     theirs, ours, actor, critic = runs(critic_optimizer)
     atol = PARAM_ATOL[critic_optimizer]

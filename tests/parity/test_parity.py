@@ -16,6 +16,9 @@ from genesis_jax.nets import MLP, ActorCritic  # noqa: E402
 from genesis_jax.nets.world_model import WorldModel  # noqa: E402
 from tests.parity import harness as parity  # noqa: E402
 
+# Every test here runs PyTorch beside JAX (torch's import alone takes seconds): the slow lane.
+pytestmark = pytest.mark.slow
+
 torch.manual_seed(0)
 
 
@@ -108,7 +111,6 @@ TOLERANCES = {
 }
 
 
-@pytest.mark.slow  # its fixture trains JAX and torch side by side: 37 s
 @pytest.mark.parametrize("precision, optimizer", sorted(TOLERANCES))
 def test_training_matches_torch_amp(training_runs, precision, optimizer):
     t_losses, t_skipped, t_params = training_runs[precision]["torch"]
@@ -122,7 +124,6 @@ def test_training_matches_torch_amp(training_runs, precision, optimizer):
     assert j_losses[-1] < 0.5 * j_losses[0]  # it trained
 
 
-@pytest.mark.slow  # shares the training_runs fixture: 37-58 s
 def test_fp16_skips_include_real_overflows(training_runs):
     # Starting at 2^16 the first steps overflow float16 on both sides: the same extra steps.
     t_skipped = training_runs["fp16"]["torch"][1]

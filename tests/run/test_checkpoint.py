@@ -139,6 +139,7 @@ FORMAT_2_RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ppo", "sac"])
 def test_a_format_2_run_resumes_and_trains_on(tmp_path, kind):
     from genesis_jax.cli import main

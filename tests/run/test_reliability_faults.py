@@ -70,6 +70,7 @@ def test_every_injected_step_is_skipped_and_nothing_else():
     assert int(state.skipped) == faults.count_nonfinite(40) == len(skipped) > 0
 
 
+@pytest.mark.slow
 def test_loss_spike_overflows_fp16_and_is_clipped_in_fp32():
     faults = FaultInjection(loss_spike_steps=(2,), loss_spike_factor=1e6)
     state16, loss_fn16, batch = mlp_state(jnp.float16, DynamicLossScale(), "fp16", max_grad_norm=1.0)

@@ -69,6 +69,7 @@ def replace_leaf(state, field: str, value):
     return jax.tree_util.tree_map_with_path(change, state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dqn", "sac"])
 def test_an_intact_off_policy_checkpoint_reads_back_without_a_target(tmp_path, kind, dqn_state, sac_state):
     """flashbax's buffer state is a dataclass; read back without a target it is a dict."""

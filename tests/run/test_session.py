@@ -129,6 +129,7 @@ def test_a_toy_trainer_gets_a_run_directory_and_exact_resume(tmp_path):
     assert resumed["steps"] == straight["steps"]
 
 
+@pytest.mark.slow
 def test_the_guard_stops_a_toy_trainer_with_its_own_message(tmp_path):
     with pytest.raises(DivergenceError, match="consecutive updates were skipped as non-finite") as stop:
         train_regression(RegressionConfig(nonfinite_rate=1.0), str(tmp_path / "bad"))
