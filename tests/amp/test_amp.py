@@ -291,6 +291,7 @@ def test_precision_rules_run_the_marked_modules_in_float32():
         assert intermediate_dtypes(tower, params, x)["hidden"] == jnp.bfloat16
 
 
+@pytest.mark.slow
 def test_genesis_networks_get_their_float32_heads_from_the_rules():
     net = ActorCritic(action_dim=3, network="resmlp", width=16, depth=1, dtype=jnp.float16)
     x = jnp.ones((2, 6))

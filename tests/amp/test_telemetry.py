@@ -64,6 +64,7 @@ def test_fractions_match_numpy_on_a_small_networks_float16_backward(scale):
     assert float(metrics["underflow/hidden"]) == pytest.approx(expected["hidden"][1], abs=1e-7)
 
 
+@pytest.mark.slow
 def test_without_scaling_the_small_loss_underflows_and_scaling_lifts_it():
     """The property the scaler exists for: at scale 1 a small loss's float16 gradients sit
     below the normal range (many flushed to 0); at 2^16 next to none do."""

@@ -74,6 +74,7 @@ def test_clipping_acts_on_unscaled_gradients():
     np.testing.assert_allclose(float(delta), 0.1, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_jitted_step_compiles_once():
     state, loss_fn, batch = make_state()
     traces = []

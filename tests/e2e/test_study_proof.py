@@ -40,6 +40,7 @@ def test_auc_is_each_seeds_mean_return_over_the_runs_windows():
     np.testing.assert_allclose(cells.auc_scores(rows, points=4), [200.0, 100.0])
 
 
+@pytest.mark.slow
 def test_the_report_gives_a_final_and_an_auc_verdict_per_task(tmp_path):
     out = tmp_path / "study"
     ramp = [[20.0 + 120 * u + 3 * k for k in range(6)] for u in range(4)]  # learns over the run

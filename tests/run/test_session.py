@@ -156,6 +156,7 @@ def read_tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_the_loss_scale_of_every_row(tmp_path):
     _, rows, _ = train_regression(RegressionConfig(chunks=4), str(tmp_path / "tb"), writers=("tensorboard",))
     scalars = read_tensorboard_scalars(tmp_path / "tb" / "tensorboard")
