@@ -195,7 +195,7 @@ class Algorithm:
     unit_size: int = 1
     progress_unit: str = "update"
     data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
-    host_init: bool = False  # `init` resets environments on the host: run it eagerly, not compiled
+    env: Any = None  # an `envs.in_loop.InLoopEnv` where the algorithm steps environments in its loop
     underflow_telemetry: ClassVar[bool] = False  # whether `update` measures it (config.underflow_telemetry)
     init_compile_seconds: float = 0.0
 
@@ -249,8 +249,16 @@ class Algorithm:
         keys = [k for k in ("loss", "train_loss", "eval_loss") if rows and k in rows[0]]
         plots.plot_curves(rows, self.unit, keys, file, title=self.title())
 
+    @property
+    def host_init(self) -> bool:
+        """Whether `init` resets environments on the host (gymnasium, EnvPool): it then runs
+        eagerly, not compiled."""
+        return self.env is not None and self.env.host is not None
+
     def close(self) -> None:
         """Releases host resources (environment processes)."""
+        if self.env is not None:
+            self.env.close()
 
     # -- what the template does ---------------------------------------------------------
 

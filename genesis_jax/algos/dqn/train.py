@@ -135,7 +135,6 @@ class DQN(Algorithm):
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
         self.env = in_loop_env(spec, c.num_envs, c.seed)
-        self.host_init = self.env.host is not None  # init resets them
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)
@@ -259,9 +258,6 @@ class DQN(Algorithm):
             "buffer_bytes": self.buffer_bytes,
             "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
         }
-
-    def close(self) -> None:
-        self.env.close()
 
     def postfix(self, row: dict) -> dict:
         self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return

@@ -123,7 +123,6 @@ class PPO(Algorithm):
         check_network(c.network, spec.obs_shape)
         self.total, self.unit_size, self.last_return = c.num_updates, c.batch_size, None
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
-        self.host_init = self.env.host is not None  # init resets them
         self.rollout_net = make_network(c, spec, c.rollout_precision_resolved())
         self.learn = make_update_fn(c, spec, self.train_step)
         self.truncation_bound = max_truncations(c, spec)
@@ -186,9 +185,6 @@ class PPO(Algorithm):
             episode_return=split,
             rng=same,
         )
-
-    def close(self) -> None:
-        self.env.close()
 
     def rows(self, chunk_metrics: dict, first_update: int) -> list[dict]:
         """One row per update, means over seeds, plus each seed's return.

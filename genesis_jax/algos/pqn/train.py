@@ -114,7 +114,6 @@ class PQN(Algorithm):
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, precision.compute_dtype)
         self.total, self.unit_size, self.spec, self.last_return = c.num_updates, c.batch_size, spec, None
         self.env = in_loop_env(spec, c.num_envs, c.seed)
-        self.host_init = self.env.host is not None  # init resets them
         evaluable = spec.backend == "gymnax" and spec.max_episode_steps is not None
         self.eval_env = in_loop_env(spec, EVAL_ENVS, c.seed) if evaluable else None
 
@@ -250,9 +249,6 @@ class PQN(Algorithm):
             **final_return_summary(state.episodes.recent, self.num_seeds),
             **evaluation,
         }
-
-    def close(self) -> None:
-        self.env.close()
 
     def postfix(self, row: dict) -> dict:
         self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return

@@ -85,7 +85,6 @@ class SAC(Algorithm):
         needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization)
-        self.host_init = self.env.host is not None  # init resets them
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec
@@ -171,9 +170,6 @@ class SAC(Algorithm):
             "loss_scale": state.critic.scaler.loss_scale,
             "halted": state.critic.halted | state.actor.halted | state.alpha.halted,
         }
-
-    def close(self) -> None:
-        self.env.close()
 
     def rows(self, metrics: dict, done: int) -> list[dict]:
         m = {k: np.asarray(v, np.float64).reshape(self.num_seeds, -1) for k, v in metrics.items()}
