@@ -1,5 +1,8 @@
-"""The mixed-precision settings every algorithm's config shares (a dataclass base), and how
-they become the amp pieces: the scaler, the divergence guard and the fault injection."""
+"""What every algorithm's config is made of, declared once: the field groups it composes (run
+length, environments, seeds, network, replay), the mixed-precision settings every config
+shares and how they become the amp pieces (the scaler, the divergence guard, the fault
+injection), and one way of checking them all: a table of ranges per class, types from the
+annotations, and a `check` per class for the relations between its fields."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import dataclasses
 import functools
 import types
 import typing
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 import optax
@@ -29,7 +32,7 @@ from genesis_jax.amp.policy import Precision, check_precision, get_precision, re
 from genesis_jax.amp.state import TrainState
 
 # Config fields a resumed run may change (how it runs, not what it computes): the device
-# layout, and the divergence guard's limits.
+# layout, and the divergence guard's limits. A field group adds its own (`RESUMABLE`).
 RESUMABLE_BASE_FIELDS = (
     "devices",
     "coordinator_address",
@@ -71,6 +74,8 @@ POSITIVE = Bounds("> 0", 0, low_open=True)
 NON_NEGATIVE = Bounds(">= 0", 0)
 UNIT_INTERVAL = Bounds("in [0, 1]", 0, 1)
 OPEN_UNIT_INTERVAL = Bounds("in (0, 1)", 0, 1, low_open=True, high_open=True)
+RATE = Bounds("in (0, 1]", 0, 1, low_open=True)  # a Polyak rate: 0 would never move
+STEPS = Bounds(f"a positive integer (at most {INT64_MAX})", 1, INT64_MAX)  # environment steps: int64
 _INT32 = Bounds(f"an integer from {-INT32_MAX - 1} to {INT32_MAX} (int32)", -INT32_MAX - 1, INT32_MAX)
 
 
@@ -94,6 +99,11 @@ def _field_bounds(cls) -> dict[str, Bounds]:
     return bounds
 
 
+def _own_checks(cls) -> list[Callable]:
+    """The `check` methods `cls` and its bases define themselves, bases first."""
+    return [klass.__dict__["check"] for klass in reversed(cls.__mro__) if "check" in klass.__dict__]
+
+
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -115,9 +125,11 @@ def _checked(value, kind, bounds: Bounds | None):
         if isinstance(value, str) and value in args:
             return value, None
         return None, "one of " + ", ".join(map(str, args))
-    if origin is tuple:  # tuple[int, ...]
+    if origin is tuple:  # tuple[int, ...]; bounds, where given, hold for each entry of a non-empty one
         if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not all(map(_is_int, value)):
             return None, "a sequence of integers"
+        if bounds is not None and not (value and all(map(bounds.holds, value))):
+            return None, f"a non-empty sequence, each {bounds.text}"
         if not all(_INT32.holds(v) for v in value):
             return None, "a sequence of int32 integers"
         return tuple(int(v) for v in value), None
@@ -140,13 +152,35 @@ def check_fields(config) -> None:
     takes an int; names are strings; a Literal's choices) and the `FIELD_BOUNDS` tables of its
     classes; each value is stored back as a plain Python value. The first bad field raises a
     `ValueError` naming the field, the value and what is accepted."""
-    bounds = _field_bounds(type(config))
-    for name, kind in _field_types(type(config)):
+    cls = type(config)
+    bounds = _field_bounds(cls)
+    for name, kind in _field_types(cls):
         value = getattr(config, name)
         checked, accepted = _checked(value, kind, bounds.get(name))
         if accepted is not None:
             raise ValueError(f"{flag_name(name)} must be {accepted}, got {value!r}")
         object.__setattr__(config, name, checked)
+
+
+def check_relations(config) -> None:
+    """The relations between a config's fields, once each field is known good: its classes'
+    `FIELD_MULTIPLES` tables (field -> the field it must be a multiple of), then each class's
+    own `check`, base classes first."""
+    cls = type(config)
+    for klass in reversed(cls.__mro__):
+        for name, of in klass.__dict__.get("FIELD_MULTIPLES", {}).items():
+            value, base = getattr(config, name), getattr(config, of)
+            if value % base:
+                raise ValueError(f"{flag_name(name)} {value} must be a multiple of {flag_name(of)} {base}")
+    for check in _own_checks(cls):
+        check(config)
+
+
+def resumable_fields(cls) -> tuple[str, ...]:
+    """The fields a resume may change: `RESUMABLE_BASE_FIELDS` and the `RESUMABLE` of every
+    class of the config."""
+    own = (f for klass in reversed(cls.__mro__) for f in klass.__dict__.get("RESUMABLE", ()))
+    return tuple(dict.fromkeys((*RESUMABLE_BASE_FIELDS, *own)))
 
 
 # The shared fields' bounds (MixedPrecisionConfig's and ParallelConfig's, and every trainer's
@@ -209,6 +243,7 @@ class MixedPrecisionConfig:
     (one float32 and one float16 backward more per update; PPO and the world model)."""
 
     FIELD_BOUNDS = SHARED_FIELD_BOUNDS  # a subclass adds its own table (see `check_fields`)
+    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS  # a subclass's: `resumable_fields`
 
     def __post_init__(self):
         check_fields(self)  # every field's type and range, the subclass's too, before anything else
@@ -219,6 +254,11 @@ class MixedPrecisionConfig:
         check_loss_scale_args(scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
         self.divergence_guard()
         self.fault_injection(0)
+        check_relations(self)  # the relations between fields, each class's (`FIELD_MULTIPLES`, `check`)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.RESUMABLE_FIELDS = resumable_fields(cls)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields):
@@ -230,6 +270,9 @@ class MixedPrecisionConfig:
         'fp16'
         """
         return cls(**{**fields, "precision": resolve_precision_name(fields.get("precision"), environ)})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
     def train_precision(self) -> Precision:
         return get_precision(self.precision, self.loss_scaling)
@@ -276,3 +319,106 @@ class MixedPrecisionConfig:
             strict=self.strict_finite_checks,
             shared_scaler=shared_scaler,
         )
+
+
+# -- field groups: the fields several algorithms share, declared once -------------------------
+# An algorithm's `...Fields` dataclass composes the groups it needs and adds its own fields;
+# it redeclares a group's field only to change its default (the group's text stays the
+# `--help` line). A dataclass puts its last base's fields first: list the groups in the
+# reverse of their `--help` order. Each group carries its ranges (`FIELD_BOUNDS`), what a resume may change
+# (`RESUMABLE`) and the relations between its fields (`check`).
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFields:
+    """How long a run is and how often it reports."""
+
+    total_steps: int = 500_000
+    """Environment steps in all (all environments together)."""
+    updates_per_chunk: int | None = None
+    """Iterations (metrics rows) per compiled chunk between progress reports. None: about 25 reports per run."""
+
+    FIELD_BOUNDS = {"total_steps": STEPS, "updates_per_chunk": POSITIVE_INT}
+    RESUMABLE = ("total_steps", "updates_per_chunk")  # a longer run extends this one
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFields:
+    """The environments an algorithm steps inside its compiled loop (`envs.in_loop`)."""
+
+    env: str = "CartPole-v1"
+    """A gymnax or gymnasium environment id (CartPole-v1, Breakout-MinAtar, Pendulum-v1, ALE/Pong-v5, ...)."""
+    env_backend: Literal["gymnax", "gymnasium", "envpool"] | None = None
+    """None: gymnax where it has the id, else gymnasium (extras: atari, gymnasium[mujoco]); envpool: Atari."""
+    num_envs: int = 4
+    """Environments stepped in parallel."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """gymnasium: sync (in this process) or async (a subprocess per environment)."""
+    action_repeat: int = 1
+    """gymnasium: repeat each action this many steps."""
+
+    FIELD_BOUNDS = {"num_envs": POSITIVE_INT, "action_repeat": POSITIVE_INT}
+    RESUMABLE = ("vectorization",)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedFields:
+    """The seed, and how many seeds train together under `vmap`."""
+
+    seed: int = 0
+    """Seed of the parameters, the environments, exploration, replay samples and the fault injection."""
+    num_seeds: int = 1
+    """Seeds trained together in one compiled run (JAX environments); seed k is --seed + k."""
+
+    FIELD_BOUNDS = {"seed": SEED, "num_seeds": POSITIVE_INT}
+
+    def check(self) -> None:
+        if self.seed + self.num_seeds - 1 > SEED_MAX:
+            raise ValueError(f"seed + num-seeds - 1 must be at most {SEED_MAX}, got {self.seed + self.num_seeds - 1}")
+        if getattr(self, "devices", 1) > 1 and self.num_seeds > 1:
+            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkFields:
+    """The torso of the algorithm's networks (`nets.torsos`)."""
+
+    network: str | None = None
+    """Torso: mlp | resmlp | cnn | impala. None: cnn for image observations, mlp otherwise."""
+    hidden: tuple[int, ...] = (64, 64)
+    """mlp: hidden widths."""
+
+    FIELD_BOUNDS = {"hidden": POSITIVE_INT}
+
+    def check(self) -> None:
+        from genesis_jax.nets.torsos import NETWORKS  # flax: imported where a network is checked
+
+        if self.network is not None and self.network not in NETWORKS:
+            raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResMLPFields:
+    """The residual MLP torso's shape (network resmlp)."""
+
+    width: int = 256
+    """resmlp: residual stream width."""
+    depth: int = 2
+    """resmlp: residual blocks."""
+
+    FIELD_BOUNDS = {"width": POSITIVE_INT, "depth": POSITIVE_INT}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayFields:
+    """An off-policy algorithm's replay buffer (`data.replay`)."""
+
+    buffer_size: int = 1_000_000
+    """Transitions the replay buffer holds, per seed."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    learning_starts: int = 10_000
+    """Environment steps of collection only before the first gradient step."""
+
+    # The buffer against the batch and the memory: `data.replay.check_replay_sizes`, where it is built.
+    FIELD_BOUNDS = {"buffer_size": POSITIVE_INT, "batch_size": POSITIVE_INT, "learning_starts": NON_NEGATIVE}

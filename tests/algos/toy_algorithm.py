@@ -13,13 +13,13 @@ from flax import struct
 
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.amp import TrainState
-from genesis_jax.run.config import RESUMABLE_BASE_FIELDS, MixedPrecisionConfig
+from genesis_jax.run.config import MixedPrecisionConfig, SeedFields
 from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyFields:
-    """The toy's own fields."""
+class ToyFields(SeedFields):
+    """The toy's fields: the shared seeds group, and its own."""
 
     total_steps: int = 256
     """Optimizer steps in all."""
@@ -27,18 +27,11 @@ class ToyFields:
     """Samples per step."""
     lr: float = 0.05
     """SGD's learning rate."""
-    seed: int = 0
-    """Seed of the data and the parameters."""
-    num_seeds: int = 1
-    """Seeds trained together under vmap."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ToyConfig(ToyFields, MixedPrecisionConfig, ParallelConfig):
-    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    """The toy's whole config: its fields and the shared mixed-precision and parallel ones."""
 
 
 class ToyState(struct.PyTreeNode):

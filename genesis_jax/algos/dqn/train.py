@@ -134,7 +134,7 @@ class DQN(Algorithm):
         self.replay = make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
-        self.env = in_loop_env(spec, c.num_envs, c.seed)
+        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)

@@ -6,37 +6,30 @@ import dataclasses
 from typing import Literal
 
 from genesis_jax.amp.policy import Precision, check_precision, get_precision
-from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.run.config import (
     INT32_MAX,
-    INT64_MAX,
     NON_NEGATIVE,
     POSITIVE,
     POSITIVE_INT,
-    RESUMABLE_BASE_FIELDS,
-    SEED_MAX,
     UNIT_INTERVAL,
-    Bounds,
+    EnvFields,
     MixedPrecisionConfig,
+    NetworkFields,
+    ResMLPFields,
+    RunFields,
+    SeedFields,
 )
 from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOFields:
-    """PPO's own fields (`PPOConfig` adds the shared mixed-precision and data-parallel ones).
-    Each field's text below is also its `--help` line."""
+class PPOFields(ResMLPFields, NetworkFields, SeedFields, RunFields, EnvFields):
+    """PPO's fields: the shared groups it composes (run, environments, seeds, network) and its
+    own (`PPOConfig` adds the shared mixed-precision and data-parallel ones). Each field's text
+    is also its `--help` line."""
 
-    env: str = "CartPole-v1"
-    """A gymnax or gymnasium environment id (Atari ids with the envpool backend)."""
-    env_backend: Literal["gymnax", "gymnasium", "envpool"] | None = None
-    """None: gymnax where it has the id, else gymnasium. envpool: Atari (pip install -e '.[envpool]')."""
     rollout_precision: str | None = None
     """Precision of the acting policy. None: the training precision."""
-    total_steps: int = 500_000
-    """Environment steps in all."""
-    num_envs: int = 4
-    """Environments stepped in parallel."""
     num_steps: int = 128
     """Rollout length per environment per update."""
     update_epochs: int = 4
@@ -59,30 +52,8 @@ class PPOFields:
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
     """Value loss coefficient."""
-    network: str | None = None
-    """Policy torso: mlp | resmlp | cnn | impala. None: cnn for image observations, mlp otherwise."""
-    hidden: tuple[int, ...] = (64, 64)
-    """mlp: hidden widths."""
     activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
     """mlp: activation."""
-    width: int = 256
-    """resmlp: residual stream width."""
-    depth: int = 2
-    """resmlp: residual blocks."""
-    seed: int = 0
-    """Seed of the parameters, the environments and the fault injection."""
-    num_seeds: int = 1
-    """Seeds trained together in one compiled run (gymnax)."""
-    vectorization: Literal["sync", "async"] = "sync"
-    """gymnasium: sync (in this process) or async (a subprocess per environment)."""
-    action_repeat: int = 1
-    """gymnasium: repeat each action this many steps."""
-    updates_per_chunk: int | None = None
-    """Updates per compiled chunk between progress reports. None: about 25 reports per run."""
-
-
-# The counts that must be positive integers.
-_COUNTS = ("num_envs", "num_steps", "update_epochs", "num_minibatches", "num_seeds", "action_repeat", "width", "depth")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,26 +63,18 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
 
     max_grad_norm: float | None = 0.5  # PPO's own default for the shared clipping field
 
-    # What a resume may change without changing what the run is (see `train`).
-    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("total_steps", "updates_per_chunk", "vectorization")
-
     # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
     FIELD_BOUNDS = {
-        **{name: POSITIVE_INT for name in _COUNTS},
-        "total_steps": Bounds(f"a positive integer (at most {INT64_MAX})", 1, INT64_MAX),
+        **{name: POSITIVE_INT for name in ("num_steps", "update_epochs", "num_minibatches")},
         "lr": POSITIVE,
         "gamma": UNIT_INTERVAL,
         "gae_lambda": UNIT_INTERVAL,
         "clip_eps": POSITIVE,
         "ent_coef": NON_NEGATIVE,
         "vf_coef": NON_NEGATIVE,
-        "updates_per_chunk": POSITIVE_INT,
     }
 
-    def __post_init__(self):
-        super().__post_init__()  # types and ranges of every field first
-        if any(h < 1 for h in self.hidden) or not self.hidden:
-            raise ValueError(f"hidden sizes must be positive integers, got {self.hidden!r}")
+    def check(self):
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num-envs x num-steps = {self.batch_size} is not divisible into {self.num_minibatches} minibatches"
@@ -128,13 +91,7 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
                 f"total-steps with num-envs x num-steps = {self.batch_size} and update-epochs x num-minibatches = "
                 f"{steps_per_update}"
             )
-        if self.seed + self.num_seeds - 1 > SEED_MAX:
-            raise ValueError(f"seed + num-seeds - 1 must be at most {SEED_MAX}, got {self.seed + self.num_seeds - 1}")
-        if self.network is not None and self.network not in NETWORKS:
-            raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
         self.validate_parallel("num-envs", self.num_envs)
-        if self.devices > 1 and self.num_seeds > 1:
-            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
         check_precision(self.rollout_precision or self.precision)  # fail now, not after env set-up
 
     @property
@@ -151,6 +108,3 @@ class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
 
     def rollout_precision_resolved(self) -> Precision:
         return get_precision(self.rollout_precision or self.precision)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)

@@ -3,34 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
-from genesis_jax.nets.torsos import NETWORKS
 from genesis_jax.run.config import (
-    INT64_MAX,
     POSITIVE,
     POSITIVE_INT,
-    RESUMABLE_BASE_FIELDS,
     UNIT_INTERVAL,
-    Bounds,
+    EnvFields,
     MixedPrecisionConfig,
+    NetworkFields,
+    RunFields,
+    SeedFields,
 )
 from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class PQNFields:
-    """PQN's own fields (`PQNConfig` adds the shared mixed-precision and data-parallel ones).
-    Each field's text below is also its `--help` line."""
+class PQNFields(NetworkFields, SeedFields, RunFields, EnvFields):
+    """PQN's fields: the shared groups it composes (environments, run, seeds, network) and its
+    own (`PQNConfig` adds the shared mixed-precision and data-parallel ones). Each field's text
+    is also its `--help` line."""
 
-    env: str = "CartPole-v1"
-    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ...)."""
-    env_backend: Literal["gymnax", "gymnasium"] | None = None
-    """None: gymnax where it has the id, else gymnasium."""
-    total_steps: int = 500_000
-    """Environment steps in all (all environments together)."""
-    num_envs: int = 32
-    """Environments stepped in parallel: PQN's decorrelation, in place of a replay buffer."""
+    num_envs: int = 32  # PQN's decorrelation, in place of a replay buffer
     num_steps: int = 64
     """Steps per environment per update."""
     num_epochs: int = 4
@@ -53,16 +46,7 @@ class PQNFields:
     """Exploration's epsilon after epsilon-fraction of the run."""
     epsilon_fraction: float = 0.2
     """The fraction of total-steps over which epsilon falls linearly from start to end."""
-    network: str | None = None
-    """Torso: mlp (LayerNorm after each layer) | cnn | impala | resmlp. None: cnn for images, mlp otherwise."""
-    hidden: tuple[int, ...] = (256, 256)
-    """mlp: hidden widths."""
-    seed: int = 0
-    """Seed of the parameters, the environments, exploration and the fault injection."""
-    num_seeds: int = 1
-    """Seeds trained together in one compiled run (gymnax)."""
-    updates_per_chunk: int | None = None
-    """Updates per compiled chunk between progress reports. None: about 25 reports per run."""
+    hidden: tuple[int, ...] = (256, 256)  # mlp: LayerNorm after each layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,31 +56,20 @@ class PQNConfig(PQNFields, MixedPrecisionConfig, ParallelConfig):
 
     max_grad_norm: float | None = 10.0  # purejaxql's
 
-    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("total_steps", "updates_per_chunk")  # longer: allowed
     FIELD_BOUNDS = {
-        **{n: POSITIVE_INT for n in ("num_envs", "num_steps", "num_epochs", "num_minibatches", "num_seeds")},
-        "total_steps": Bounds(f"a positive integer (at most {INT64_MAX})", 1, INT64_MAX),
-        "hidden": POSITIVE_INT,
+        **{n: POSITIVE_INT for n in ("num_steps", "num_epochs", "num_minibatches")},
         "lr": POSITIVE,
         "reward_scale": POSITIVE,
         **{n: UNIT_INTERVAL for n in ("gamma", "lam", "epsilon_start", "epsilon_end", "epsilon_fraction")},
-        "updates_per_chunk": POSITIVE_INT,
     }
 
-    def __post_init__(self):
-        super().__post_init__()  # types and ranges of every field first
-        if not self.hidden:
-            raise ValueError("hidden needs at least one width")
+    def check(self):
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num-envs x num-steps = {self.batch_size} is not divisible into {self.num_minibatches} minibatches"
             )
         if self.total_steps < self.batch_size:
             raise ValueError(f"total-steps {self.total_steps} is less than one update ({self.batch_size} steps)")
-        if self.network is not None and self.network not in NETWORKS:
-            raise ValueError(f"unknown network {self.network!r}; accepted: {', '.join(NETWORKS)}")
-        if self.devices > 1 and self.num_seeds > 1:
-            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
         self.validate_parallel("a minibatch's transitions", self.batch_size // self.num_minibatches)
 
     @property
@@ -107,6 +80,3 @@ class PQNConfig(PQNFields, MixedPrecisionConfig, ParallelConfig):
     @property
     def num_updates(self) -> int:
         return self.total_steps // self.batch_size
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)

@@ -113,7 +113,7 @@ class PQN(Algorithm):
         precision = c.train_precision()
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, precision.compute_dtype)
         self.total, self.unit_size, self.spec, self.last_return = c.num_updates, c.batch_size, spec, None
-        self.env = in_loop_env(spec, c.num_envs, c.seed)
+        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
         evaluable = spec.backend == "gymnax" and spec.max_episode_steps is not None
         self.eval_env = in_loop_env(spec, EVAL_ENVS, c.seed) if evaluable else None
 

@@ -84,7 +84,7 @@ class SAC(Algorithm):
         self.replay = make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
         needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
-        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization)
+        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec

@@ -5,21 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from genesis_jax.run.config import (
-    OPEN_UNIT_INTERVAL,
-    POSITIVE,
-    POSITIVE_INT,
-    RESUMABLE_BASE_FIELDS,
-    SEED_MAX,
-    MixedPrecisionConfig,
-)
+from genesis_jax.run.config import OPEN_UNIT_INTERVAL, POSITIVE, POSITIVE_INT, MixedPrecisionConfig, SeedFields
 from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldModelFields:
-    """The world model's own fields (`WorldModelConfig` adds the shared mixed-precision and
-    data-parallel ones). Each field's text below is also its `--help` line."""
+class WorldModelFields(SeedFields):
+    """The world model's fields: the shared seeds group and its own (`WorldModelConfig` adds
+    the shared mixed-precision and data-parallel ones). Each field's text is also its `--help` line."""
 
     data: str = "synthetic"
     """synthetic | synthetic-small | a gymnax or gymnasium env id (random policy) | a .npz written by
@@ -44,14 +37,10 @@ class WorldModelFields:
     """Open-loop steps per sample (> 1: a multi-step loss)."""
     lr: float = 1e-3
     """Adam's learning rate."""
-    seed: int = 0
-    """Seed of the data, the parameters and the fault injection."""
-    num_seeds: int = 1
-    """Seeds trained together in one compiled run (each its own parameters and shuffles; the data is seed's)."""
 
 
 # The counts that must be positive integers.
-_COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon", "num_seeds")
+_COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", "depth", "horizon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +48,7 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
     """A world-model run: `WorldModelFields`, and the shared `MixedPrecisionConfig` and
     `ParallelConfig` fields (clipping at norm 1.0 by default), as one flat config."""
 
-    # What a resume may change without changing what the run is (see `train`).
-    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS + ("epochs",)
+    RESUMABLE = ("epochs",)  # more epochs extend the run
 
     # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
     FIELD_BOUNDS = {
@@ -69,15 +57,7 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
         "lr": POSITIVE,
     }
 
-    def __post_init__(self):
-        super().__post_init__()  # types and ranges of every field first
+    def check(self):
         self.validate_parallel("batch-size", self.batch_size)
-        if self.devices > 1 and self.num_seeds > 1:
-            raise ValueError("num-seeds > 1 and devices > 1 cannot be combined; run the seeds one after another")
-        if self.seed + self.num_seeds - 1 > SEED_MAX:
-            raise ValueError(f"seed + num-seeds - 1 must be at most {SEED_MAX}, got {self.seed + self.num_seeds - 1}")
         if self.horizon > self.sequence_length:
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
