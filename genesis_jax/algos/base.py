@@ -4,8 +4,9 @@ An algorithm is a subclass of `Algorithm`, one file: its config dataclass (its o
 plus the shared `MixedPrecisionConfig` and `ParallelConfig`) and four pure functions,
 
 - `init(key) -> state`: the whole training state (a pytree holding an `amp.TrainState`);
-- `update(state, data) -> (state, metrics)`: one position (an update, an epoch) built on
-  `amp.train_step`; the template scans it into compiled chunks;
+- `update(state, data) -> (state, metrics)`: one row, the template's step (a PPO update,
+  DQN's or SAC's `row_steps` environment steps, an epoch) built on `amp.train_step`; the
+  template scans it into compiled chunks;
 - `rows(metrics, done) -> list[dict]`: a chunk's metrics as `metrics.jsonl` rows;
 - `summary(rows, state) -> dict`: its own summary fields;
 
@@ -69,11 +70,11 @@ class RunResult:
 
 
 def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> int:
-    """Positions per compiled chunk: a divisor of `total` (one compilation serves the whole
+    """Rows per compiled chunk: a divisor of `total` (one compilation serves the whole
     run) near total / target_chunks, or the `requested` one."""
     if requested is not None:
         if total % requested:
-            raise ValueError(f"updates-per-chunk {requested} does not divide the {total} updates")
+            raise ValueError(f"updates-per-chunk {requested} does not divide the run's {total} rows")
         return requested
     ideal = max(1, total // target_chunks)
     small = [d for d in range(1, math.isqrt(total) + 1) if total % d == 0]  # O(sqrt n), not O(n)
@@ -83,7 +84,7 @@ def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> in
 
 SEED_AXIS = "seed"  # the vmap axis of seeds trained together
 
-# What `update` must return among its metrics, one value per position: the template reads
+# What `update` must return among its metrics, one value per row: the template reads
 # them for the rows' per-seed columns, the progress bar and the divergence guard's stop.
 REQUIRED_METRICS = ("loss_scale", "skipped", "halted")
 
@@ -119,7 +120,7 @@ MINATAR_GAMES = ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
 def _stop_when_every_seed_halted(chunk):
     """Seeds are independent runs: one seed's divergence guard freezes that seed alone, and
     the run stops only when every seed has halted. The chunk's `halted` metric ([seeds,
-    positions]) becomes "every seed halted" (what the Session stops on); each seed's own
+    rows]) becomes "every seed halted" (what the Session stops on); each seed's own
     flag moves to `halted_per_seed`."""
 
     def wrapped(state, data):
@@ -184,16 +185,17 @@ class Algorithm:
     budget_field: ClassVar[str] = "total_steps"  # the field a longer run raises (environment steps, epochs)
     bench_workloads: ClassVar[tuple[BenchWorkload, ...]] = ()
     study_tasks: ClassVar[dict[str, StudyTask]] = {}  # task name -> task
-    unit: ClassVar[str] = "update"  # what one metrics row counts
-    meta_key: ClassVar[str | None] = None  # the checkpoint meta's position field (default: unit)
+    row_key: ClassVar[str] = "update"  # the rows' column counting them ("update", "row", "epoch")
+    checkpoint_key: ClassVar[str | None] = None  # the checkpoint meta's field for it (default: row_key)
     train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)
     plot_file: ClassVar[str] = "curves.png"  # the run directory's PNG
     score: ClassVar[str] = "final_loss"  # the summary field that says how well it learned (bench rows)
 
-    # Set by `setup`: positions in the run, and progress units per position (PPO: env steps).
-    total: int = 1
-    unit_size: int = 1
-    progress_unit: str = "update"
+    # Set by `setup`: the rows in the run, and the progress bar's steps per row and their name
+    # (PPO: the environment steps of an update, "step"; the world model: 1 "epoch").
+    num_rows: int = 1
+    steps_per_row: int = 1
+    step_name: str = "update"
     data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
     env: Any = None  # an `envs.in_loop.InLoopEnv` where the algorithm steps environments in its loop
     underflow_telemetry: ClassVar[bool] = False  # whether `update` measures it (config.underflow_telemetry)
@@ -245,9 +247,9 @@ class Algorithm:
         return jax.tree.map(lambda _: replicated(mesh), state)
 
     def plot(self, rows: list[dict], file) -> None:
-        """Draws the run's PNG into `file`; default: the rows' losses against the position."""
+        """Draws the run's PNG into `file`; default: the rows' losses against the row."""
         keys = [k for k in ("loss", "train_loss", "eval_loss") if rows and k in rows[0]]
-        plots.plot_curves(rows, self.unit, keys, file, title=self.title())
+        plots.plot_curves(rows, self.row_key, keys, file, title=self.title())
 
     @property
     def host_init(self) -> bool:
@@ -364,7 +366,7 @@ class Algorithm:
         return {
             "precision": self.config.train_precision().name,
             "seed": self.config.seed,
-            "steps_per_second": session.steps_per_second(self.unit_size * self.num_seeds),
+            "steps_per_second": session.steps_per_second(self.steps_per_row * self.num_seeds),
             "compile_seconds": compile_seconds,
             "wall_seconds": session.elapsed(),
             "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
@@ -389,7 +391,7 @@ class Algorithm:
                 **self.postfix(row),
                 "scale": f"{row['loss_scale']:g}",
                 "skipped": counted["skipped"],
-                "sps": f"{session.steps_per_second(self.unit_size * self.num_seeds):.0f}",
+                "sps": f"{session.steps_per_second(self.steps_per_row * self.num_seeds):.0f}",
             }
 
         return postfix
@@ -421,20 +423,20 @@ class Algorithm:
 
     def _train(self, out_dir, checkpoint_every: int, run_options: dict) -> RunResult:
         announce = run_options.pop("announce", None)  # called once training is about to begin
-        per_chunk = chunk_size(self.total, getattr(self.config, "updates_per_chunk", None))
-        every = max(1, checkpoint_every // self.unit_size) if checkpoint_every else 0
+        per_chunk = chunk_size(self.num_rows, getattr(self.config, "updates_per_chunk", None))
+        every = max(1, checkpoint_every // self.steps_per_row) if checkpoint_every else 0
         if every and out_dir is not None:
-            per_chunk = _largest_divisor_at_most(self.total, min(per_chunk, every))
+            per_chunk = _largest_divisor_at_most(self.num_rows, min(per_chunk, every))
         session = Session(
             out_dir,
             self.config,
             kind=self.name,
             train_state_path=self.train_state_path,
-            total=self.total,
-            position_key=self.unit,
-            meta_key=self.meta_key,
-            unit_size=self.unit_size,
-            unit=self.progress_unit,
+            total=self.num_rows,
+            position_key=self.row_key,
+            meta_key=self.checkpoint_key,
+            unit_size=self.steps_per_row,
+            unit=self.step_name,
             checkpoint_every=every,
             **run_options,
         )
@@ -463,7 +465,7 @@ class Algorithm:
             def plot(rows, path):
                 self.plot(rows, path / self.plot_file)
                 if rows and "underflow" in rows[0]:  # the opt-in telemetry: its own picture
-                    plots.plot_underflow(rows, self.unit, path / plots.UNDERFLOW_PLOT, title=self.title())
+                    plots.plot_underflow(rows, self.row_key, path / plots.UNDERFLOW_PLOT, title=self.title())
 
             summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
         return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

@@ -75,15 +75,15 @@ def _train_or_stop(algorithm, config):
 
 
 def _steps_for_seconds(algorithm, settings: dict, precision: str, seconds: float) -> int:
-    """Total steps for a run of about `seconds`, from the steps/s of a two-position run, in
-    whole positions (the algorithm's `unit_size` steps: PPO's update, DQN's and SAC's row)."""
+    """Total steps for a run of about `seconds`, from the steps/s of a two-row run, in
+    whole rows (the algorithm's `steps_per_row` steps: PPO's update, DQN's and SAC's row)."""
     probe = algorithm.config_class(precision=precision, **settings)
     sizing = algorithm(probe)
-    per_position = sizing.unit_size
+    per_row = sizing.steps_per_row
     sizing.close()
-    probe = dataclasses.replace(probe, total_steps=2 * per_position)
+    probe = dataclasses.replace(probe, total_steps=2 * per_row)
     steps_per_second = algorithm.train(probe, progress=False).summary["steps_per_second"]
-    return max(probe.total_steps, int(steps_per_second * seconds) // per_position * per_position)
+    return max(probe.total_steps, int(steps_per_second * seconds) // per_row * per_row)
 
 
 def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | None = None) -> dict:
@@ -104,7 +104,7 @@ def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | Non
         "peak_device_bytes": summary.get("peak_device_bytes", probes.peak_device_bytes()),
         "skipped_updates": summary["skipped_updates"],
         "total_steps": summary.get("total_steps", summary["total_updates"]),
-        "scale_trace": [(r.get("step", r[algorithm.unit]), r["loss_scale"]) for r in metrics],
+        "scale_trace": [(r.get("step", r[algorithm.row_key]), r["loss_scale"]) for r in metrics],
         "stopped": summary["stopped"],
     }
 

@@ -336,7 +336,7 @@ class RunFields:
     total_steps: int = 500_000
     """Environment steps in all (all environments together)."""
     updates_per_chunk: int | None = None
-    """Iterations (metrics rows) per compiled chunk between progress reports. None: about 25 reports per run."""
+    """Rows (the template's steps) per compiled chunk between progress reports. None: about 25 reports per run."""
 
     FIELD_BOUNDS = {"total_steps": STEPS, "updates_per_chunk": POSITIVE_INT}
     RESUMABLE = ("total_steps", "updates_per_chunk")  # a longer run extends this one

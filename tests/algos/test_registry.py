@@ -111,23 +111,23 @@ def test_four_devices_match_one_device_for_every_algorithm():
 
 
 def killable_run(name: str, precision: str):
-    """16 times the algorithm's tiny run, a checkpoint every position: (its config, the same run
-    as a `genesis-jax` command line without --out, its positions, progress units per position)."""
+    """16 times the algorithm's tiny run, a checkpoint every row: (its config, the same run
+    as a `genesis-jax` command line without --out, its rows, progress steps per row)."""
     algorithm = get_algorithm(name)
     budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
     config = tiny_config(name, precision=precision, **budget)
     sizing = algorithm(config)
-    positions, every = sizing.total, sizing.unit_size
+    rows, every = sizing.num_rows, sizing.steps_per_row
     sizing.close()
     argv = ["train", name, *tiny_argv(name, precision=precision, **budget), "--checkpoint-every", str(every)]
-    return config, argv, positions, every
+    return config, argv, rows, every
 
 
 @pytest.mark.slow  # per algorithm: a run in process, a CLI subprocess killed, a resume
 @pytest.mark.parametrize("name", NAMES)
 def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     algorithm = get_algorithm(name)
-    config, argv, positions, every = killable_run(name, "fp32")
+    config, argv, rows, every = killable_run(name, "fp32")
     straight = algorithm.train(config, progress=False)
     out = tmp_path / "run"
     proc = start_python(["-m", "genesis_jax.cli", *argv, "--out", str(out)], cpu_env())
@@ -135,7 +135,7 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert committed_steps(out)[-1] < positions * every  # killed mid-run: the resume has work to do
+    assert committed_steps(out)[-1] < rows * every  # killed mid-run: the resume has work to do
     resumed = algorithm.train(config, str(out), resume=True, progress=False)
     tree_equal(resumed.state, straight.state)  # every leaf: params, optimizer, scaler, buffers, environments, keys
     timeless = lambda rows: [{k: v for k, v in r.items() if "per_second" not in k} for r in rows]  # noqa: E731
@@ -146,9 +146,9 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
 @pytest.mark.slow  # per algorithm: 5 processes (a straight run, 3 killed, the last resume)
 @pytest.mark.parametrize("name", NAMES)
 def test_the_torture_schedule_at_three_kills_ends_as_the_uninterrupted_run(name, tmp_path):
-    _, argv, positions, _ = killable_run(name, "fp16")
+    _, argv, rows, _ = killable_run(name, "fp16")
     result = torture.torture(argv, tmp_path, 3, 0)
-    assert len(result.kills) == 3 and torture.verdict(result, positions, MEASURED) == [], torture.table(result)
+    assert len(result.kills) == 3 and torture.verdict(result, rows, MEASURED) == [], torture.table(result)
 
 
 def test_the_import_contract_keeps_every_registered_algorithm_apart():

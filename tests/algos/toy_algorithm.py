@@ -55,7 +55,7 @@ class Toy(Algorithm):
     score = "final_loss"
 
     def setup(self):
-        self.total = self.config.total_steps
+        self.num_rows = self.config.total_steps
 
     def init(self, key):
         params = {"w": jnp.zeros(3)}

@@ -59,7 +59,7 @@ class DQNFields(NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
     """How the buffer stores float observations: float32, or the compute dtype (fp16/bf16
     runs: half the memory, rounded once). Frames (MinAtar's 0/1, Atari's pixels) are stored as uint8 either way."""
     row_steps: int = 5_000
-    """Environment steps per metrics row (the template's position: progress and checkpoints fall on rows)."""
+    """Environment steps per metrics row (the template's step: progress and checkpoints fall on rows)."""
 
 
 @dataclasses.dataclass(frozen=True)

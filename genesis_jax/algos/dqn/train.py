@@ -3,7 +3,7 @@ averaging, linear epsilon-greedy exploration, a Huber or squared TD loss and a f
 buffer, the whole loop under jit (PureJaxRL's and CleanRL's DQN). gymnax environments step inside
 it; gymnasium ones (ALE Atari) on the host through `io_callback`, restarted from the seed on resume.
 
-One template position (a metrics row) is `row_steps` environment steps, in iterations of `train_frequency` steps
+One template row is `row_steps` environment steps, in iterations of `train_frequency` steps
 (vector steps whose transitions enter the buffer), one gradient step once past `learning_starts` (its batch's rows
 split over `devices`), a target update at multiples of `target_update_interval`. The buffer is checkpointed too.
 
@@ -105,8 +105,8 @@ STUDY = {
 
 
 class DQN(Algorithm):
-    name, fields, config_class, meta_key = "dqn", DQNFields, DQNConfig, "step"
-    score, plot_file, unit, progress_unit = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
+    name, fields, config_class, checkpoint_key = "dqn", DQNFields, DQNConfig, "step"
+    score, plot_file, row_key, step_name = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
     tiny = dict(
         total_steps=400,
         num_envs=2,
@@ -123,7 +123,7 @@ class DQN(Algorithm):
 
     def setup(self) -> None:
         c, spec = self.config, resolve_in_loop(self.config, "dqn", continuous=False, instead="sac")
-        self.total, self.unit_size, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
+        self.num_rows, self.steps_per_row, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
         precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
@@ -227,7 +227,7 @@ class DQN(Algorithm):
         }
 
     def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
-        """One row per position: means over seeds (counts summed), each seed's recent return."""
+        """The chunk's rows: means over seeds (counts summed), each seed's recent return."""
         m = {k: np.asarray(v).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}  # [seeds, rows]
         index = np.arange(done + 1, done + m["loss"].shape[1] + 1)
         episodes, return_sum = m["episodes"].sum(0), m["return_sum"].sum(0).astype(float)

@@ -104,10 +104,10 @@ class PPO(Algorithm):
     name = "ppo"
     fields = PPOFields
     config_class = PPOConfig
-    meta_key = "step"
+    checkpoint_key = "step"
     score = "final_return"  # the summary field the bench reports as the learning result
     plot_file = "ppo.png"
-    progress_unit = "step"
+    step_name = "step"
     underflow_telemetry = True
     tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
     bench_workloads, study_tasks = BENCH, STUDY
@@ -121,7 +121,7 @@ class PPO(Algorithm):
         # here, before anything is written.
         self.spec = spec = resolve_in_loop(c, "ppo")
         check_network(c.network, spec.obs_shape)
-        self.total, self.unit_size, self.last_return = c.num_updates, c.batch_size, None
+        self.num_rows, self.steps_per_row, self.last_return = c.num_updates, c.batch_size, None
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
         self.rollout_net = make_network(c, spec, c.rollout_precision_resolved())
         self.learn = make_update_fn(c, spec, self.train_step)

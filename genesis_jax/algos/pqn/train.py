@@ -2,7 +2,7 @@
 Learning"; purejaxql): Q-learning with no replay buffer and no target network. Many vectorised
 environments decorrelate the data, LayerNorm keeps the bootstrapped targets stable, and the
 targets are Q(lambda) returns over each update's rollout; then epochs of shuffled minibatches,
-as PPO does. One template position is one update: num-envs x num-steps environment steps.
+as PPO does. One template row is one update: num-envs x num-steps environment steps.
 
 Where it departs from purejaxql: Adam rather than RAdam, and a time limit bootstraps from the
 pre-reset observation instead of ending the return.
@@ -101,8 +101,8 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 
 
 class PQN(Algorithm):
-    name, fields, config_class, meta_key = "pqn", PQNFields, PQNConfig, "step"
-    score, plot_file, progress_unit = "final_return", "pqn.png", "step"
+    name, fields, config_class, checkpoint_key = "pqn", PQNFields, PQNConfig, "step"
+    score, plot_file, step_name = "final_return", "pqn.png", "step"
     tiny = dict(total_steps=256, num_envs=4, num_steps=16, num_epochs=1, num_minibatches=2, hidden=(16,))
     bench_workloads, study_tasks = BENCH, STUDY
 
@@ -112,7 +112,7 @@ class PQN(Algorithm):
         check_network(network, spec.obs_shape)
         precision = c.train_precision()
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, precision.compute_dtype)
-        self.total, self.unit_size, self.spec, self.last_return = c.num_updates, c.batch_size, spec, None
+        self.num_rows, self.steps_per_row, self.spec, self.last_return = c.num_updates, c.batch_size, spec, None
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
         evaluable = spec.backend == "gymnax" and spec.max_episode_steps is not None
         self.eval_env = in_loop_env(spec, EVAL_ENVS, c.seed) if evaluable else None
@@ -201,7 +201,7 @@ class PQN(Algorithm):
         episodes, return_sum = m["episodes"].sum(0), m["return_sum"].sum(0)
         columns = {
             "update": index.tolist(),
-            "step": (index * self.unit_size).tolist(),
+            "step": (index * self.steps_per_row).tolist(),
             "episode_return": [float(r / e) if e else None for r, e in zip(return_sum, episodes)],
             "recent_return": mean_over_seeds(m["recent_return"]),
             **{k: m[k].mean(0).tolist() for k in ("loss", "q", "epsilon", "loss_scale")},

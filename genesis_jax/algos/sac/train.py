@@ -64,7 +64,7 @@ STUDY = {
 
 class SAC(Algorithm):
     name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
-    unit, progress_unit = "row", "step"  # a metrics row: `steps_per_row` environment steps
+    row_key, step_name = "row", "step"  # a metrics row: `steps_per_row` environment steps
     tiny = dict(
         num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, buffer_size=64
     )
@@ -74,7 +74,7 @@ class SAC(Algorithm):
     def setup(self) -> None:
         c = self.config
         spec = resolve_in_loop(c, "sac", continuous=True, instead="dqn or pqn")  # before anything is written
-        self.spec, self.total, self.unit_size = spec, c.total_steps // c.steps_per_row, c.steps_per_row
+        self.spec, self.num_rows, self.steps_per_row = spec, c.total_steps // c.steps_per_row, c.steps_per_row
         dtype = c.train_precision().compute_dtype
         self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)
         self.q = lambda params, obs, act: self.critic.apply(params, obs, act)[..., 0]  # [2, batch] float32

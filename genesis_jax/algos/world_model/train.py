@@ -132,10 +132,10 @@ class WorldModelTrainer(Algorithm):
     name = "world-model"
     fields = WorldModelFields
     config_class = WorldModelConfig
-    unit = "epoch"
+    row_key = "epoch"
     score = "eval_loss"  # the summary field the bench reports as the learning result
     plot_file = "world_model.png"
-    progress_unit = "epoch"
+    step_name = "epoch"
     underflow_telemetry = True
     tiny = dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1)
     budget_field, bench_workloads, study_tasks = "epochs", BENCH, STUDY
@@ -160,7 +160,7 @@ class WorldModelTrainer(Algorithm):
                 f"epochs {config.epochs} x {self.batches_per_epoch} batches per epoch is more optimizer steps than "
                 f"the int32 step counters hold; at most {INT32_MAX // self.batches_per_epoch} epochs with this data"
             )
-        self.total = config.epochs
+        self.num_rows = config.epochs
         self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
         self.loss_fn = make_loss_fn(self.model)
         obs_dim, meta = train_set["obs"].shape[-1], self.dataset["meta"]
