@@ -106,6 +106,7 @@ def test_four_devices_match_one_device_for_every_algorithm():
     assert runs["device_count"] == 4 and set(runs["algorithms"]) == set(NAMES)
     for name, (one, four) in runs["algorithms"].items():
         assert one["updates"] == four["updates"] > 0, name
+        assert four["replicas_agree"], name  # every device's copy of the train state, the same
         for a, b in zip(one["params"], four["params"]):  # the devices sum the batch in another order
             np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5, err_msg=name)
 

@@ -326,7 +326,7 @@ def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
     an inf in one shard makes every replica skip and back off together."""
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
         import jax, jax.numpy as jnp, numpy as np, optax
         from jax.sharding import Mesh, PartitionSpec as P
         from genesis_jax import DynamicLossScale, amp

@@ -11,12 +11,8 @@ import numpy as np
 import optax
 
 from genesis_jax import DynamicLossScale, TrainState, train_step
-from genesis_jax.algos.dqn import DQNConfig
-from genesis_jax.algos.dqn import train as train_dqn
 from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.algos.ppo import train as train_ppo
-from genesis_jax.algos.sac import SACConfig
-from genesis_jax.algos.sac import train as train_sac
 from genesis_jax.algos.world_model import WorldModelConfig
 from genesis_jax.algos.world_model import train as train_wm
 from genesis_jax.run.parallel import make_mesh, replicas_agree, replicated, sharded
@@ -61,28 +57,6 @@ def world_model():
     return runs
 
 
-def off_policy():
-    """DQN and SAC with their replay batches' rows split over 1 and 4 devices."""
-    dqn = dict(total_steps=1_000, num_envs=2, train_frequency=2, row_steps=200, learning_starts=400, buffer_size=1_000)
-    dqn.update(batch_size=32, target_update_interval=100, epsilon_steps=1_000, hidden=(16,), precision="fp16")
-    sac = dict(total_steps=64, num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16))
-    sac.update(buffer_size=256, precision="fp16")
-    runs = {}
-    for devices in (1, 4):
-        d = train_dqn(DQNConfig(**dqn, devices=devices), progress=False)
-        s = train_sac(SACConfig(**sac, devices=devices), progress=False)
-        runs[devices] = {
-            "dqn_losses": [r["loss"] for r in d.metrics],
-            "dqn_episodes": [r["episodes"] for r in d.metrics],
-            "dqn_updates": int(d.state.train_state.step),
-            "dqn_replicas_agree": all_agree(d.state.train_state),
-            "sac_losses": [r["critic_loss"] for r in s.metrics],
-            "sac_updates": s.summary["gradient_iterations"],
-            "sac_replicas_agree": all_agree((s.state.critic, s.state.actor, s.state.alpha)),
-        }
-    return runs
-
-
 def inject_one_shard():
     """An inf in the rows that live on device 2 only: every replica must skip the step."""
     mesh = make_mesh(4)
@@ -122,6 +96,5 @@ if __name__ == "__main__":
         "ppo": lambda: ppo(sys.argv[2] if len(sys.argv) > 2 else None),
         "world_model": world_model,
         "inject": inject_one_shard,
-        "off_policy": off_policy,
     }[scenario]()
     print("RESULT " + json.dumps({"device_count": jax.device_count(), **result}))

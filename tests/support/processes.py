@@ -11,20 +11,30 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def without_device_count(xla_flags: str) -> list[str]:
+    """XLA_FLAGS's flags, a forced host device count left out."""
+    return [flag for flag in xla_flags.split() if not flag.startswith(DEVICE_COUNT_FLAG)]
+
+
 def cpu_env(
     *, host_devices: int | None = None, drop_xla_flags: bool = False, compile_cache: bool = True, **extra: str
 ) -> dict[str, str]:
     """This process's environment with JAX on CPU. `host_devices` splits the CPU into that many
-    XLA devices (XLA_FLAGS, read when JAX starts); `drop_xla_flags` clears an inherited XLA_FLAGS
-    (for `genesis-jax launch`, which sets its own per process); `compile_cache=False` leaves out
-    the test run's shared compilation cache (a process whose every write may fail); `extra` is added last."""
+    XLA devices (XLA_FLAGS, read when JAX starts); `drop_xla_flags` clears an inherited forced
+    device count (for `genesis-jax launch`, which sets its own per process; the suite's other
+    flags stay); `compile_cache=False` leaves out the test run's shared compilation cache (a
+    process whose every write may fail); `extra` is added last."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if not compile_cache:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if drop_xla_flags:
-        env.pop("XLA_FLAGS", None)
+    flags = without_device_count(env.get("XLA_FLAGS", "")) if drop_xla_flags or host_devices else None
     if host_devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host_devices}"
+        flags.append(f"{DEVICE_COUNT_FLAG}={host_devices}")
+    if flags is not None:
+        env["XLA_FLAGS"] = " ".join(flags)
     return {**env, **extra}
 
 

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.run.parallel import replicas_agree
 
 NAMES = sorted(REGISTRY)
 
@@ -37,15 +38,19 @@ def tiny_argv(name: str, **overrides) -> list[str]:
 
 
 def on_one_and_four_devices() -> dict:
-    """Each algorithm's tiny run (fp32) on 1 and on 4 devices: optimizer steps and parameters."""
+    """Each algorithm's tiny run (fp32) on 1 and on 4 devices: optimizer steps, parameters, and
+    whether every device holds the same copy of each replicated leaf of the state."""
     runs = {}
     for name in NAMES:
         algorithm = get_algorithm(name)
         runs[name] = []
         for devices in (1, 4):
-            ts = algorithm.train(tiny_config(name, devices=devices), progress=False).train_state
+            result = algorithm.train(tiny_config(name, devices=devices), progress=False)
+            ts, leaves = result.train_state, jax.tree.leaves(result.state)
             params = [np.asarray(x, np.float32).ravel().tolist() for x in jax.tree.leaves(ts.params)]
-            runs[name].append({"updates": int(np.sum(ts.step)), "params": params})
+            replicated = [x for x in leaves if isinstance(x, jax.Array) and x.is_fully_replicated]
+            agree = all(replicas_agree(x) for x in replicated)
+            runs[name].append({"updates": int(np.sum(ts.step)), "params": params, "replicas_agree": agree})
     return {"device_count": jax.device_count(), "algorithms": runs}
 
 
