@@ -5,6 +5,7 @@ Shared by every algorithm."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -57,7 +58,11 @@ def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
     `config.RESUMABLE_FIELDS`; refused (one sentence listing them) unless `allow`."""
     from genesis_jax.run.checkpoint import CheckpointMismatchError
 
-    changes = config_changes(meta.get("config", {}), config.to_dict(), config.RESUMABLE_FIELDS)
+    # A field the checkpoint's version did not have yet is compared as its default: how that version ran.
+    fields = dataclasses.fields(config) if dataclasses.is_dataclass(config) else ()
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    saved = {**defaults, **meta.get("config", {})}
+    changes = config_changes(saved, config.to_dict(), config.RESUMABLE_FIELDS)
     if changes and not allow:
         raise CheckpointMismatchError(
             f"the checkpoint at step {meta.get('step')} was written by a run with other settings "

@@ -141,18 +141,3 @@ def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     assert proc.returncode == 2
     assert "holds another run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert (out / "summary.json").read_text() == before
-
-
-@pytest.mark.slow  # three trainings: 31 s
-def test_resume_continues_exactly(tmp_path):
-    base = dict(env="CartPole-v1", precision="fp16", anneal_lr=False, seed=2, updates_per_chunk=2)
-    straight = train(PPOConfig(total_steps=4096, **base), progress=False)
-    out = tmp_path / "run"
-    train(PPOConfig(total_steps=2048, **base), out_dir=str(out), progress=False)
-    resumed = train(PPOConfig(total_steps=4096, **base), out_dir=str(out), resume=True, progress=False)
-    jax.tree.map(np.testing.assert_array_equal, resumed.train_state.params, straight.train_state.params)
-    jax.tree.map(np.testing.assert_array_equal, resumed.train_state.opt_state, straight.train_state.opt_state)
-    assert float(resumed.train_state.scaler.loss_scale) == float(straight.train_state.scaler.loss_scale)
-    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in straight.metrics]
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["update"] for line in lines] == list(range(1, 9))

@@ -76,21 +76,3 @@ def test_per_seed_columns_become_per_seed_tags():
         {"update": 1, "loss_scale_per_seed": [2.0, 4.0], "episode_return_per_seed": [None, 3.0]}, ("update",)
     )
     assert tags == {"loss_scale/seed_0": 2.0, "loss_scale/seed_1": 4.0, "episode_return/seed_1": 3.0}
-
-
-@pytest.mark.slow
-def test_ppo_seed_k_of_n_matches_its_one_seed_run_over_8_updates():
-    from genesis_jax.algos.ppo import PPOConfig, train
-
-    settings = dict(total_steps=2048, num_envs=4, num_steps=64)
-    multi = train(PPOConfig(num_seeds=2, seed=3, **settings), progress=False)
-    assert multi.summary["total_updates"] == 2 * 8 * 16  # each seed's 8 updates x 4 epochs x 4 minibatches
-    assert len(multi.metrics[-1]["episode_return_per_seed"]) == 2
-    for k in range(2):
-        alone = train(PPOConfig(seed=3 + k, **settings), progress=False)
-        jax.tree.map(
-            lambda a, b: np.testing.assert_allclose(a[k], b, **FLOAT32_ROUNDING),
-            multi.train_state.params,
-            alone.train_state.params,
-        )
-        assert multi.summary["final_return_per_seed"][k] == alone.summary["final_return"]

@@ -15,8 +15,6 @@ import pytest
 from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, train_step
 from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.algos.ppo import train as train_ppo
-from genesis_jax.algos.world_model import WorldModelConfig
-from genesis_jax.algos.world_model import train as train_wm
 from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
 from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CheckpointStore
@@ -172,21 +170,6 @@ def test_fp16_with_floor_skips_exactly_the_injected_steps():
 
 
 # --- exact resume: the world model -----------------------------------------------------------
-
-
-@pytest.mark.slow  # three world-model trainings: 24 s
-def test_world_model_resume_is_bit_identical(tmp_path):
-    base = dict(precision="fp16", batch_size=256, num_sequences=128, width=32, seed=5, init_loss_scale=2.0**10)
-    straight = train_wm(WorldModelConfig(epochs=4, **base), progress=False)
-    out = tmp_path / "wm"
-    train_wm(WorldModelConfig(epochs=2, **base), out_dir=str(out), progress=False)
-    resumed = train_wm(WorldModelConfig(epochs=4, **base), out_dir=str(out), resume=True, progress=False)
-    for field in ("params", "opt_state", "scaler", "step", "skipped"):
-        tree_equal(getattr(resumed.train_state, field), getattr(straight.train_state, field))
-    tree_equal(resumed.state.rng, straight.state.rng)  # the shuffles' key lives beside the train state
-    for key in ("train_loss", "eval_loss", "loss_scale", "skipped"):
-        assert [r[key] for r in resumed.metrics] == [r[key] for r in straight.metrics]
-    assert [r["epoch"] for r in metric_rows(out)] == [1, 2, 3, 4]
 
 
 # --- bad input: one line, exit 2, nothing on disk changed ------------------------------------
