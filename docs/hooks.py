@@ -25,7 +25,8 @@ def reference() -> str:
     for name, (module, help_line) in REGISTRY.items():
         algorithm, package = get_algorithm(name), module.rsplit(".", 1)[0]
         blocks = [f"::: {package}.train", f"::: {package}.{algorithm.config_class.__name__}"]
-        blocks.append(f"::: {package}.{algorithm.fields.__name__}")
+        # The shared field groups' fields too (run.config), each with its group's text.
+        blocks.append(f"::: {package}.{algorithm.fields.__name__}\n    options:\n      inherited_members: true")
         sections.append(f"## `{name}`\n\n{help_line[0].upper()}{help_line[1:]}.\n\n" + "\n\n".join(blocks))
     return "\n\n".join(sections)
 

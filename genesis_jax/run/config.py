@@ -177,9 +177,13 @@ def check_relations(config) -> None:
 
 
 def resumable_fields(cls) -> tuple[str, ...]:
-    """The fields a resume may change: `RESUMABLE_BASE_FIELDS` and the `RESUMABLE` of every
-    class of the config."""
-    own = (f for klass in reversed(cls.__mro__) for f in klass.__dict__.get("RESUMABLE", ()))
+    """The fields a resume may change: `RESUMABLE_BASE_FIELDS`, and the `RESUMABLE` (and any
+    `RESUMABLE_FIELDS` written by hand, as configs did before the groups) of every class of the config."""
+    own = (
+        f
+        for klass in reversed(cls.__mro__)
+        for f in (*klass.__dict__.get("RESUMABLE", ()), *klass.__dict__.get("RESUMABLE_FIELDS", ()))
+    )
     return tuple(dict.fromkeys((*RESUMABLE_BASE_FIELDS, *own)))
 
 
@@ -366,7 +370,7 @@ class SeedFields:
     """The seed, and how many seeds train together under `vmap`."""
 
     seed: int = 0
-    """Seed of the parameters, the environments, exploration, replay samples and the fault injection."""
+    """Seed of the parameters, the environments, the run's random draws and the fault injection."""
     num_seeds: int = 1
     """Seeds trained together in one compiled run (JAX environments); seed k is --seed + k."""
 

@@ -30,7 +30,7 @@ def cpu_env(
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if not compile_cache:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    flags = without_device_count(env.get("XLA_FLAGS", "")) if drop_xla_flags or host_devices else None
+    flags = without_device_count(env.get("XLA_FLAGS", "")) if drop_xla_flags or host_devices is not None else None
     if host_devices is not None:
         flags.append(f"{DEVICE_COUNT_FLAG}={host_devices}")
     if flags is not None:

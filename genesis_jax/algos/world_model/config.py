@@ -14,6 +14,8 @@ class WorldModelFields(SeedFields):
     """The world model's fields: the shared seeds group and its own (`WorldModelConfig` adds
     the shared mixed-precision and data-parallel ones). Each field's text is also its `--help` line."""
 
+    seed: int = 0
+    """Seed of the data, the parameters and the fault injection."""
     num_seeds: int = 1
     """Seeds trained together in one compiled run: each its own parameters and shuffles, all on --seed's data."""
     data: str = "synthetic"
