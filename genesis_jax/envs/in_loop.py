@@ -56,4 +56,8 @@ def resolve_in_loop(config, algorithm: str, *, continuous: bool | None = None, i
         raise ValueError(f"{algorithm} needs {want} actions; {config.env} has {have} ones: use {instead}")
     if spec.backend != "gymnax" and (config.num_seeds > 1 or config.devices > 1):
         raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+    if spec.backend != "gymnasium" and (config.vectorization != "sync" or config.action_repeat != 1):
+        raise ValueError(  # they would be ignored: say so rather than run without them
+            f"vectorization and action-repeat act on gymnasium environments; {config.env} runs on {spec.backend}"
+        )
     return spec

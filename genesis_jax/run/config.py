@@ -327,10 +327,11 @@ class MixedPrecisionConfig:
 
 # -- field groups: the fields several algorithms share, declared once -------------------------
 # An algorithm's `...Fields` dataclass composes the groups it needs and adds its own fields;
-# it redeclares a group's field only to change its default (the group's text stays the
-# `--help` line). A dataclass puts its last base's fields first: list the groups in the
-# reverse of their `--help` order. Each group carries its ranges (`FIELD_BOUNDS`), what a resume may change
-# (`RESUMABLE`) and the relations between its fields (`check`).
+# it redeclares a group's field only to change its default, narrow its type or say what it
+# means there (else the group's text stays the `--help` line). A dataclass puts its last
+# base's fields first: list the groups in the reverse of their `--help` order. Each group
+# carries its ranges (`FIELD_BOUNDS`), what a resume may change (`RESUMABLE`) and the
+# relations between its fields (`check`).
 
 
 @dataclasses.dataclass(frozen=True)

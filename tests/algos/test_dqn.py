@@ -138,6 +138,7 @@ def test_atari_frames_stay_uint8_in_the_buffer():
         (["--env", "Breakout-MinAtar", "--buffer-size", "1000000000"], "of memory is available"),
         (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),
         (["--env-backend", "gymnasium", "--num-seeds", "2"], "need a JAX environment (env backend gymnax)"),
+        (["--action-repeat", "4"], "action-repeat act on gymnasium environments; CartPole-v1 runs on gymnax"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args, words):

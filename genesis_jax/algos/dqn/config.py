@@ -27,6 +27,8 @@ class DQNFields(NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
     and its own (`DQNConfig` adds the shared mixed-precision and data-parallel ones). Each
     field's text is also its `--help` line."""
 
+    env: str = "CartPole-v1"
+    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ALE/Pong-v5, ...)."""
     num_envs: int = 10
     buffer_size: int = 10_000
     batch_size: int = 128

@@ -23,7 +23,10 @@ class PQNFields(NetworkFields, SeedFields, RunFields, EnvFields):
     own (`PQNConfig` adds the shared mixed-precision and data-parallel ones). Each field's text
     is also its `--help` line."""
 
-    num_envs: int = 32  # PQN's decorrelation, in place of a replay buffer
+    env: str = "CartPole-v1"
+    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ...)."""
+    num_envs: int = 32
+    """Environments stepped in parallel: PQN's decorrelation, in place of a replay buffer."""
     num_steps: int = 64
     """Steps per environment per update."""
     num_epochs: int = 4
@@ -46,7 +49,8 @@ class PQNFields(NetworkFields, SeedFields, RunFields, EnvFields):
     """Exploration's epsilon after epsilon-fraction of the run."""
     epsilon_fraction: float = 0.2
     """The fraction of total-steps over which epsilon falls linearly from start to end."""
-    hidden: tuple[int, ...] = (256, 256)  # mlp: LayerNorm after each layer
+    hidden: tuple[int, ...] = (256, 256)
+    """mlp: hidden widths, each layer followed by LayerNorm."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,14 @@ class SACFields(ResMLPFields, NetworkFields, ReplayFields, SeedFields, RunFields
     field's text is also its `--help` line."""
 
     env: str = "Pendulum-v1"
+    """A gymnax or gymnasium environment id with a continuous (Box) action space (Pendulum-v1, HalfCheetah-v5, ...)."""
+    env_backend: Literal["gymnax", "gymnasium"] | None = None  # no envpool: its games have discrete actions
     total_steps: int = 20_000
     num_envs: int = 1  # one gradient iteration follows each step of all of them
-    buffer_size: int = 1_000_000  # capped at total-steps: a larger buffer would never fill
-    learning_starts: int = 1_000  # of uniformly random actions
+    buffer_size: int = 1_000_000
+    """Transitions the replay buffer holds, per seed (capped at total-steps: a larger buffer would never fill)."""
+    learning_starts: int = 1_000
+    """Environment steps of uniformly random actions before the first gradient step."""
     gamma: float = 0.99
     """Discount factor."""
     tau: float = 0.005
