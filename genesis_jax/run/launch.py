@@ -121,13 +121,21 @@ def process_commands(command: list[str], processes: int, port: int) -> list[list
     ]
 
 
+HOST_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def with_host_devices(xla_flags: str, count: int | None) -> str:
+    """`xla_flags` with its forced host (CPU) device count replaced by `count` (None: left out)."""
+    flags = [f for f in xla_flags.split() if HOST_DEVICE_COUNT_FLAG.lstrip("-") not in f]
+    return " ".join(flags + ([] if count is None else [f"{HOST_DEVICE_COUNT_FLAG}={count}"]))
+
+
 def process_env(local_devices: int | None, visible_devices: str | None = None) -> dict:
     """One process's environment: this one's, plus its forced host devices (CPU), its share of
     the GPUs (None: CUDA_VISIBLE_DEVICES as inherited) and the launcher's pid."""
     env = dict(os.environ)
     if local_devices is not None:
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-        env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={local_devices}"])
+        env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), local_devices)
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
     env["PYTHONUNBUFFERED"] = "1"

@@ -8,15 +8,9 @@ import subprocess
 import sys
 import time
 
+from genesis_jax.run.launch import with_host_devices
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-
-
-def without_device_count(xla_flags: str) -> list[str]:
-    """XLA_FLAGS's flags, a forced host device count left out."""
-    return [flag for flag in xla_flags.split() if not flag.startswith(DEVICE_COUNT_FLAG)]
 
 
 def cpu_env(
@@ -30,11 +24,8 @@ def cpu_env(
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if not compile_cache:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    flags = without_device_count(env.get("XLA_FLAGS", "")) if drop_xla_flags or host_devices is not None else None
-    if host_devices is not None:
-        flags.append(f"{DEVICE_COUNT_FLAG}={host_devices}")
-    if flags is not None:
-        env["XLA_FLAGS"] = " ".join(flags)
+    if drop_xla_flags or host_devices is not None:
+        env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), host_devices)
     return {**env, **extra}
 
 
