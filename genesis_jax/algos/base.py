@@ -264,6 +264,17 @@ class Algorithm:
 
     # -- what the template does ---------------------------------------------------------
 
+    def by_seed(self, chunk_metrics: dict) -> dict:
+        """A chunk's metrics as [seeds, rows] numpy arrays (a 1-seed run's too)."""
+        return {k: np.asarray(v).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}
+
+    def rows_of(self, done: int, columns: dict[str, list]) -> list[dict]:
+        """A chunk's rows from its columns (a list each, an entry per row): each row numbered
+        by `row_key` from done + 1, and the environment steps so far ("step")."""
+        index = np.arange(done + 1, done + len(next(iter(columns.values()))) + 1)
+        columns = {self.row_key: index.tolist(), "step": (index * self.steps_per_row).tolist(), **columns}
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
     def title(self) -> str:
         return f"{self.name} ({self.config.train_precision().name})"
 

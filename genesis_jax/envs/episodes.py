@@ -59,6 +59,34 @@ def final_return_summary(recent, num_seeds: int) -> dict:
     }
 
 
+def episode_columns(episodes, return_sum, per_seed: bool = False) -> dict[str, list]:
+    """A chunk's episode columns from [seeds, rows] counts and return sums of the episodes that
+    ended in each row: the mean return of those episodes (None where none ended), the totals,
+    and with `per_seed` each seed's counts and sums (what `final_return_of_rows` reads)."""
+    episodes, return_sum = np.asarray(episodes).astype(int), np.asarray(return_sum, np.float64)
+    counts, sums = episodes.sum(0), return_sum.sum(0)
+    columns = {
+        "episode_return": [float(s / n) if n else None for s, n in zip(sums, counts)],
+        "episodes": counts.tolist(),
+        "return_sum": sums.tolist(),
+    }
+    if per_seed:
+        columns |= {"episodes_per_seed": episodes.T.tolist(), "return_sum_per_seed": return_sum.T.tolist()}
+    return columns
+
+
+def final_return_of_rows(rows: list[dict], num_seeds: int) -> dict:
+    """The summary's final_return (the mean return of the episodes that ended in the last tenth
+    of the rows, all seeds pooled) and each seed's, from rows with per-seed episode columns."""
+    last = rows[-max(1, len(rows) // 10) :]
+    no_rows = np.zeros((1, num_seeds))
+    sums, counts = (np.sum([r[f"{k}_per_seed"] for r in last] or no_rows, 0) for k in ("return_sum", "episodes"))
+    return {
+        "final_return": float(sums.sum() / counts.sum()) if counts.sum() else float("nan"),
+        "final_return_per_seed": [float(s / n) if n else float("nan") for s, n in zip(sums, counts)],
+    }
+
+
 def mean_over_seeds(values) -> list:
     """[seeds, rows] -> each row's mean over the seeds with a value (None where none has)."""
     have = ~np.isnan(values)

@@ -31,7 +31,7 @@ from genesis_jax.algos.base import (
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.episodes import RECENT, Episodes, final_return_summary, mean_over_seeds
+from genesis_jax.envs.episodes import RECENT, Episodes, episode_columns, final_return_summary, mean_over_seeds
 from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.q_network import QNetwork, epsilon_greedy
@@ -228,16 +228,10 @@ class DQN(Algorithm):
 
     def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
         """The chunk's rows: means over seeds (counts summed), each seed's recent return."""
-        m = {k: np.asarray(v).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}  # [seeds, rows]
-        index = np.arange(done + 1, done + m["loss"].shape[1] + 1)
-        episodes, return_sum = m["episodes"].sum(0), m["return_sum"].sum(0).astype(float)
+        m = self.by_seed(chunk_metrics)
         columns = {
-            "row": index.tolist(),
-            "step": (index * self.config.row_steps).tolist(),
-            "episode_return": [float(r / e) if e else None for r, e in zip(return_sum, episodes)],
+            **episode_columns(m["episodes"], m["return_sum"]),
             **{k: mean_over_seeds(m[k]) for k in ("recent_return", "loss", "q")},
-            "episodes": episodes.tolist(),
-            "return_sum": return_sum.tolist(),
             **{k: m[k].mean(0).astype(float).tolist() for k in ("epsilon", "loss_scale")},
             **{k: m[k].sum(0).astype(int).tolist() for k in ("updates", "buffer_size", "skipped")},
             "halted": m["halted"].any(0).tolist(),
@@ -246,7 +240,7 @@ class DQN(Algorithm):
             columns["recent_return_per_seed"] = [
                 [None if np.isnan(r) else float(r) for r in c] for c in m["recent_return"].T
             ]
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return self.rows_of(done, columns)
 
     def summary(self, rows: list[dict], state: DQNState) -> dict:
         return {

@@ -1,7 +1,7 @@
 """PPO's networks, optimizer, train state and the update from a rollout.
 
-A rollout arrives as `Transition`s ([T, N, ...] arrays), becomes a `Trajectory` (done
-derived, truncations bootstrapped), and is learned from as shuffled `Minibatch`es.
+A rollout arrives as `Transition`s ([T, N, ...] arrays), has its truncations bootstrapped,
+and is learned from as shuffled `Minibatch`es.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import optax
 from genesis_jax.algos.ppo.config import PPOConfig
 from genesis_jax.algos.ppo.gae import bootstrap_truncated, compute_gae
 from genesis_jax.algos.ppo.loss import ppo_loss
-from genesis_jax.algos.ppo.transition import Minibatch, Trajectory, Transition
+from genesis_jax.algos.ppo.transition import Minibatch, Transition
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics
@@ -96,18 +96,12 @@ def truncation_values(truncated, final_obs, value_fn, max_truncations: int | Non
     return jax.lax.cond(count > max_truncations, full, gathered)
 
 
-def finish_rollout(steps: Transition, value_fn, gamma: float, max_truncations: int | None = None) -> Trajectory:
-    """The update's `Trajectory` from a rollout's `Transition`s: `done` derived, and
-    truncated episodes' rewards bootstrapped from V(pre-reset observation) (see
-    `truncation_values`)."""
+def finish_rollout(steps: Transition, value_fn, gamma: float, max_truncations: int | None = None) -> Transition:
+    """The rollout with truncated episodes' rewards bootstrapped from V(pre-reset observation)
+    (see `truncation_values`): what the update learns from."""
     final_value = truncation_values(steps.truncated, steps.final_obs, value_fn, max_truncations)
-    return Trajectory(
-        obs=steps.obs,
-        action=steps.action,
-        log_prob=steps.log_prob,
-        value=steps.value,
-        reward=bootstrap_truncated(steps.reward, steps.truncated, steps.terminated, final_value, gamma),
-        done=jnp.logical_or(steps.terminated, steps.truncated),
+    return steps.replace(
+        reward=bootstrap_truncated(steps.reward, steps.truncated, steps.terminated, final_value, gamma)
     )
 
 
@@ -152,16 +146,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
         half = jax.grad(lambda p: loss16(p, batch)[0] * scale)(train_state.params)
         return underflow_metrics(reference, half)
 
-    scalar_names = (
-        "loss",
-        "grad_norm",
-        "grads_finite",
-        "policy_loss",
-        "value_loss",
-        "entropy",
-        "approx_kl",
-        "clip_fraction",
-    )
+    scalar_names = "loss grad_norm grads_finite policy_loss value_loss entropy approx_kl clip_fraction".split()
 
     def step(state, batch):
         """One minibatch step; its scalar metrics leave the loop as one float32 vector (one
@@ -172,10 +157,9 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
         scalars = jnp.stack([jnp.asarray(values[k], jnp.float32) for k in scalar_names])
         return state, (scalars, aux["log_pi"])
 
-    def update(train_state: TrainState, traj: Trajectory, last_value, key):
-        advantages, targets = compute_gae(
-            traj.reward, traj.value, traj.done, last_value, config.gamma, config.gae_lambda
-        )
+    def update(train_state: TrainState, traj: Transition, last_value, key):
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        advantages, targets = compute_gae(traj.reward, traj.value, done, last_value, config.gamma, config.gae_lambda)
         data = _flatten_time_env(
             Minibatch(
                 obs=traj.obs,

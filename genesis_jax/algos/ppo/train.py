@@ -29,6 +29,7 @@ from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
 from genesis_jax.algos.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
 from genesis_jax.algos.ppo.transition import Transition
 from genesis_jax.amp import TrainState
+from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
@@ -37,22 +38,8 @@ from genesis_jax.run import plots
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.parallel import constrain, replicated, sharded
 
-# Per-update metrics kept in metrics.jsonl (means over minibatch steps and seeds).
-_LOGGED = (
-    "loss",
-    "policy_loss",
-    "value_loss",
-    "entropy",
-    "approx_kl",
-    "clip_fraction",
-    "grad_norm",
-    "loss_scale",
-    "mismatch_kl_v1",
-    "mismatch_kl_v2",
-    "mismatch_max_dp",
-    "mismatch_ratio_dev",
-)
-
+# Per-update counts and flags, summed (or any) over seeds in the rows; the other metrics: means.
+_SUMMED = ("episodes", "return_sum", "skipped", "halted")
 
 # The opt-in underflow telemetry's metrics (and their per-layer "KIND/LAYER" columns).
 _TELEMETRY = ("underflow", "flushed")
@@ -76,19 +63,15 @@ BENCH = (
 # PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
 # minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
 _MINATAR = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
+_CARTPOLE = {"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"
 STUDY = {
-    "CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"),
+    "CartPole-v1": StudyTask(*_CARTPOLE),
     "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80"),
     **{
         f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, NO_PUBLISHED_REFERENCE)
         for game in MINATAR_GAMES
     },
-    "CartPole-v1-resmlp1024": StudyTask(
-        {"env": "CartPole-v1", "network": "resmlp", "width": 1024},
-        500_000,
-        500.0,
-        f"{GYMNAX_README}: R 500 (the maximum)",
-    ),
+    "CartPole-v1-resmlp1024": StudyTask({**_CARTPOLE[0], "network": "resmlp", "width": 1024}, *_CARTPOLE[1:]),
 }
 
 
@@ -170,7 +153,7 @@ class PPO(Algorithm):
         value_of = lambda obs: self.rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
         traj = finish_rollout(steps, value_of, c.gamma, self.truncation_bound)
         train_state, metrics = self.learn(runner.train_state, traj, value_of(runner.obs), update_key)
-        metrics["episodes"] = traj.done.sum()
+        metrics["episodes"] = (steps.terminated | steps.truncated).sum()
         metrics["return_sum"] = finished_returns.sum()
         return runner.replace(train_state=train_state, rng=rng), metrics
 
@@ -186,47 +169,21 @@ class PPO(Algorithm):
             rng=same,
         )
 
-    def rows(self, chunk_metrics: dict, first_update: int) -> list[dict]:
-        """One row per update, means over seeds, plus each seed's return.
-        (Column-wise numpy, then one dict per update: this runs on every chunk.)"""
-        m = {k: np.asarray(v) for k, v in chunk_metrics.items()}
-        if self.num_seeds == 1:
-            m = {k: v[None] for k, v in m.items()}  # [seeds, updates]
-        updates = np.arange(first_update + 1, first_update + m["loss"].shape[1] + 1)
-        episodes = m["episodes"].astype(np.int64)
-        finished = episodes > 0
-        seed_returns = np.where(finished, m["return_sum"] / np.maximum(episodes, 1), np.nan)
-        mean_returns = np.sum(np.where(finished, seed_returns, 0.0), 0) / np.maximum(finished.sum(0), 1)
-        columns = {
-            "update": updates.tolist(),
-            "step": (updates * self.config.batch_size).tolist(),
-            "episode_return": [float(r) if any_ else None for r, any_ in zip(mean_returns, finished.any(0))],
-            "episodes": episodes.sum(0).tolist(),
-            "return_sum": m["return_sum"].sum(0).astype(float).tolist(),
-            **{k: m[k].mean(0).astype(float).tolist() for k in _LOGGED},
-            "skipped": m["skipped"].sum(0).astype(int).tolist(),
-            "halted": m["halted"].any(0).tolist(),
-            **{k: m[k].mean(0).astype(float).tolist() for k in m if k.split("/")[0] in _TELEMETRY},
-        }
-        if self.num_seeds > 1:
-            columns["episode_return_per_seed"] = [
-                [None if np.isnan(r) else float(r) for r in col] for col in seed_returns.T
-            ]
-            columns["return_sum_per_seed"] = m["return_sum"].T.astype(float).tolist()
-            columns["episodes_per_seed"] = episodes.T.tolist()
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+    def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
+        """One row per update: means over seeds (counts summed), each seed's episodes."""
+        m = self.by_seed(chunk_metrics)
+        return self.rows_of(
+            done,
+            {
+                **episode_columns(m["episodes"], m["return_sum"], per_seed=True),
+                **{k: m[k].mean(0).astype(float).tolist() for k in m if k not in _SUMMED},
+                "skipped": m["skipped"].sum(0).astype(int).tolist(),
+                "halted": m["halted"].any(0).tolist(),
+            },
+        )
 
     def summary(self, rows: list[dict], runner) -> dict:
         config = self.config
-        last = rows[-max(1, len(rows) // 10) :]
-        episodes = sum(r["episodes"] for r in last)
-        final_return = sum(r["return_sum"] for r in last) / episodes if episodes else float("nan")
-        if config.num_seeds > 1 and rows:
-            seed_episodes = np.sum([r["episodes_per_seed"] for r in last], axis=0)
-            seed_sums = np.sum([r["return_sum_per_seed"] for r in last], axis=0)
-            per_seed = [float(s / e) if e else float("nan") for s, e in zip(seed_sums, seed_episodes)]
-        else:
-            per_seed = [final_return]
 
         def over_rows(reduce, key):
             return float(reduce([r[key] for r in rows])) if rows else float("nan")
@@ -237,10 +194,8 @@ class PPO(Algorithm):
             "rollout_precision": config.rollout_precision_resolved().name,
             "num_seeds": config.num_seeds,
             "total_steps": rows[-1]["step"] if rows else 0,
-            "final_return": final_return,
-            "final_return_per_seed": per_seed,
-            "mismatch_kl_v1": over_rows(np.mean, "mismatch_kl_v1"),
-            "mismatch_kl_v2": over_rows(np.mean, "mismatch_kl_v2"),
+            **final_return_of_rows(rows, config.num_seeds),
+            **{k: over_rows(np.mean, k) for k in ("mismatch_kl_v1", "mismatch_kl_v2")},
             "mismatch_max_dp": over_rows(np.max, "mismatch_max_dp"),
             **{f"{k}_mean": over_rows(np.mean, k) for k in _TELEMETRY if rows and k in rows[0]},
         }

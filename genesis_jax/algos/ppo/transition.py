@@ -1,10 +1,10 @@
 """The typed pytrees a PPO update passes along, in place of string-keyed dicts.
 
-`Transition` is what a rollout records per step ([T, N, ...] once scanned or stacked),
-`Trajectory` what the update takes (done derived, truncations bootstrapped), and
-`Minibatch` what the loss sees (flattened over time and environments, with advantages and
-value targets). All are `flax.struct` dataclasses: they pass through `jit`, `scan` and
-`jax.tree.map` as their arrays.
+`Transition` is what a rollout records per step ([T, N, ...] once scanned or stacked; the
+update takes it with truncated episodes' rewards bootstrapped), and `Minibatch` what the
+loss sees (flattened over time and environments, with advantages and value targets). Both
+are `flax.struct` dataclasses: they pass through `jit`, `scan` and `jax.tree.map` as their
+arrays.
 """
 
 from __future__ import annotations
@@ -26,16 +26,6 @@ class Transition:
     terminated: Array
     truncated: Array
     final_obs: Array  # the observation before an automatic reset (for truncation bootstraps)
-
-
-@struct.dataclass
-class Trajectory:
-    obs: Array
-    action: Array
-    log_prob: Array
-    value: Array
-    reward: Array  # truncated episodes' rewards already bootstrapped
-    done: Array
 
 
 @struct.dataclass

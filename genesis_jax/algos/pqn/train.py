@@ -27,7 +27,7 @@ from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Stud
 from genesis_jax.algos.pqn.config import PQNConfig, PQNFields
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.rules import with_precision_rules
-from genesis_jax.envs.episodes import Episodes, final_return_summary, mean_over_seeds
+from genesis_jax.envs.episodes import Episodes, episode_columns, final_return_summary, mean_over_seeds
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.q_network import epsilon_greedy
@@ -196,20 +196,15 @@ class PQN(Algorithm):
 
     def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
         """One row per update: means over seeds (counts summed)."""
-        m = {k: np.asarray(v, float).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}
-        index = np.arange(done + 1, done + m["loss"].shape[1] + 1)
-        episodes, return_sum = m["episodes"].sum(0), m["return_sum"].sum(0)
+        m = {k: v.astype(float) for k, v in self.by_seed(chunk_metrics).items()}
         columns = {
-            "update": index.tolist(),
-            "step": (index * self.steps_per_row).tolist(),
-            "episode_return": [float(r / e) if e else None for r, e in zip(return_sum, episodes)],
+            **episode_columns(m["episodes"], m["return_sum"]),
             "recent_return": mean_over_seeds(m["recent_return"]),
             **{k: m[k].mean(0).tolist() for k in ("loss", "q", "epsilon", "loss_scale")},
-            "episodes": episodes.astype(int).tolist(),
             "skipped": m["skipped"].sum(0).astype(int).tolist(),
             "halted": (m["halted"] > 0).any(0).tolist(),
         }
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return self.rows_of(done, columns)
 
     def greedy_returns(self, params, key):
         """The return of each of EVAL_ENVS fresh episodes under the greedy policy (epsilon 0),

@@ -19,6 +19,7 @@ from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Stud
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
 from genesis_jax.run import plots
@@ -172,35 +173,27 @@ class SAC(Algorithm):
         }
 
     def rows(self, metrics: dict, done: int) -> list[dict]:
-        m = {k: np.asarray(v, np.float64).reshape(self.num_seeds, -1) for k, v in metrics.items()}
-        with np.errstate(invalid="ignore", divide="ignore"):
-            means = {k: m[k].mean(0) for k in LOSSES + ("loss_scale",)}  # every seed learns on the same rows
-            means["episode_return"] = m["return_sum"].sum(0) / m["episodes"].sum(0)
-        return [
+        m = self.by_seed(metrics)
+        with np.errstate(invalid="ignore", divide="ignore"):  # every seed learns on the same rows
+            means = {k: m[k].astype(np.float64).mean(0) for k in LOSSES + ("loss_scale",)}
+        return self.rows_of(
+            done,
             {
-                "row": done + i + 1,
-                "step": (done + i + 1) * self.config.steps_per_row,
-                **{k: int(m[k][:, i].sum()) for k in COUNTS},
-                "episodes_per_seed": m["episodes"][:, i].astype(int).tolist(),
-                "return_sum_per_seed": m["return_sum"][:, i].tolist(),
-                **{k: float(v[i]) if np.isfinite(v[i]) else None for k, v in means.items()},
-                "halted": bool(m["halted"][:, i].any()),
-            }
-            for i in range(m["updates"].shape[1])
-        ]
+                **{k: m[k].sum(0).astype(int).tolist() for k in COUNTS if k != "episodes"},
+                **episode_columns(m["episodes"], m["return_sum"], per_seed=True),
+                **{k: [float(x) if np.isfinite(x) else None for x in v] for k, v in means.items()},
+                "halted": m["halted"].any(0).tolist(),
+            },
+        )
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
-        """final_return(_per_seed): the mean return of the episodes that ended in the last tenth of the rows;
-        each optimizer's skips."""
+        """final_return(_per_seed) (`final_return_of_rows`); each optimizer's skips."""
         skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
-        last = rows[-max(1, len(rows) // 10) :]
-        sums, episodes = (np.sum([r[f"{k}_per_seed"] for r in last], 0) for k in ("return_sum", "episodes"))
         return {
             "env": self.config.env,
             "env_backend": self.spec.backend,
             "total_steps": rows[-1]["step"] if rows else 0,
-            "final_return": float(sums.sum() / episodes.sum()) if episodes.sum() else float("nan"),
-            "final_return_per_seed": [float(r / e) if e else float("nan") for r, e in zip(sums, episodes)],
+            **final_return_of_rows(rows, self.num_seeds),
             "gradient_iterations": int(np.sum(state.critic.step)),
             "buffer_bytes": buffer_bytes(state.buffer),
             **skips,  # per optimizer; the template's skipped_updates, total_updates and overflow_rate sum all three
