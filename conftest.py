@@ -32,15 +32,13 @@ LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
 # - LLVM's optimisation level 1 instead of XLA's default 3: the vmapped-seed tests of every
 #   algorithm took 92 s instead of 111 s, a PPO learning run and the SAC tests 102 s instead
 #   of 106 s (level 0: 71 s, but 147 s);
-# - without XLA:CPU's fusion emitters and thunk runtime (the whole program one LLVM module): a
-#   tiny run of each algorithm at one precision took 36 s instead of 58 s, a SAC and a PPO
-#   learning run 56 s instead of 55 s.
+# - without XLA:CPU's (MLIR) fusion emitters: a tiny run of each algorithm at one precision
+#   took 43-45 s instead of 58 s, a SAC and a PPO learning run 54 s instead of 55 s.
 # Set in the environment: the xdist workers and every subprocess (CLI runs, launch's processes)
 # compile the same way, so comparisons across processes hold.
 FAST_COMPILE_FLAGS = {
     "--xla_backend_optimization_level": "1",
     "--xla_cpu_use_fusion_emitters": "false",
-    "--xla_cpu_use_thunk_runtime": "false",
 }
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from genesis_jax.algos.ppo.core import mismatch_metrics
-from genesis_jax.algos.ppo.gae import bootstrap_truncated, compute_gae
-from genesis_jax.algos.ppo.loss import ppo_loss
-from genesis_jax.algos.ppo.transition import Minibatch
+from genesis_jax.algos.ppo.loss import Minibatch, bootstrap_truncated, compute_gae, ppo_loss
 from genesis_jax.nets import distributions
 
 

@@ -373,8 +373,7 @@ def torch_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=
 
 
 def jax_ppo_loss_and_grads(params, batch, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, hidden=(64, 64)):
-    from genesis_jax.algos.ppo.loss import ppo_loss
-    from genesis_jax.algos.ppo.transition import Minibatch
+    from genesis_jax.algos.ppo.loss import Minibatch, ppo_loss
 
     action_dim = np.asarray(params["params"]["actor_head"]["kernel"]).shape[-1]
     net = ActorCritic(action_dim=action_dim, hidden=hidden)

@@ -11,9 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos.ppo.config import PPOConfig
-from genesis_jax.algos.ppo.gae import bootstrap_truncated, compute_gae
-from genesis_jax.algos.ppo.loss import ppo_loss
-from genesis_jax.algos.ppo.transition import Minibatch, Transition
+from genesis_jax.algos.ppo.loss import Minibatch, Transition, bootstrap_truncated, compute_gae, ppo_loss
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics

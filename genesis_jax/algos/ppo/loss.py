@@ -1,11 +1,73 @@
-"""The PPO loss (CleanRL / PureJaxRL formulation); every term in float32."""
+"""PPO's learning math: the rollout's typed pytrees, generalised advantage estimation and the
+clipped loss (CleanRL / PureJaxRL formulation), every term in float32.
+
+`Transition` is what a rollout records per step ([T, N, ...] once scanned or stacked; the
+update takes it with truncated episodes' rewards bootstrapped), and `Minibatch` what the
+loss sees (flattened over time and environments, with advantages and value targets). Both
+are `flax.struct` dataclasses: they pass through `jit`, `scan` and `jax.tree.map` as their
+arrays.
+"""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from typing import Any
 
-from genesis_jax.algos.ppo.transition import Minibatch
+import jax
+import jax.numpy as jnp
+from flax import struct
+
 from genesis_jax.nets import distributions
+
+Array = Any
+
+
+@struct.dataclass
+class Transition:
+    obs: Array
+    action: Array
+    log_prob: Array  # the rollout policy's ("mu") log-probability of the action
+    value: Array
+    reward: Array
+    terminated: Array
+    truncated: Array
+    final_obs: Array  # the observation before an automatic reset (for truncation bootstraps)
+
+
+@struct.dataclass
+class Minibatch:
+    obs: Array
+    action: Array
+    log_prob: Array
+    value: Array  # the rollout's value prediction (for value clipping)
+    advantage: Array
+    target: Array
+
+
+def bootstrap_truncated(rewards, truncated, terminated, final_values, gamma):
+    """Folds the value of a truncated episode's last observation into its reward.
+
+    A time-limit truncation is not a real end: the return continues, so
+    r_t + gamma * V(s_{t+1}) is the honest target; a termination gets no bootstrap.
+    """
+    bootstrap = jnp.logical_and(truncated, jnp.logical_not(terminated))
+    return rewards + gamma * final_values * bootstrap.astype(jnp.float32)
+
+
+def compute_gae(rewards, values, dones, last_value, gamma: float, gae_lambda: float):
+    """(advantages, returns). `dones[t]` cuts the trace after step t (terminated or truncated);
+    `last_value` is V(s_T) for the step after the rollout."""
+    rewards, values, last_value = (x.astype(jnp.float32) for x in (rewards, values, last_value))
+    not_done = 1.0 - dones.astype(jnp.float32)
+
+    def backward(carry, t):
+        next_advantage, next_value = carry
+        delta = rewards[t] + gamma * next_value * not_done[t] - values[t]
+        advantage = delta + gamma * gae_lambda * not_done[t] * next_advantage
+        return (advantage, values[t]), advantage
+
+    steps = jnp.arange(rewards.shape[0])
+    _, advantages = jax.lax.scan(backward, (jnp.zeros_like(last_value), last_value), steps, reverse=True, unroll=16)
+    return advantages, advantages + values
 
 
 def ppo_loss(

@@ -27,7 +27,7 @@ from genesis_jax.algos.base import (
 )
 from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
 from genesis_jax.algos.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
-from genesis_jax.algos.ppo.transition import Transition
+from genesis_jax.algos.ppo.loss import Transition
 from genesis_jax.amp import TrainState
 from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
 from genesis_jax.envs.registry import resolve_env
