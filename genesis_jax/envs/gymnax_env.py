@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+import types
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.envs.spec import EnvSpec
+
+# gymnax imports every environment it has, and some of their modules import seaborn (with it
+# scipy.stats) and matplotlib.pyplot for their renderers: about 2.5 s of every process's
+# start, for rendering that training never does. Stand-ins import them on first use instead.
+RENDER_ONLY_MODULES = ("seaborn", "matplotlib.pyplot")
+
+
+class _ImportedOnFirstUse(types.ModuleType):
+    """A module's stand-in in `sys.modules`: its first attribute lookup imports the module
+    (which then replaces it there) and every lookup is answered by the module."""
+
+    def __getattr__(self, attr):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def import_gymnax():
+    """gymnax, imported without loading `RENDER_ONLY_MODULES` until something uses them."""
+    for name in RENDER_ONLY_MODULES:
+        if name in sys.modules or importlib.util.find_spec(name) is None:
+            continue
+        sys.modules[name] = _ImportedOnFirstUse(name)
+    import gymnax
+
+    return gymnax
+
+
+gymnax = import_gymnax()
 
 
 def _space_info(space):

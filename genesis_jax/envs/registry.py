@@ -46,9 +46,9 @@ def require_packages(env_id: str, backend: str | None) -> None:
 
 
 def gymnax_ids() -> list[str]:
-    import gymnax
+    from genesis_jax.envs.gymnax_env import import_gymnax
 
-    return list(gymnax.registered_envs)
+    return list(import_gymnax().registered_envs)
 
 
 def gymnasium_ids() -> list[str]:
