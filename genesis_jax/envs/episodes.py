@@ -35,15 +35,24 @@ class Episodes(struct.PyTreeNode):
         the sum of their returns)."""
         returns = self.running + reward
         slot = jnp.where(done, (self.count + jnp.cumsum(done) - 1) % RECENT, RECENT)  # RECENT: not written
-        new = Episodes(
-            running=jnp.where(done, 0.0, returns),
-            recent=self.recent.at[slot].set(returns, mode="drop"),
-            count=self.count + done.sum(),
-        )
-        return new, (done.sum(), jnp.where(done, returns, 0.0).sum())
+        running, ended = running_returns(self.running, reward, done)
+        new = Episodes(running, self.recent.at[slot].set(returns, mode="drop"), self.count + done.sum())
+        return new, ended
 
     def recent_mean(self) -> jax.Array:
         return jnp.nanmean(self.recent)
+
+
+def running_returns(running, reward, done) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One vector step of each environment's running return: the new running returns (0 where
+    an episode ended), and (episodes ended, the sum of their returns).
+
+    >>> running, (ended, return_sum) = running_returns(jnp.array([1.0, 2.0]), jnp.ones(2), jnp.array([True, False]))
+    >>> running.tolist(), int(ended), float(return_sum)
+    ([0.0, 3.0], 1, 2.0)
+    """
+    returns = running + reward
+    return jnp.where(done, 0.0, returns), (done.sum(), jnp.where(done, returns, 0.0).sum())
 
 
 def final_return_summary(recent, num_seeds: int) -> dict:

@@ -29,7 +29,7 @@ from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
 from genesis_jax.algos.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
 from genesis_jax.algos.ppo.loss import Transition
 from genesis_jax.amp import TrainState
-from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
+from genesis_jax.envs.episodes import episode_columns, final_return_of_rows, running_returns
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
@@ -123,20 +123,18 @@ class PPO(Algorithm):
         )
 
     def env_step(self, runner: RunnerState, randomness):
-        """One vector step with the rollout policy: the transition, and the returns of the
-        episodes it finished (0 elsewhere)."""
+        """One vector step with the rollout policy: the transition, and (episodes it ended,
+        the sum of their returns)."""
         action_noise, env_keys = randomness
         pi_params, value = self.rollout_net.apply(runner.train_state.params, runner.obs)
         action = distributions.sample_with(pi_params, action_noise)
         log_mu = distributions.log_prob(pi_params, action)
         obs, env_state, reward, terminated, truncated, final_obs = self.env.step(env_keys, runner.env_state, action)
         transition = Transition(runner.obs, action, log_mu, value, reward, terminated, truncated, final_obs)
-        done = jnp.logical_or(terminated, truncated)
-        episode_return = runner.episode_return + reward
-        finished_return = jnp.where(done, episode_return, 0.0)
-        env_state, obs, episode_return = constrain((env_state, obs, jnp.where(done, 0.0, episode_return)), self.mesh)
+        episode_return, ended = running_returns(runner.episode_return, reward, terminated | truncated)
+        env_state, obs, episode_return = constrain((env_state, obs, episode_return), self.mesh)
         runner = runner.replace(env_state=env_state, obs=obs, episode_return=episode_return)
-        return runner, (transition, finished_return)
+        return runner, (transition, ended)
 
     def update(self, runner: RunnerState, data):
         """A rollout of `num_steps` vector steps, then the PPO update on it."""
@@ -149,12 +147,11 @@ class PPO(Algorithm):
             distributions.noise(noise_key, steps_by_envs, spec.action_dim, spec.continuous),
             jax.random.split(env_key, steps_by_envs),
         )
-        runner, (steps, finished_returns) = jax.lax.scan(self.env_step, runner, randomness)
+        runner, (steps, (episodes, return_sums)) = jax.lax.scan(self.env_step, runner, randomness)
         value_of = lambda obs: self.rollout_net.apply(runner.train_state.params, obs, method=ActorCritic.value)  # noqa: E731
         traj = finish_rollout(steps, value_of, c.gamma, self.truncation_bound)
         train_state, metrics = self.learn(runner.train_state, traj, value_of(runner.obs), update_key)
-        metrics["episodes"] = (steps.terminated | steps.truncated).sum()
-        metrics["return_sum"] = finished_returns.sum()
+        metrics["episodes"], metrics["return_sum"] = episodes.sum(), return_sums.sum()
         return runner.replace(train_state=train_state, rng=rng), metrics
 
     def shardings(self, runner, mesh):

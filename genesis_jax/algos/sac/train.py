@@ -19,7 +19,7 @@ from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Stud
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
+from genesis_jax.envs.episodes import episode_columns, final_return_of_rows, running_returns
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
 from genesis_jax.run import plots
@@ -149,9 +149,9 @@ class SAC(Algorithm):
         action = jnp.where(state.iteration * c.num_envs < c.learning_starts, uniform, action)
         step = self.env.step(jax.random.split(k_env, c.num_envs), state.env_state, action)
         obs, env_state, reward, terminated, truncated, final_obs = step
-        done, returns = terminated | truncated, state.episode_return + reward
+        episode_return, (episodes, return_sum) = running_returns(state.episode_return, reward, terminated | truncated)
         buffer = self.replay.add(state.buffer, Transition(state.obs, action, reward, final_obs, terminated))
-        state = state.replace(env_state=env_state, obs=obs, episode_return=jnp.where(done, 0.0, returns), rng=rng)
+        state = state.replace(env_state=env_state, obs=obs, episode_return=episode_return, rng=rng)
         state = state.replace(buffer=buffer, iteration=state.iteration + 1)
 
         def learn(s):
@@ -160,7 +160,7 @@ class SAC(Algorithm):
         idle = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(learn, state)[1])
         due = state.iteration * c.num_envs >= c.learning_starts
         state, metrics = jax.lax.cond(due, learn, lambda s: (s, idle), state)
-        return state, {**metrics, "episodes": done.sum(), "return_sum": jnp.where(done, returns, 0.0).sum()}
+        return state, {**metrics, "episodes": episodes, "return_sum": return_sum}
 
     def update(self, state: SACState, data):
         """A metrics row: counts summed, losses averaged over the iterations that learned (then over seeds)."""
