@@ -273,7 +273,7 @@ class Algorithm:
         by `row_key` from done + 1, and the environment steps so far ("step")."""
         index = np.arange(done + 1, done + len(next(iter(columns.values()))) + 1)
         columns = {self.row_key: index.tolist(), "step": (index * self.steps_per_row).tolist(), **columns}
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return [dict(zip(columns, values)) for values in zip(*columns.values(), strict=True)]
 
     def title(self) -> str:
         return f"{self.name} ({self.config.train_precision().name})"

@@ -1,6 +1,8 @@
-"""Episode bookkeeping for vectorised environments stepped inside a compiled loop: each
-environment's running return and the newest finished episodes' returns, from which an
-algorithm reports its `final_return` (the mean of the last `RECENT` finished episodes)."""
+"""Episode bookkeeping for vectorised environments stepped inside a compiled loop (each
+environment's running return, the newest finished episodes' returns) and the metrics rows'
+and summary's returns made from it. `final_return` is either the mean of the last `RECENT`
+finished episodes (`final_return_summary`: DQN, PQN) or the mean return of the episodes that
+ended in the run's last tenth of rows (`final_return_of_rows`: PPO, SAC)."""
 
 from __future__ import annotations
 
@@ -70,26 +72,42 @@ def final_return_summary(recent, num_seeds: int) -> dict:
 
 def episode_columns(episodes, return_sum, per_seed: bool = False) -> dict[str, list]:
     """A chunk's episode columns from [seeds, rows] counts and return sums of the episodes that
-    ended in each row: the mean return of those episodes (None where none ended), the totals,
-    and with `per_seed` each seed's counts and sums (what `final_return_of_rows` reads)."""
+    ended in each row: the mean return of those episodes (all seeds pooled; None where none
+    ended) and the totals; with `per_seed`, in an N-seed run, each seed's count, sum and mean
+    too (what `final_return_of_rows` and the study read, and TensorBoard's per-seed curves).
+
+    >>> columns = episode_columns([[1, 0], [3, 1]], [[10.0, 0.0], [60.0, 5.0]], per_seed=True)
+    >>> columns["episode_return"], columns["episode_return_per_seed"]
+    ([17.5, 5.0], [[10.0, 20.0], [None, 5.0]])
+    """
     episodes, return_sum = np.asarray(episodes).astype(int), np.asarray(return_sum, np.float64)
-    counts, sums = episodes.sum(0), return_sum.sum(0)
+    means = lambda sums, counts: [float(s / n) if n else None for s, n in zip(sums, counts)]  # noqa: E731
     columns = {
-        "episode_return": [float(s / n) if n else None for s, n in zip(sums, counts)],
-        "episodes": counts.tolist(),
-        "return_sum": sums.tolist(),
+        "episode_return": means(return_sum.sum(0), episodes.sum(0)),
+        "episodes": episodes.sum(0).tolist(),
+        "return_sum": return_sum.sum(0).tolist(),
     }
-    if per_seed:
-        columns |= {"episodes_per_seed": episodes.T.tolist(), "return_sum_per_seed": return_sum.T.tolist()}
+    if per_seed and len(episodes) > 1:
+        columns["episodes_per_seed"] = episodes.T.tolist()
+        columns["return_sum_per_seed"] = return_sum.T.tolist()
+        columns["episode_return_per_seed"] = [means(s, n) for s, n in zip(return_sum.T, episodes.T)]
     return columns
 
 
 def final_return_of_rows(rows: list[dict], num_seeds: int) -> dict:
     """The summary's final_return (the mean return of the episodes that ended in the last tenth
-    of the rows, all seeds pooled) and each seed's, from rows with per-seed episode columns."""
+    of the rows, all seeds pooled) and each seed's, from rows with `episode_columns` (a 1-seed
+    run's rows need no per-seed columns).
+
+    >>> rows = [{"episodes": 2, "return_sum": 30.0}] * 9 + [{"episodes": 4, "return_sum": 100.0}]
+    >>> final_return_of_rows(rows, 1)
+    {'final_return': 25.0, 'final_return_per_seed': [25.0]}
+    """
     last = rows[-max(1, len(rows) // 10) :]
-    no_rows = np.zeros((1, num_seeds))
-    sums, counts = (np.sum([r[f"{k}_per_seed"] for r in last] or no_rows, 0) for k in ("return_sum", "episodes"))
+    per_seed = lambda r, k: r[f"{k}_per_seed"] if f"{k}_per_seed" in r else [r[k]]  # noqa: E731
+    sums, counts = (
+        np.sum([per_seed(r, k) for r in last] or np.zeros((1, num_seeds)), 0) for k in ("return_sum", "episodes")
+    )
     return {
         "final_return": float(sums.sum() / counts.sum()) if counts.sum() else float("nan"),
         "final_return_per_seed": [float(s / n) if n else float("nan") for s, n in zip(sums, counts)],

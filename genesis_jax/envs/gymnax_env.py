@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import threading
 import types
 
 import jax
@@ -20,21 +21,35 @@ RENDER_ONLY_MODULES = ("seaborn", "matplotlib.pyplot")
 
 
 class _ImportedOnFirstUse(types.ModuleType):
-    """A module's stand-in in `sys.modules`: its first attribute lookup imports the module
-    (which then replaces it there) and every lookup is answered by the module."""
+    """A module created from its spec but not yet run: its first lookup of an attribute it
+    lacks runs the module's code in it (as `importlib.util.LazyLoader` does, which Python 3.11's
+    `import` statement itself would trigger), after which it is that module, the same object."""
+
+    _lock = threading.RLock()  # re-entered: running seaborn uses matplotlib.pyplot
 
     def __getattr__(self, attr):
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
+        with _ImportedOnFirstUse._lock:
+            if type(self) is _ImportedOnFirstUse:  # not run yet (by another thread, meanwhile)
+                self.__class__ = types.ModuleType
+                try:
+                    self.__spec__.loader.exec_module(self)
+                except BaseException:
+                    sys.modules.pop(self.__name__, None)  # as a failed import leaves it
+                    raise
+        return getattr(self, attr)
 
 
 def import_gymnax():
-    """gymnax, imported without loading `RENDER_ONLY_MODULES` until something uses them."""
+    """gymnax, imported without running `RENDER_ONLY_MODULES` until something uses them."""
     for name in RENDER_ONLY_MODULES:
-        if name in sys.modules or importlib.util.find_spec(name) is None:
+        if name in sys.modules or (spec := importlib.util.find_spec(name)) is None:
             continue
-        sys.modules[name] = _ImportedOnFirstUse(name)
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = _ImportedOnFirstUse
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)  # as an import sets it
     import gymnax
 
     return gymnax

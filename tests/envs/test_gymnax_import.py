@@ -11,13 +11,15 @@ from genesis_jax.envs import gymnax_env
 import gymnax
 before = [m for m in ("seaborn.relational", "scipy.stats", "matplotlib.figure") if m in sys.modules]
 env, params = gymnax.make("Pong-misc")  # a gymnax module that imported both at its top
-import seaborn, matplotlib
+import importlib.util, seaborn, matplotlib
+found = importlib.util.find_spec("seaborn").name  # "is it installed?" checks still answer
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot
+figure = type(matplotlib.pyplot.figure()).__name__
 colours = len(seaborn.color_palette("cubehelix", 3))
-figure = type(plt.figure()).__name__
 after = [m for m in ("seaborn.relational", "matplotlib.figure") if m in sys.modules]
-print(json.dumps({"before": before, "colours": colours, "figure": figure, "after": after}))
+same = sys.modules["seaborn"] is seaborn and sys.modules["matplotlib.pyplot"] is matplotlib.pyplot
+print(json.dumps(dict(before=before, found=found, colours=colours, figure=figure, after=after, same=same)))
 """
 
 
@@ -27,7 +29,9 @@ def test_seaborn_and_pyplot_load_on_first_use_not_with_gymnax():
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen == {
         "before": [],
+        "found": "seaborn",
         "colours": 3,
         "figure": "Figure",
         "after": ["seaborn.relational", "matplotlib.figure"],
+        "same": True,  # the module objects gymnax holds are the real ones, run in place
     }

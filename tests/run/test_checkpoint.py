@@ -141,6 +141,21 @@ FORMAT_2_RUNS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ppo", "sac"])
+def test_a_finished_format_2_run_resumed_at_its_total_keeps_its_final_return(tmp_path, kind):
+    from genesis_jax.cli import main
+
+    args, (old_total, _), _ = FORMAT_2_RUNS[kind]
+    run = tmp_path / kind
+    shutil.copytree(DATA / f"{kind}_run_format2", run)
+    before = json.loads((run / "summary.json").read_text())
+    status = main(["train", kind, *args, "--total-steps", old_total, "--out", str(run), "--resume", "--no-progress"])
+    assert status == 0
+    after = json.loads((run / "summary.json").read_text())  # made again from the old version's rows
+    assert after["final_return"] == before["final_return"] and after["total_steps"] == int(old_total)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ppo", "sac"])
 def test_a_format_2_run_resumes_and_trains_on(tmp_path, kind):
     from genesis_jax.cli import main
 

@@ -167,7 +167,8 @@ class PPO(Algorithm):
         )
 
     def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
-        """One row per update: means over seeds (counts summed), each seed's episodes."""
+        """One row per update: the metrics' means over minibatch steps and seeds, the counts
+        summed, the episodes' returns pooled (and per seed: `episode_columns`)."""
         m = self.by_seed(chunk_metrics)
         return self.rows_of(
             done,
