@@ -336,12 +336,11 @@ class ParallelConfig:
     """Several processes: seconds of silence after which a process is declared dead and the others exit."""
 
     def validate_parallel(self, split_name: str, split_size: int) -> None:
-        if not isinstance(self.devices, int) or self.devices < 1:
-            raise ValueError(f"devices must be a positive integer, got {self.devices!r}")
+        """The relations the field table cannot state (`run.config.FIELD_BOUNDS` checks each
+        field's own type and range first): `split_size` of `split_name` splits evenly over the
+        devices, and the multi-process arguments fit together."""
         if split_size % self.devices:
             raise ValueError(f"{split_name} {split_size} cannot be split evenly over {self.devices} devices")
-        if not isinstance(self.heartbeat_timeout, int) or self.heartbeat_timeout < 1:
-            raise ValueError(f"heartbeat-timeout must be a positive integer (seconds), got {self.heartbeat_timeout!r}")
         check_distributed_args(self.coordinator_address, self.num_processes, self.process_id)
 
     def mesh(self) -> Mesh | None:
