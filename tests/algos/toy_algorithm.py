@@ -75,7 +75,7 @@ class Toy(Algorithm):
         }
 
     def rows(self, metrics, done):
-        m = jax.tree.map(lambda v: jnp.reshape(v, (self.num_seeds, -1)), metrics)  # [seeds, steps]
+        m = self.by_seed(metrics)  # [seeds, steps]
         return [
             {
                 "update": done + i + 1,

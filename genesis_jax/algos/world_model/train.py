@@ -212,9 +212,7 @@ class WorldModelTrainer(Algorithm):
         """One row per epoch: means over seeds (skips summed), each seed's eval loss beside."""
         now = time.perf_counter()
         elapsed, self.last_row_time = now - self.last_row_time, now
-        m = {k: np.asarray(v) for k, v in m.items()}
-        if self.num_seeds == 1:
-            m = {k: np.atleast_1d(v)[None] for k, v in m.items()}  # [seeds, epochs in this chunk]
+        m = self.by_seed(m)  # [seeds, epochs in this chunk]
         n = m["train_loss"].shape[1]
         telemetry = [k for k in m if k.split("/")[0] in ("underflow", "flushed")]
         rows = []
