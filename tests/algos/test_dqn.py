@@ -116,6 +116,7 @@ def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
 
 
 @pytest.mark.slow  # Nature CNN on 84x84x4 frames, compiled and trained on the CPU: about 45 s on 2 cores
+@pytest.mark.run_bound
 def test_atari_frames_stay_uint8_in_the_buffer():
     pytest.importorskip("ale_py")
     config = DQNConfig(

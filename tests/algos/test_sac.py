@@ -148,6 +148,7 @@ def test_the_host_path_trains_on_gymnasium_environments():
 # Minutes each on two CPU cores. fp32 is in the long lane (`pytest --long`): its result, with
 # three seeds of each precision, is in benchmarks/sac-pendulum-cpu.md; fp16 stays in the suite.
 @pytest.mark.slow
+@pytest.mark.run_bound
 @pytest.mark.parametrize("precision", [pytest.param("fp32", marks=pytest.mark.long), "fp16"])
 def test_sac_learns_pendulum_within_20k_steps(precision):
     result = train(SACConfig(precision=precision, total_steps=20_000, hidden=(64, 64)), progress=False)

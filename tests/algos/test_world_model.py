@@ -27,6 +27,7 @@ def fp32_and_fp16():
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture trains twice: 44 s
+@pytest.mark.run_bound  # the fixture's runs, whichever test sets it up
 def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
     for precision, s in fp32_and_fp16.items():
         assert s["noise_floor"] is not None
@@ -35,12 +36,14 @@ def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
+@pytest.mark.run_bound
 def test_fp16_within_2_percent_of_fp32(fp32_and_fp16):
     e32, e16 = fp32_and_fp16["fp32"]["eval_loss"], fp32_and_fp16["fp16"]["eval_loss"]
     assert abs(e16 - e32) / e32 < 0.02
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
+@pytest.mark.run_bound
 def test_fp16_halves_saved_activations(fp32_and_fp16):
     ratio = fp32_and_fp16["fp16"]["activation_bytes"] / fp32_and_fp16["fp32"]["activation_bytes"]
     assert ratio <= 0.6
