@@ -48,7 +48,7 @@ if tuple(int(part) for part in importlib.metadata.version("jaxlib").split(".")[:
 # and runs them about as fast. On 2 cores, one process: tests/algos/test_every_precision.py took
 # 80 s instead of 106 s (CPU 84 s instead of 138 s). A test whose runs are long (a learning run,
 # thousands of updates) is marked `run_bound`: it compiles with the optimisations at the level
-# above (below: `optimized_compiles`), or SAC's Pendulum run takes 106 s instead of 37 s.
+# above (`tests.support.xla.optimized_compiles`), or SAC's Pendulum run takes 106 s instead of 37 s.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
@@ -110,34 +110,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_long)
 
 
-@contextlib.contextmanager
-def optimized_compiles():
-    """XLA's optimisations on for what compiles inside: in this process (JAX's flag) and in the
-    processes it starts (the environment they inherit)."""
-    import jax
+def _compiles_for(item):
+    """XLA's optimisations on for a test marked run_bound, as set above for the rest. (Imported
+    here: jax must not be imported before the variables above are set.)"""
+    if item.get_closest_marker("run_bound") is None:
+        return contextlib.nullcontext()
+    from tests.support.xla import optimized_compiles
 
-    before_flag = jax.config.values["jax_disable_most_optimizations"]
-    before_env = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"]
-    jax.config.update("jax_disable_most_optimizations", False)
-    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before_flag)
-        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = before_env
-
-
-def _run_bound(item) -> bool:
-    return item.get_closest_marker("run_bound") is not None
+    return optimized_compiles()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):  # a module fixture a run-bound test sets up compiles optimised too
-    with optimized_compiles() if _run_bound(item) else contextlib.nullcontext():
+    with _compiles_for(item):
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    with optimized_compiles() if _run_bound(item) else contextlib.nullcontext():
+    with _compiles_for(item):
         yield

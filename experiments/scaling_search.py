@@ -1,13 +1,17 @@
 """The search for a task where loss scaling matters: the world model on the synthetic system
-in small units (`--data synthetic-small`, and other unit scales), fp32, fp16 with dynamic
-loss scaling and fp16 without, at the same settings and seeds. Prints one JSON line per
+in small units (`--data synthetic-small`, and other unit scales) or seen through many
+observation dimensions (`--data synthetic-wide`, other widths and noises), fp32, fp16 with
+dynamic loss scaling and fp16 without, at the same settings and seeds. Prints one JSON line per
 precision: each seed's final log10 eval loss, the mean log10 eval loss at mid-run, the noise
 floor (log10) and the skips.
 
     python experiments/scaling_search.py --scale 0.01 --lr 1e-3 --width 128 --epochs 20 --num-sequences 1024 --seeds 1
 
 `--scale 0.01` is the data `--data synthetic-small` trains on; another scale replaces it
-(`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`).
+(`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`). `--obs-dim` and
+`--noise` do the same for `synthetic-wide` (`wide_dataset(obs_dim=..., noise=...)`).
+
+    python experiments/scaling_search.py --data synthetic-wide --obs-dim 256 --noise 0.003 --epochs 20 --seeds 2
 """
 
 from __future__ import annotations
@@ -24,18 +28,25 @@ from genesis_jax.algos.world_model.config import WorldModelConfig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", choices=("synthetic-small", "synthetic-wide"), default="synthetic-small")
     parser.add_argument("--scale", type=float, default=wm_data.SMALL_UNITS)
+    parser.add_argument("--obs-dim", type=int, default=wm_data.WIDE_OBS_DIM)
+    parser.add_argument("--noise", type=float, default=wm_data.WIDE_NOISE)
+    parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--num-sequences", type=int, default=1024)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--telemetry", action="store_true", help="the underflow telemetry (a second backward)")
     args = parser.parse_args()
-    small = wm_data.small_units_dataset
+    small, wide = wm_data.small_units_dataset, wm_data.wide_dataset
     wm_data.small_units_dataset = lambda n, length, seed: small(n, length, seed, scale=args.scale)
+    wm_data.wide_dataset = lambda n, length, seed: wide(n, length, seed, obs_dim=args.obs_dim, noise=args.noise)
     for precision, scaling in (("fp32", None), ("fp16", None), ("fp16", "none")):
         config = WorldModelConfig(
-            data="synthetic-small",
+            data=args.data,
+            batch_size=args.batch_size,
             precision=precision,
             loss_scaling=scaling,
             epochs=args.epochs,
@@ -43,6 +54,7 @@ def main() -> None:
             width=args.width,
             lr=args.lr,
             num_seeds=args.seeds,
+            underflow_telemetry=args.telemetry,
         )
         result = train(config, progress=False)
         s = result.summary
@@ -54,6 +66,8 @@ def main() -> None:
             "mid_log10": round(float(np.log10(mid["eval_loss"])), 2),
             "floor_log10": round(float(np.log10(s["noise_floor"])), 2),
             "skipped": s["skipped_updates"],
+            **{k: s[k] for k in ("underflow_mean", "flushed_mean") if k in s},
+            "wall_s": round(s["wall_seconds"], 1),
         }
         print(json.dumps(line), flush=True)
 

@@ -151,6 +151,7 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args
 
 
 @pytest.mark.slow  # about 40-60 s on 2 cores
+@pytest.mark.run_bound
 def test_dqn_learns_cartpole_on_a_cpu_budget():
     config = DQNConfig(
         total_steps=60_000, learning_starts=2_000, epsilon_steps=20_000, target_update_interval=500, seed=1

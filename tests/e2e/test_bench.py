@@ -1,6 +1,7 @@
 """The quick precision benchmark end to end (it is what CI runs of it), and the mismatch
 grid's helpers."""
 
+import contextlib
 import csv
 
 import numpy as np
@@ -8,37 +9,45 @@ import pytest
 
 from genesis_jax.cli import main
 from genesis_jax.cli.mismatch import grid_matrix
+from tests.support.xla import optimized_compiles
 
-# The quick grid but wm-wide (wm-small's network 8x wider, the same code path) and PPO on
-# gymnasium (host environments step through the same compiled loop; tests/algos/test_ppo_train.py
-# trains them): each cell is a compile, and the fixture is this suite's longest setup.
-WORKLOADS = ("ppo-cartpole-gymnax", "wm-small")
+# Each cell is a compile, and the fixture is this suite's longest setup: the quick grid's
+# world model at every precision (wm-wide is wm-small 8x wider, the same code path), and its
+# gymnax PPO, which runs 65536 steps a cell, at fp32 and fp16 (bf16 and fp16-full train it in
+# tests/algos/test_every_precision.py; gymnasium PPO steps through the same compiled loop,
+# tests/algos/test_ppo_train.py trains it), compiled with XLA's optimisations.
+GRID = {"wm-small": ("fp32", "bf16", "fp16", "fp16-full"), "ppo-cartpole-gymnax": ("fp32", "fp16")}
 
 
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    assert main(["bench", "--quick", "--workloads", ",".join(WORKLOADS), "--out", str(out)]) == 0
-    with open(out / "results.csv") as f:
-        rows = list(csv.DictReader(f))
-    return out, {(r["workload"], r["precision"]): r for r in rows}
+    outs, rows = [], {}
+    for workload, precisions in GRID.items():
+        out = tmp_path_factory.mktemp("bench")
+        argv = ["bench", "--quick", "--workloads", workload, "--precisions", ",".join(precisions), "--out", str(out)]
+        with optimized_compiles() if workload.startswith("ppo") else contextlib.nullcontext():
+            assert main(argv) == 0
+        with open(out / "results.csv") as f:
+            rows.update({(r["workload"], r["precision"]): r for r in csv.DictReader(f)})
+        outs.append(out)
+    return outs, rows
 
 
 def num(row, key):
     return float(row[key]) if row[key] not in ("", "None") else None
 
 
-@pytest.mark.slow  # the quick_bench fixture runs the benchmark grid: about 100 s
+@pytest.mark.slow  # the quick_bench fixture runs the benchmark grid: about 50 s
 def test_every_workload_and_precision_is_measured(quick_bench):
-    out, rows = quick_bench
-    workloads = set(WORKLOADS)
-    assert set(rows) == {(w, p) for w in workloads for p in ("fp32", "bf16", "fp16", "fp16-full")}
+    outs, rows = quick_bench
+    assert set(rows) == {(w, p) for w, precisions in GRID.items() for p in precisions}
     for row in rows.values():
         assert num(row, "steps_per_second") > 0 and num(row, "compile_seconds") > 0
-    assert all(num(rows[(w, "fp32")], "speedup") == 1.0 for w in workloads)
+    assert all(num(rows[(w, "fp32")], "speedup") == 1.0 for w in GRID)
     assert rows[("ppo-cartpole-gymnax", "fp32")]["seeds"] == "2"
-    for name in ("results.md", "precision.png"):
-        assert (out / name).stat().st_size > 0
+    for out in outs:
+        for name in ("results.md", "precision.png"):
+            assert (out / name).stat().st_size > 0
 
 
 @pytest.mark.slow  # quick_bench fixture

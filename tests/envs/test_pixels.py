@@ -87,6 +87,7 @@ def test_atari_preprocessing_matches_sb3():
 
 
 @pytest.mark.slow  # Atari PPO updates: 100 s
+@pytest.mark.run_bound  # 84x84x4 frames through the Nature CNN
 def test_atari_ppo_runs_a_few_updates_with_the_nature_cnn():
     config = PPOConfig(
         env="ALE/Breakout-v5",

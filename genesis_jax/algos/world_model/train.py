@@ -43,6 +43,8 @@ def load_data(config: WorldModelConfig, precision=None) -> dict:
         data = wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
     elif config.data == "synthetic-small":
         data = wm_data.small_units_dataset(config.num_sequences, config.sequence_length, config.seed)
+    elif config.data == "synthetic-wide":
+        data = wm_data.wide_dataset(config.num_sequences, config.sequence_length, config.seed)
     elif config.data.endswith(".npz"):
         data = trajectories.load_dataset(config.data)
     else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
