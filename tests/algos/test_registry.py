@@ -22,7 +22,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
-from genesis_jax.algos.base import MEASURED
+from genesis_jax.algos.base import MEASURED, chunk_size
 from genesis_jax.cli import main
 from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
@@ -114,15 +114,26 @@ def test_four_devices_match_one_device_for_every_algorithm():
 
 
 def killable_run(name: str, precision: str):
-    """16 times the algorithm's tiny run, a checkpoint every row: (its config, the same run
-    as a `genesis-jax` command line without --out, its rows, progress steps per row)."""
+    """16 times the algorithm's tiny run, a checkpoint every compiled chunk: (its config, the same
+    run as a `genesis-jax` command line without --out, its rows, progress steps per row). The
+    command's chunks are those of the config's run without checkpoints: one compiled program for
+    both, the straight run and the resumed one. (Chunks of other lengths are other programs,
+    which XLA may compile to other roundings: they matched at its optimisation level 1, not at 0.)"""
     algorithm = get_algorithm(name)
     budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
     config = tiny_config(name, precision=precision, **budget)
     sizing = algorithm(config)
     rows, every = sizing.num_rows, sizing.steps_per_row
     sizing.close()
-    argv = ["train", name, *tiny_argv(name, precision=precision, **budget), "--checkpoint-every", str(every)]
+    per_chunk = chunk_size(rows, getattr(config, "updates_per_chunk", None))
+    assert rows // per_chunk >= 4, (name, rows, per_chunk)  # checkpoints enough to be killed between
+    argv = [
+        "train",
+        name,
+        *tiny_argv(name, precision=precision, **budget),
+        "--checkpoint-every",
+        str(per_chunk * every),
+    ]
     return config, argv, rows, every
 
 
@@ -131,10 +142,7 @@ def killable_run(name: str, precision: str):
 def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     algorithm = get_algorithm(name)
     config, argv, rows, every = killable_run(name, "fp16")  # the loss scaler's state resumes too
-    # The run never interrupted is the same command: the same checkpoints, so the same chunks of
-    # rows, one compiled program. (Chunks of other lengths are other programs, which XLA may
-    # compile to other roundings: they matched at its optimisation level 1, not at level 0.)
-    straight = algorithm.train(config, str(tmp_path / "straight"), checkpoint_every=every, progress=False)
+    straight = algorithm.train(config, progress=False)
     out = tmp_path / "run"
     proc = start_python(["-m", "genesis_jax.cli", *argv, "--out", str(out)], cpu_env())
     wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=300)

@@ -19,8 +19,9 @@ class WorldModelFields(SeedFields):
     num_seeds: int = 1
     """Seeds trained together in one compiled run: each its own parameters and shuffles, all on --seed's data."""
     data: str = "synthetic"
-    """synthetic | synthetic-small | a gymnax or gymnasium env id (random policy) | a .npz written by
-    'genesis-jax collect'. synthetic-small: the synthetic system in units 100x smaller, no terminations."""
+    """synthetic | synthetic-small | synthetic-wide | a gymnax or gymnasium env id (random policy) | a .npz
+    written by 'genesis-jax collect'. synthetic-small: the synthetic system in units 100x smaller, no
+    terminations; synthetic-wide: seen through 256 observation dimensions, noise 0.003, no terminations."""
     num_sequences: int = 2048
     """Sequences to generate or collect (not for a .npz)."""
     sequence_length: int = 32
