@@ -145,11 +145,13 @@ def test_the_host_path_trains_on_gymnasium_environments():
     assert math.isfinite(result.summary["final_return"])
 
 
-# Minutes each on two CPU cores. fp32 is in the long lane (`pytest --long`): its result, with
-# three seeds of each precision, is in benchmarks/sac-pendulum-cpu.md; fp16 stays in the suite.
+# About a minute each on two CPU cores: the long lane (`pytest --long`). Their result, with three
+# seeds of each precision, is in benchmarks/sac-pendulum-cpu.md; the suite trains SAC at every
+# precision at its tiny size (tests/algos/test_every_precision.py) and on Pendulum above.
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.run_bound
-@pytest.mark.parametrize("precision", [pytest.param("fp32", marks=pytest.mark.long), "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_sac_learns_pendulum_within_20k_steps(precision):
     result = train(SACConfig(precision=precision, total_steps=20_000, hidden=(64, 64)), progress=False)
     assert result.summary["final_return"] > -200, [r["episode_return"] for r in result.metrics]
