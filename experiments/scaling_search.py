@@ -1,6 +1,6 @@
 """The search for a task where loss scaling matters: the world model on the synthetic system
 in small units (`--data synthetic-small`, and other unit scales) or seen through many
-observation dimensions (`--data synthetic-wide`, other widths and noises), fp32, fp16 with
+observation dimensions (`--data synthetic-wide`, other widths), fp32, fp16 with
 dynamic loss scaling and fp16 without, at the same settings and seeds. Prints one JSON line per
 precision: each seed's final log10 eval loss, the mean log10 eval loss at mid-run, the noise
 floor (log10) and the skips.
@@ -9,9 +9,9 @@ floor (log10) and the skips.
 
 `--scale 0.01` is the data `--data synthetic-small` trains on; another scale replaces it
 (`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`). `--obs-dim` and
-`--noise` do the same for `synthetic-wide` (`wide_dataset(obs_dim=..., noise=...)`).
+`--scale` do the same for `synthetic-wide` (`wide_dataset(obs_dim=..., scale=...)`).
 
-    python experiments/scaling_search.py --data synthetic-wide --obs-dim 256 --noise 0.003 --epochs 20 --seeds 2
+    python experiments/scaling_search.py --data synthetic-wide --obs-dim 256 --epochs 20 --seeds 2 --telemetry
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ def main() -> None:
     parser.add_argument("--data", choices=("synthetic-small", "synthetic-wide"), default="synthetic-small")
     parser.add_argument("--scale", type=float, default=wm_data.SMALL_UNITS)
     parser.add_argument("--obs-dim", type=int, default=wm_data.WIDE_OBS_DIM)
-    parser.add_argument("--noise", type=float, default=wm_data.WIDE_NOISE)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--width", type=int, default=128)
@@ -40,9 +39,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--telemetry", action="store_true", help="the underflow telemetry (a second backward)")
     args = parser.parse_args()
-    small, wide = wm_data.small_units_dataset, wm_data.wide_dataset
-    wm_data.small_units_dataset = lambda n, length, seed: small(n, length, seed, scale=args.scale)
-    wm_data.wide_dataset = lambda n, length, seed: wide(n, length, seed, obs_dim=args.obs_dim, noise=args.noise)
+    if args.data == "synthetic-small":
+        small = wm_data.small_units_dataset
+        wm_data.small_units_dataset = lambda n, length, seed: small(n, length, seed, scale=args.scale)
+    else:
+        wide = wm_data.wide_dataset
+        wm_data.wide_dataset = lambda n, length, seed: wide(n, length, seed, obs_dim=args.obs_dim, scale=args.scale)
     for precision, scaling in (("fp32", None), ("fp16", None), ("fp16", "none")):
         config = WorldModelConfig(
             data=args.data,

@@ -21,7 +21,7 @@ class WorldModelFields(SeedFields):
     data: str = "synthetic"
     """synthetic | synthetic-small | synthetic-wide | a gymnax or gymnasium env id (random policy) | a .npz
     written by 'genesis-jax collect'. synthetic-small: the synthetic system in units 100x smaller, no
-    terminations; synthetic-wide: seen through 256 observation dimensions, noise 0.003, no terminations."""
+    terminations; synthetic-wide: synthetic-small seen through 256 observation dimensions."""
     num_sequences: int = 2048
     """Sequences to generate or collect (not for a .npz)."""
     sequence_length: int = 32
