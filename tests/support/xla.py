@@ -11,14 +11,17 @@ import jax
 def optimized_compiles():
     """XLA's optimisations on for what compiles inside: in this process (JAX's flag) and in the
     processes it starts (the environment they inherit)."""
-    before_flag = jax.config.values["jax_disable_most_optimizations"]
+    known = "jax_disable_most_optimizations" in jax.config.values  # a JAX without it optimises anyway
+    before_flag = jax.config.values.get("jax_disable_most_optimizations")
     before_env = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
-    jax.config.update("jax_disable_most_optimizations", False)
+    if known:
+        jax.config.update("jax_disable_most_optimizations", False)
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", before_flag)
+        if known:
+            jax.config.update("jax_disable_most_optimizations", before_flag)
         if before_env is None:
             os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
         else:
