@@ -3,26 +3,23 @@
 
 import contextlib
 import os
+from unittest import mock
 
 import jax
+
+FLAG = "jax_disable_most_optimizations"
 
 
 @contextlib.contextmanager
 def optimized_compiles():
     """XLA's optimisations on for what compiles inside: in this process (JAX's flag) and in the
-    processes it starts (the environment they inherit)."""
-    known = "jax_disable_most_optimizations" in jax.config.values  # a JAX without it optimises anyway
-    before_flag = jax.config.values.get("jax_disable_most_optimizations")
-    before_env = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
-    if known:
-        jax.config.update("jax_disable_most_optimizations", False)
-    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
-    try:
-        yield
-    finally:
-        if known:
-            jax.config.update("jax_disable_most_optimizations", before_flag)
-        if before_env is None:
-            os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
-        else:
-            os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = before_env
+    processes it starts (the environment they inherit, restored after)."""
+    before = jax.config.values.get(FLAG)  # None: a JAX without the flag, which optimises anyway
+    with mock.patch.dict(os.environ, {FLAG.upper(): "0"}):
+        if before is not None:
+            jax.config.update(FLAG, False)
+        try:
+            yield
+        finally:
+            if before is not None:
+                jax.config.update(FLAG, before)
