@@ -596,6 +596,10 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
     )
+    # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
+    # backends it did not find: their warnings and errors still show.
+    for noisy in ("absl", "jax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     from genesis_jax.run.checkpoint import CheckpointMismatchError

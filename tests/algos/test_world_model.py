@@ -11,6 +11,9 @@ from genesis_jax.algos.world_model import WorldModelConfig, train
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.cli import main
 from genesis_jax.data import trajectories
+from tests.support.processes import run_python
+
+TINY = dict(epochs=2, num_sequences=16, sequence_length=8, batch_size=64, width=16, depth=1)
 
 
 def test_synthetic_data_is_deterministic_per_seed():
@@ -20,8 +23,8 @@ def test_synthetic_data_is_deterministic_per_seed():
     assert not np.array_equal(a["obs"], c["obs"])
 
 
-def test_wide_data_is_the_small_units_system_seen_through_many_dimensions():
-    wide, small = wm_data.wide_dataset(16, 8, seed=3, obs_dim=64), wm_data.small_units_dataset(16, 8, seed=3)
+def test_wide_data_is_the_system_seen_through_many_dimensions():
+    wide, small = wm_data.wide_dataset(16, 8, seed=3, obs_dim=64), wm_data.small_units_dataset(16, 8, 3, scale=1.0)
     assert wide["obs"].shape == (16, 9, 64) and wide["obs"].dtype == np.float32
     # an orthogonal projection scaled by sqrt(64 / 8): each dimension keeps the state's mean square
     np.testing.assert_allclose(np.mean(wide["obs"] ** 2), np.mean(small["obs"] ** 2), rtol=1e-5)
@@ -30,8 +33,42 @@ def test_wide_data_is_the_small_units_system_seen_through_many_dimensions():
     for key in ("reward", "terminated", "floor"):  # the same system, noise and attainable loss
         np.testing.assert_array_equal(wide[key], small[key])
     np.testing.assert_array_equal(wide["obs"], wm_data.wide_dataset(16, 8, seed=3, obs_dim=64)["obs"])
+    in_small_units = wm_data.wide_dataset(16, 8, seed=3, obs_dim=64, scale=0.01)
+    np.testing.assert_allclose(in_small_units["obs"], 0.01 * wide["obs"], rtol=1e-5, atol=1e-8)
     with pytest.raises(ValueError, match="obs_dim >= 8"):
         wm_data.wide_dataset(4, 4, obs_dim=4)
+
+
+def test_loss_weight_weights_the_loss_trained_on_and_not_the_losses_reported():
+    from genesis_jax.algos.world_model.train import make_loss_fn, make_model
+
+    config = WorldModelConfig(data="synthetic-wide", precision="fp32", max_grad_norm=None, **TINY)
+    data = wm_data.wide_dataset(4, 8, seed=0, obs_dim=wm_data.WIDE_OBS_DIM)
+    batch = {k: jnp.asarray(data[k][:, :1]) for k in ("action", "reward", "terminated")}
+    batch |= {"obs": jnp.asarray(data["obs"][:, 0]), "next_obs": jnp.asarray(data["obs"][:, 1:2])}
+    model = make_model(config, data["meta"], wm_data.WIDE_OBS_DIM, config.train_precision())
+    params = model.init(jax.random.PRNGKey(0), batch["obs"], batch["action"], method=type(model).unroll)
+    (loss, aux), (weighted, weighted_aux) = (make_loss_fn(model, w)(params, batch) for w in (1.0, 0.25))
+    assert float(weighted) == 0.25 * float(loss) and weighted_aux == aux  # 0.25: exact in binary
+    # Adam does not see a loss's scale, so runs at weights 1 and 2^-10 report losses that agree
+    # unweighted (weighted, the second's would be 1024x smaller).
+    summaries = [
+        train(WorldModelConfig(**{**vars(config), "loss_weight": w}), progress=False).summary for w in (1.0, 2**-10)
+    ]
+    for key in ("final_train_loss", "eval_loss"):
+        assert 0.5 < summaries[1][key] / summaries[0][key] < 2, (key, summaries)
+
+
+def test_a_cli_run_with_a_loss_weight_records_it_and_keeps_info_logs_off_stderr(tmp_path):
+    out = tmp_path / "run"
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    argv += ["--data", "synthetic-wide", "--loss-weight", "1e-3", "--no-progress", "--checkpoint-every", "1"]
+    proc = run_python(["-m", "genesis_jax.cli", "train", "world-model", *argv, "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["config"]["loss_weight"] == 1e-3
+    assert len(list((out / "checkpoints").iterdir())) >= 2  # it did save, more than once
+    for info in ("Saving checkpoint", "Finished saving", "Unable to initialize backend"):
+        assert info not in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ class WorldModelFields(SeedFields):
     data: str = "synthetic"
     """synthetic | synthetic-small | synthetic-wide | a gymnax or gymnasium env id (random policy) | a .npz
     written by 'genesis-jax collect'. synthetic-small: the synthetic system in units 100x smaller, no
-    terminations; synthetic-wide: synthetic-small seen through 256 observation dimensions."""
+    terminations; synthetic-wide: the synthetic system without terminations, in its own units, seen
+    through 256 observation dimensions."""
     num_sequences: int = 2048
     """Sequences to generate or collect (not for a .npz)."""
     sequence_length: int = 32
@@ -42,6 +43,9 @@ class WorldModelFields(SeedFields):
     """Open-loop steps per sample (> 1: a multi-step loss)."""
     lr: float = 1e-3
     """Adam's learning rate."""
+    loss_weight: float = 1.0
+    """The training loss's coefficient, as an auxiliary loss is weighted: below 1, smaller gradients
+    (train_loss and eval_loss are reported unweighted)."""
 
 
 # The counts that must be positive integers.
@@ -60,6 +64,7 @@ class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
         **{name: POSITIVE_INT for name in _COUNTS},
         "eval_fraction": OPEN_UNIT_INTERVAL,
         "lr": POSITIVE,
+        "loss_weight": POSITIVE,
     }
 
     def check(self):

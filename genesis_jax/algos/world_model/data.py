@@ -79,15 +79,15 @@ WIDE_OBS_DIM = 256  # synthetic-wide: observation dimensions, each a mix of the 
 
 
 def wide_dataset(
-    num_sequences: int = 512, length: int = 32, seed: int = 0, obs_dim: int = WIDE_OBS_DIM, scale: float = SMALL_UNITS
+    num_sequences: int = 512, length: int = 32, seed: int = 0, obs_dim: int = WIDE_OBS_DIM, scale: float = 1.0
 ) -> dict:
-    """`small_units_dataset` seen through `obs_dim` observations: an orthogonal projection of its
-    state, scaled so each dimension keeps the state's size. A model that predicts many small
-    outputs, with a loss averaged over all of them (as pixel world models average theirs): each
-    output's gradient is its error over outputs x batch, which a float16 backward without loss
-    scaling flushes to zero once the error is below 2^-25 x that count / 2 (0.004 for 256
-    outputs and a batch of 1024), far above this system's noise (0.05 x scale). The attainable
-    loss is `small_units_dataset`'s: the projection keeps each dimension's noise."""
+    """The synthetic system without episode ends, in `scale` units (`small_units_dataset`; 1: its
+    own), seen through `obs_dim` observations: an orthogonal projection of its state, scaled so each
+    dimension keeps the state's size. A model that predicts many outputs with a loss averaged over
+    all of them, as pixel world models average theirs: each output's gradient is its error over
+    outputs x batch. Trained on a small multiple of that loss (`WorldModelConfig.loss_weight`, as an
+    auxiliary loss is weighted), a float16 backward without loss scaling flushes those gradients to
+    zero. The attainable loss is `small_units_dataset`'s: the projection keeps each dimension's noise."""
     d = SYNTHETIC_OBS_DIM
     if obs_dim < d:
         raise ValueError(f"synthetic-wide needs obs_dim >= {d}, got {obs_dim}")

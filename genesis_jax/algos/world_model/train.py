@@ -87,8 +87,9 @@ def make_model(config: WorldModelConfig, meta: dict, obs_dim: int, precision) ->
     )
 
 
-def make_loss_fn(model: WorldModel):
-    """Float32 loss: obs MSE (mean over dims) + reward MSE + termination BCE, averaged over steps."""
+def make_loss_fn(model: WorldModel, weight: float = 1.0):
+    """Float32 loss: obs MSE (mean over dims) + reward MSE + termination BCE, averaged over steps,
+    times `weight` (the terms in the aux dict stay unweighted)."""
 
     def loss_fn(params, batch):
         pred_obs, pred_reward, term_logit = model.apply(params, batch["obs"], batch["action"], method=WorldModel.unroll)
@@ -96,7 +97,7 @@ def make_loss_fn(model: WorldModel):
         reward_mse = jnp.square(pred_reward - batch["reward"])
         bce = optax.sigmoid_binary_cross_entropy(term_logit, batch["terminated"])
         per_sample = obs_mse + reward_mse + bce
-        return jnp.mean(per_sample), {
+        return weight * jnp.mean(per_sample), {
             "obs_mse": jnp.mean(obs_mse),
             "reward_mse": jnp.mean(reward_mse),
             "bce": jnp.mean(bce),
@@ -121,12 +122,20 @@ BENCH = tuple(
     )
 )
 # The eval loss, scored in decades: log10(loss), normalised from an untrained model's (0) to the
-# data's noise floor (1). synthetic-small is the same system in units 100x smaller: a small loss
-# whose gradients a float16 backward without scaling loses.
+# data's noise floor (1). synthetic-small is the same system in units 100x smaller, a small loss
+# that Adam does not learn in any precision (docs/study.md). wm:small-loss is where loss scaling
+# matters: synthetic-wide, in its own units, trained on 1e-3 x its loss (a small loss coefficient,
+# as an auxiliary loss's), whose gradients a float16 backward without scaling flushes to zero.
 _NOISE_FLOOR = "the data's noise floor (the true model's expected loss), as log10; 0: an untrained model's"
+_WM_EPOCHS = 20
 STUDY = {
-    f"wm:{data}": StudyTask({"data": data, "num_sequences": 1024}, 20, None, _NOISE_FLOOR, score="loss")
-    for data in ("synthetic", "synthetic-small")
+    **{
+        f"wm:{data}": StudyTask({"data": data, "num_sequences": 1024}, _WM_EPOCHS, None, _NOISE_FLOOR, score="loss")
+        for data in ("synthetic", "synthetic-small", "synthetic-wide")
+    },
+    "wm:small-loss": StudyTask(
+        {"data": "synthetic-wide", "num_sequences": 1024, "loss_weight": 1e-3}, _WM_EPOCHS, None, _NOISE_FLOOR, "loss"
+    ),
 }
 
 
@@ -164,10 +173,12 @@ class WorldModelTrainer(Algorithm):
             )
         self.num_rows = config.epochs
         self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
-        self.loss_fn = make_loss_fn(self.model)
+        self.loss_fn = make_loss_fn(self.model)  # the loss reported and evaluated
+        self.train_loss_fn = make_loss_fn(self.model, config.loss_weight)  # the loss trained on
         obs_dim, meta = train_set["obs"].shape[-1], self.dataset["meta"]
-        self.loss32, self.loss16 = (
-            make_loss_fn(make_model(config, meta, obs_dim, get_precision(p))) for p in ("fp32", "fp16")
+        self.loss32, self.loss16 = (  # the telemetry's: the gradients of the loss trained on
+            make_loss_fn(make_model(config, meta, obs_dim, get_precision(p)), config.loss_weight)
+            for p in ("fp32", "fp16")
         )
         self.last_row_time = time.perf_counter()
 
@@ -195,14 +206,13 @@ class WorldModelTrainer(Algorithm):
             reference = jax.grad(lambda p: self.loss32(p, first)[0])(ts.params)
             half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.scaler.loss_scale)(ts.params)
             underflow = underflow_metrics(reference, half)
-        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.loss_fn), ts, batches)
+        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.train_loss_fn), ts, batches)
         finite = metrics["grads_finite"]
         applied = jnp.sum(finite)
+        applied_loss = jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / config.loss_weight
         return WorldModelState(ts, rng), {
-            # The mean loss of the steps applied; NaN (null in metrics.jsonl) for an epoch with none.
-            "train_loss": jnp.where(
-                applied > 0, jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / jnp.maximum(applied, 1), jnp.nan
-            ),
+            # The mean (unweighted) loss of the steps applied; NaN (null in metrics.jsonl) for an epoch with none.
+            "train_loss": jnp.where(applied > 0, applied_loss / jnp.maximum(applied, 1), jnp.nan),
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
             "skipped": ts.skipped - skipped_before,
             "loss_scale": ts.scaler.loss_scale,
@@ -242,7 +252,7 @@ class WorldModelTrainer(Algorithm):
         batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
         compiled = getattr(self, "compiled", None)
         memory = compiled.memory_analysis() if compiled is not None else None
-        step = lambda s, b: self.train_step(s, b, self.loss_fn)  # noqa: E731
+        step = lambda s, b: self.train_step(s, b, self.train_loss_fn)  # noqa: E731
         return {
             "data": self.dataset["meta"]["source"],
             "width": config.width,
