@@ -59,6 +59,7 @@ def test_loss_weight_weights_the_loss_trained_on_and_not_the_losses_reported():
         assert 0.5 < summaries[1][key] / summaries[0][key] < 2, (key, summaries)
 
 
+@pytest.mark.slow  # a CLI subprocess: 15 s
 def test_a_cli_run_with_a_loss_weight_records_it_and_keeps_info_logs_off_stderr(tmp_path):
     out = tmp_path / "run"
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]

@@ -31,8 +31,9 @@ __all__ = ["PRECISIONS", "PRESETS", "TASKS", "run_plan", "run_study"]
 # Whole studies by name (`--preset`); flags given beside a preset override its values.
 PRESETS = {
     # The full study, for a GPU: PPO on CartPole/Acrobot, the four MinAtar games and the wide
-    # res-MLP, DQN on MinAtar, SAC on Pendulum; 32 seeds; PureJaxRL's budgets (5e5 steps for
-    # classic control, 1e7 for MinAtar), SAC its own (CleanRL's Pendulum scale).
+    # res-MLP, DQN on MinAtar, SAC on Pendulum, the world model in its own units and on a small
+    # loss (where scaling matters); 32 seeds; PureJaxRL's budgets (5e5 steps for classic
+    # control, 1e7 for MinAtar), SAC its own (CleanRL's Pendulum scale), the world model its 20 epochs.
     "gpu": {
         "tasks": [
             "CartPole-v1",
@@ -47,6 +48,8 @@ PRESETS = {
             "dqn:SpaceInvaders-MinAtar",
             "sac:Pendulum-v1",
             "CartPole-v1-resmlp1024",
+            "wm:synthetic",
+            "wm:small-loss",
         ],
         "num_seeds": 32,
         "total_steps": {
@@ -56,6 +59,8 @@ PRESETS = {
             **{f"dqn:{game}-MinAtar": 10_000_000 for game in MINATAR_GAMES},
             "sac:Pendulum-v1": 20_000,
             "CartPole-v1-resmlp1024": 500_000,
+            "wm:synthetic": 20,
+            "wm:small-loss": 20,
         },
     },
 }

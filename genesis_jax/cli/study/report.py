@@ -95,8 +95,8 @@ def analyse(
 
 
 def plot_curves(curves: dict[str, dict[str, tuple]], out: pathlib.Path, reps: int) -> list[str]:
-    """One PNG per task: the IQM over seeds of the return along training, a CI band, one
-    line per precision."""
+    """One PNG per task: the IQM over seeds of the return (a loss task: log10 of the eval
+    loss, by epoch) along training, a CI band, one line per precision."""
     files = []
     for task, by_precision in curves.items():
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -105,7 +105,12 @@ def plot_curves(curves: dict[str, dict[str, tuple]], out: pathlib.Path, reps: in
             e = estimates[precision]
             ax.plot(steps, [x.point for x in e], label=precision)
             ax.fill_between(steps, [x.low for x in e], [x.high for x in e], alpha=0.2)
-        ax.set(xlabel="environment steps", ylabel="episode return (IQM over seeds, 95% CI)", title=task)
+        loss = TASKS[task].score == "loss"
+        ax.set(
+            xlabel="epochs" if loss else "environment steps",
+            ylabel=f"{'log10 eval loss' if loss else 'episode return'} (IQM over seeds, 95% CI)",
+            title=task,
+        )
         ax.legend()
         name = f"curves_{task.replace(':', '_')}.png"
         fig.tight_layout()
