@@ -7,11 +7,12 @@ floor (log10) and the skips.
 
     python experiments/scaling_search.py --scale 0.01 --lr 1e-3 --width 128 --epochs 20 --num-sequences 1024 --seeds 1
 
-`--scale 0.01` is the data `--data synthetic-small` trains on; another scale replaces it
-(`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`). `--obs-dim` and
-`--scale` do the same for `synthetic-wide` (`wide_dataset(obs_dim=..., scale=...)`).
+`--scale 0.01` (its default) is the data `--data synthetic-small` trains on; another scale
+replaces it (`genesis_jax.algos.world_model.data.small_units_dataset(scale=...)`). `--obs-dim`
+and `--scale` (default 1, the system's own units) do the same for `synthetic-wide`
+(`wide_dataset(obs_dim=..., scale=...)`).
 
-    python experiments/scaling_search.py --data synthetic-wide --obs-dim 256 --epochs 20 --seeds 2 --telemetry
+    python experiments/scaling_search.py --data synthetic-wide --scale 0.01 --obs-dim 256 --seeds 2 --telemetry
 
 `--loss-weight W` trains on W x the loss instead of the loss (`WorldModelConfig.loss_weight`;
 the eval loss is reported unweighted): a small loss *coefficient* (an auxiliary or value loss's
@@ -35,7 +36,7 @@ from genesis_jax.algos.world_model.config import WorldModelConfig
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", choices=("synthetic-small", "synthetic-wide"), default="synthetic-small")
-    parser.add_argument("--scale", type=float, default=wm_data.SMALL_UNITS)
+    parser.add_argument("--scale", type=float, help="the data's units (synthetic-small's 0.01, synthetic-wide's 1)")
     parser.add_argument("--obs-dim", type=int, default=wm_data.WIDE_OBS_DIM)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--telemetry", action="store_true", help="the underflow telemetry (a second backward)")
     parser.add_argument("--loss-weight", type=float, default=1.0, help="train on this times the loss")
     args = parser.parse_args()
+    if args.scale is None:  # each data's own default
+        args.scale = wm_data.SMALL_UNITS if args.data == "synthetic-small" else 1.0
     if args.data == "synthetic-small":
         small = wm_data.small_units_dataset
         wm_data.small_units_dataset = lambda n, length, seed: small(n, length, seed, scale=args.scale)

@@ -12,6 +12,7 @@ divergence guard stops exits with 3; SIGINT / SIGTERM save a final checkpoint an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -597,9 +598,12 @@ def _main(argv: list[str]) -> int:
         level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
     )
     # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
-    # backends it did not find: their warnings and errors still show.
+    # backends it did not find: their warnings and errors still show (process 0's). absl first,
+    # so that its logger is absl's own.
+    with contextlib.suppress(ImportError):
+        import absl.logging  # noqa: F401
     for noisy in ("absl", "jax"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
     from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     from genesis_jax.run.checkpoint import CheckpointMismatchError

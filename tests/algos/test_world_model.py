@@ -39,22 +39,29 @@ def test_wide_data_is_the_system_seen_through_many_dimensions():
         wm_data.wide_dataset(4, 4, obs_dim=4)
 
 
-def test_loss_weight_weights_the_loss_trained_on_and_not_the_losses_reported():
-    from genesis_jax.algos.world_model.train import make_loss_fn, make_model
+@pytest.mark.slow  # two studies' normalisations on 1024 sequences: 12 s
+def test_loss_weight_weights_the_loss_trained_on_and_its_telemetry_not_the_losses_reported():
+    from genesis_jax.algos import get_algorithm
+    from genesis_jax.cli.study.cells import loss_bounds
 
-    config = WorldModelConfig(data="synthetic-wide", precision="fp32", max_grad_norm=None, **TINY)
-    data = wm_data.wide_dataset(4, 8, seed=0, obs_dim=wm_data.WIDE_OBS_DIM)
-    batch = {k: jnp.asarray(data[k][:, :1]) for k in ("action", "reward", "terminated")}
-    batch |= {"obs": jnp.asarray(data["obs"][:, 0]), "next_obs": jnp.asarray(data["obs"][:, 1:2])}
-    model = make_model(config, data["meta"], wm_data.WIDE_OBS_DIM, config.train_precision())
-    params = model.init(jax.random.PRNGKey(0), batch["obs"], batch["action"], method=type(model).unroll)
-    (loss, aux), (weighted, weighted_aux) = (make_loss_fn(model, w)(params, batch) for w in (1.0, 0.25))
-    assert float(weighted) == 0.25 * float(loss) and weighted_aux == aux  # 0.25: exact in binary
+    config = WorldModelConfig(data="synthetic-wide", loss_weight=0.25, underflow_telemetry=True, **TINY)
+    trainer = get_algorithm("world-model")(config)
+    params, batch = trainer.init(jax.random.PRNGKey(0)).train_state.params, trainer.data[1]
+    trainer.close()
+    loss, aux = trainer.loss_fn(params, batch)
+    for weighted in (trainer.train_loss_fn, trainer.loss32):  # what is trained on, what the telemetry measures
+        weighted_loss, weighted_aux = weighted(params, batch)
+        assert float(weighted_loss) == 0.25 * float(loss) and weighted_aux == aux  # 0.25: exact in binary
+    # The study's untrained-model normalisation is unweighted: the same as at weight 1.
+    assert loss_bounds("wm:small-loss") == loss_bounds("wm:synthetic-wide")
+
+
+@pytest.mark.slow  # two runs: 6 s
+def test_losses_are_reported_unweighted():
     # Adam does not see a loss's scale, so runs at weights 1 and 2^-10 report losses that agree
     # unweighted (weighted, the second's would be 1024x smaller).
-    summaries = [
-        train(WorldModelConfig(**{**vars(config), "loss_weight": w}), progress=False).summary for w in (1.0, 2**-10)
-    ]
+    config = dict(data="synthetic-wide", precision="fp32", max_grad_norm=None, **TINY)
+    summaries = [train(WorldModelConfig(loss_weight=w, **config), progress=False).summary for w in (1.0, 2**-10)]
     for key in ("final_train_loss", "eval_loss"):
         assert 0.5 < summaries[1][key] / summaries[0][key] < 2, (key, summaries)
 
@@ -68,7 +75,7 @@ def test_a_cli_run_with_a_loss_weight_records_it_and_keeps_info_logs_off_stderr(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["config"]["loss_weight"] == 1e-3
     assert len(list((out / "checkpoints").iterdir())) >= 2  # it did save, more than once
-    for info in ("Saving checkpoint", "Finished saving", "Unable to initialize backend"):
+    for info in ("Saving checkpoint", "Finished saving"):  # orbax's INFO lines at each save
         assert info not in proc.stderr, proc.stderr[-3000:]
 
 

@@ -54,7 +54,7 @@ class SACState(struct.PyTreeNode):
 BENCH = (BenchWorkload("sac-resmlp-1024", {"network": "resmlp", "width": 1024, "depth": 2, "total_steps": 20_000}),)
 # Its own defaults: CleanRL's and PureJaxRL's; and the same with 64-wide networks, the size a
 # CPU study can train at 32 seeds (about 16x fewer FLOPs a step), for 10 000 steps: in a pilot
-# of 8 fp32 seeds it was at -404 after 5000 steps and near -150 from 6000 on.
+# of 8 fp32 seeds it was at -404 after 5000 steps and -182 on average from 5200 on.
 STUDY = {
     f"sac:Pendulum-v1{suffix}": StudyTask({"env": "Pendulum-v1", **settings}, steps, -130.0, f"{GYMNAX_README}: R -130")
     for suffix, settings, steps in (("", {}, 20_000), ("-mlp64", {"hidden": (64, 64)}, 10_000))

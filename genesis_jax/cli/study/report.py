@@ -265,7 +265,10 @@ def write_report(
             values = analysis["auc"]["aggregate"][p].values()
             lines.append(f"| AUC | {p} | " + " | ".join(_fmt(e) for e in values) + " | - |")
     lines += ["", *[f"![{name}]({name})" for name in plot_files], ""]
-    lines += ["## Per task: final return over seeds (raw, 95% CIs)", ""]
+    raw = "final return" if all(TASKS[t].score == "return" for t in tasks) else "final score"
+    if any(TASKS[t].score == "loss" for t in tasks):
+        raw += " (a loss task's: log10 of its final eval loss)"
+    lines += [f"## Per task: {raw} over seeds (raw, 95% CIs)", ""]
     lines += ["| task | precision | mean | median | IQM |", "|---|---|---|---|---|"]
     for i, task in enumerate(tasks):
         for p in precisions:
@@ -282,7 +285,7 @@ def write_report(
         "",
         "## Normalisation",
         "",
-        "| task | random policy (measured) | reference | source |",
+        "| task | random policy (measured; a loss task: an untrained model) | reference | source |",
         "|---|---|---|---|",
     ]
     for task, random, (ref, source) in zip(tasks, analysis["random"], analysis["references"]):
