@@ -265,9 +265,8 @@ def write_report(
             values = analysis["auc"]["aggregate"][p].values()
             lines.append(f"| AUC | {p} | " + " | ".join(_fmt(e) for e in values) + " | - |")
     lines += ["", *[f"![{name}]({name})" for name in plot_files], ""]
-    raw = "final return" if all(TASKS[t].score == "return" for t in tasks) else "final score"
-    if any(TASKS[t].score == "loss" for t in tasks):
-        raw += " (a loss task's: log10 of its final eval loss)"
+    has_loss_task = any(TASKS[t].score == "loss" for t in tasks)
+    raw = "final score (a loss task's: log10 of its final eval loss)" if has_loss_task else "final return"
     lines += [f"## Per task: {raw} over seeds (raw, 95% CIs)", ""]
     lines += ["| task | precision | mean | median | IQM |", "|---|---|---|---|---|"]
     for i, task in enumerate(tasks):
