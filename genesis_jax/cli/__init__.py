@@ -14,19 +14,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import sys
 from typing import Sequence
 
+from genesis_jax.algos import REGISTRY as ALGORITHMS  # imports nothing of the rl extra
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM  # re-exported
 
-try:  # the CLI, algorithms and environments come with the rl extra; genesis_jax.amp needs none of it
-    from genesis_jax.algos import REGISTRY as ALGORITHMS
+# The rl extra (pyproject's [rl]) by import name: every command needs all of it, genesis_jax.amp
+# none of it. Checked by name before any command runs, since the first import that misses one
+# may sit anywhere (tests/e2e/test_light_install.py keeps this list equal to the extra's requirements).
+RL_EXTRA_MODULES = ("orbax.checkpoint", "gymnasium", "gymnax", "six", "tqdm", "matplotlib", "tyro", "flashbax")
 
-    MISSING_RL_EXTRA = None
-except ModuleNotFoundError as err:
-    ALGORITHMS, MISSING_RL_EXTRA = {}, err.name
+
+def missing_rl_extra() -> str | None:
+    """The first of the rl extra's modules that is not installed, or None."""
+    for name in RL_EXTRA_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ModuleNotFoundError:  # its parent package is missing too
+            return name
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -541,9 +552,10 @@ def _parse(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if MISSING_RL_EXTRA is not None:
+    missing = missing_rl_extra()
+    if missing is not None:
         print(
-            f"genesis-jax: error: the command line needs the rl extra ({MISSING_RL_EXTRA} is not installed): "
+            f"genesis-jax: error: the command line needs the rl extra ({missing} is not installed): "
             "pip install 'genesis-jax[rl]'",
             file=sys.stderr,
         )
