@@ -161,13 +161,16 @@ def stopped_message(stop: TrainingInterrupted, out: pathlib.Path, task: str, pre
 
 
 def plan_cells(out: pathlib.Path, tasks, precisions, num_seeds: int, seed: int, budgets: dict[str, int]) -> dict:
-    """{cell directory: (task, precision, config)} for every task x precision cell (every
-    config built, so validated, before anything trains)."""
-    return {
+    """{cell directory: (task, precision, config)} for every task x precision cell, each config
+    built and given every check `train` makes (`cells.check_cell`) before anything is written."""
+    planned = {
         cells.cell_dir(out, t, p): (t, p, cells.cell_config(t, p, num_seeds, seed, budgets[t]))
         for t in tasks
         for p in precisions
     }
+    for task, _, config in planned.values():
+        cells.check_cell(task, config)
+    return planned
 
 
 def _check_stop(stop: StopSignals, out: pathlib.Path, where: str, command: str | None) -> None:
@@ -290,15 +293,23 @@ def run_plan(
         randoms = {task: cells.random_floor(task, seed) for task in tasks}
         known = {task: cells.reference_score(task, seed) for task in tasks}
         _check_stop(stop, out, "before its plan was written", command)
-    refs = report.references(final, tasks, randoms, known)
-    plans = {}
-    for i, task in enumerate(tasks):
-        norm = lambda m: stats.normalise(m[:, [i]], [randoms[task]], [refs[i][0]])[:, 0]  # noqa: E731
-        plans[task] = plan.task_plan(
-            {p: norm(final[p]) for p in final}, {p: norm(auc[p]) for p in auc}, summaries[task], precisions
-        )
-    device = ", ".join(sorted({s["device"] for by in summaries.values() for s in by.values()}))
+    random, reference = [randoms[t] for t in tasks], [r for r, _ in report.references(final, tasks, randoms, known)]
+    normalised = {p: stats.normalise(m, random, reference) for p, m in final.items()}
+    auc_normalised = {p: stats.normalise(m, random, reference) for p, m in auc.items()}
     steps = {t: "{} {}".format(*cells.budget_of(summaries[t][BASELINE])) for t in tasks}
+    # the report's rule for "did not learn": the spread of such runs says nothing of runs that learn
+    learnt = report.learned_flags(normalised, stats.per_task(final), tasks, random)
+    plan.check_learned(tasks, normalised, learnt, steps, pilot_out)
+    plans = {
+        task: plan.task_plan(
+            {p: m[:, i] for p, m in normalised.items()},
+            {p: m[:, i] for p, m in auc_normalised.items()},
+            summaries[task],
+            precisions,
+        )
+        for i, task in enumerate(tasks)
+    }
+    device = ", ".join(sorted({s["device"] for by in summaries.values() for s in by.values()}))
     seeds = max(p["seeds"] for p in plans.values())
     study = study_command or "genesis-jax study"
     lines = [
@@ -349,7 +360,7 @@ def run_study(
     cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
     cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE)
     if cost:  # the first task's fp32 cell again, with 1 seed
-        cell_plan[cost_path] = (tasks[0], BASELINE, cells.cell_config(tasks[0], BASELINE, 1, seed, budgets[tasks[0]]))
+        cell_plan.update(plan_cells(out / "cost", tasks[:1], [BASELINE], 1, seed, budgets))
     cells.check_kept_cells(out, {path: config for path, (_, _, config) in cell_plan.items()})
     out.mkdir(parents=True, exist_ok=True)
     with StopSignals() as stop:  # a signal outside a cell's run (compiling, statistics) stops the study too

@@ -106,6 +106,13 @@ def cell_config(task: str, precision: str, num_seeds: int, seed: int, steps: int
     return algorithm.config_class(**fields)
 
 
+def check_cell(task: str, config) -> None:
+    """Every check `train` makes on `config` before it writes anything: the algorithm built
+    from it (its devices, then its setup: data, environments, the int32 step counters), then
+    released. A study makes them on every cell before it creates its directory."""
+    get_algorithm(TASKS[task].algo)(config).close()
+
+
 def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
     return out / "cells" / task / precision
 

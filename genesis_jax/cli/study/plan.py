@@ -85,6 +85,28 @@ def task_plan(normalised: dict, auc: dict, pilot: dict, precisions) -> dict:
     }
 
 
+def check_learned(tasks, normalised: dict, learnt: dict, steps: dict, pilot_out) -> None:
+    """Refuses, in one line, a plan from a pilot in which fp32 or fp16 did not learn a task
+    (`learnt`: the report's rule, `report.learned_flags`): the spread of runs at the random
+    policy's floor says nothing of the spread of runs that learn."""
+    failed = []
+    for i, task in enumerate(tasks):
+        names = [p for p in PILOT_PRECISIONS if not learnt[p][i]]
+        if names:
+            scores = ", ".join(f"{p} {stats.iqm(normalised[p][:, [i]]):.3f}" for p in PILOT_PRECISIONS)
+            failed.append(
+                f"{task} at {steps[task]} per seed (did not learn: {', '.join(names)}; IQM normalised "
+                f"final score {scores})"
+            )
+    if failed:
+        raise ValueError(
+            f"no plan from a pilot that did not learn: {'; '.join(failed)}; a run learns from "
+            f"{stats.LEARNED_FROM:g}, the random policy is 0, and the spread of runs that did not learn says nothing "
+            "of runs that do: plan again with a budget each task learns in (--total-steps TASK=N), in another --out "
+            f"or after deleting its pilot cells in {pilot_out / 'cells'}"
+        )
+
+
 def plan_lines(plans: dict[str, dict], steps: dict[str, int], device: str) -> list[str]:
     """The plan as a markdown table, with the total time."""
     lines = [
