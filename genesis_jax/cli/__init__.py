@@ -77,6 +77,9 @@ class RunOptions:
     """Also log to a Weights & Biases run in OUT (pip install 'genesis-jax[wandb]'; WANDB_MODE=offline: no network)."""
     quiet: bool = False
     """Print no notices (such as the one that half precision is slow on a CPU)."""
+    compile_cache: bool = True
+    """Keep compiled programs in the user cache folder (~/.cache/genesis-jax/xla), so the same command runs
+    again without compiling (GENESIS_COMPILE_CACHE=0 turns it off too)."""
 
     def train_kwargs(self) -> dict:
         writers = tuple(name for name in ("tensorboard", "wandb") if getattr(self, name))
@@ -334,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--reps", type=int, default=2000, help="bootstrap replications per interval (at least 100)")
     study.add_argument("--no-cost", action="store_true", help="skip the 1-seed run that measures the cost of N seeds")
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
+    study.add_argument(
+        "--no-compile-cache", action="store_true", help="compile every program anew (GENESIS_COMPILE_CACHE=0 too)"
+    )
 
     launch = sub.add_parser(
         "launch",
@@ -616,6 +622,13 @@ def _main(argv: list[str]) -> int:
         import absl.logging  # noqa: F401
     for noisy in ("absl", "jax"):
         logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
+    if args.command in ("train", "study", "bench", "demo", "collect"):
+        from genesis_jax.run.compile_cache import enable_compile_cache
+
+        run_options = getattr(args, "run", None)
+        enable_compile_cache(
+            not getattr(args, "no_compile_cache", False) and getattr(run_options, "compile_cache", True)
+        )
     from gymnasium.error import DependencyNotInstalled as DependencyMissing
 
     from genesis_jax.run.checkpoint import CheckpointMismatchError
@@ -637,7 +650,10 @@ def _main(argv: list[str]) -> int:
     except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
         print(f"genesis-jax: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (OSError, MemoryError, ImportError, DependencyMissing) as err:
+    except (ImportError, DependencyMissing) as err:  # an optional package: the line names what to install
+        print(f"genesis-jax: error: {_system_failure(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (OSError, MemoryError) as err:
         print(f"genesis-jax: system failure: {_system_failure(err)}", file=sys.stderr)
         return EXIT_SYSTEM
     except DivergenceError as err:
