@@ -141,19 +141,28 @@ def _negative_zeros(shapes):
     return jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), shapes)
 
 
-def clip_coefficient(norm, max_norm):
-    """torch `clip_grad_norm_`'s factor: max_norm / (norm + 1e-6), at most 1, in float32."""
-    return jnp.minimum(1.0, jnp.float32(max_norm) / (jnp.asarray(norm, jnp.float32) + 1e-6))
+def clip_by_norm(grads, norm, max_norm):
+    """`grads` times torch `clip_grad_norm_`'s factor, max_norm / (norm + 1e-6) capped at 1, in
+    float32. Below 2^-126 (a norm above 2^126 * max_norm) that factor is a denormal, which XLA's
+    CPU backend flushes to 0; there it is applied as 2^-k, then factor * 2^k: neither flushes."""
+    norm = jnp.asarray(norm, jnp.float32)
+    factor = jnp.minimum(1.0, jnp.float32(max_norm) / (norm + 1e-6))
+    split = factor < np.finfo(np.float32).tiny
+    down = _power_of_two(jnp.where(split, -_exponent(norm), 0))
+    factor = jnp.where(split, jnp.float32(max_norm) / ((norm + 1e-6) * down), factor)
+    return jax.tree.map(lambda g: g * down.astype(g.dtype) * factor.astype(g.dtype), grads)
 
 
 def global_norm(tree) -> tuple[jax.Array, jax.Array]:
     """(the float32 global norm of `tree`, whether every element is finite), in one pass.
 
     Half-precision leaves are squared in float32. An inf or NaN anywhere makes the sum of
-    squares non-finite; so can finite values above ~1.8e19, whose squares overflow float32.
-    Only then a second pass (`lax.cond`: skipped at run time otherwise) tells the two apart
-    and takes the norm scaled by the largest magnitude, max|g| * sqrt(sum((g / max|g|)^2)),
-    so finite gradients are never taken for non-finite ones.
+    squares non-finite; so can finite values above ~1.8e19, whose squares overflow float32,
+    and below 2^-64 it may have lost squares that flushed to 0. Only then a second pass
+    (`lax.cond`: skipped at run time otherwise) tells the two apart and takes the norm scaled
+    by an exact power of two, 2^k * sqrt(sum((g * 2^-k)^2)) with max|g| * 2^-k in [1, 4):
+    no factor is a denormal that flushes to 0 (as 1 / max|g| does above 2^126), so finite
+    gradients are never taken for non-finite ones and the norm keeps float32's precision.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -178,11 +187,25 @@ def global_norm(tree) -> tuple[jax.Array, jax.Array]:
     def scaled():
         largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0) for leaf in leaves]))
         finite = jnp.isfinite(largest)  # NaN propagates through max, inf is the max
-        divisor = jnp.where(finite & (largest > 0), largest, 1.0)
-        rescaled = largest * jnp.sqrt(sum(jnp.sum(jnp.square(leaf / divisor)) for leaf in leaves))
+        k = _exponent(largest)
+        down = _power_of_two(-k)
+        # A leaf XLA sees as a constant (an unused parameter's zeros) must stay apart: it would
+        # fold (g * 2^-k)^2 into g^2 * 2^-2k, which overflows or flushes (0 * inf: NaN).
+        opaque = jax.lax.optimization_barrier(leaves)
+        rescaled = jnp.sqrt(sum(jnp.sum(jnp.square(leaf * down)) for leaf in opaque)) * _power_of_two(k)
         return jnp.where(finite, rescaled, jnp.asarray(jnp.nan, rescaled.dtype)), finite
 
-    return jax.lax.cond(jnp.isfinite(sum_of_squares), fast, scaled)
+    return jax.lax.cond(jnp.isfinite(sum_of_squares) & (sum_of_squares >= 2.0**-64), fast, scaled)
+
+
+def _exponent(x):
+    """The binary exponent of a float32 `x` >= 0, clipped to [-126, 126]: 2^k and 2^-k are normal."""
+    return jnp.clip((jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) >> 23) - 127, -126, 126)
+
+
+def _power_of_two(k):
+    """2^k as a float32, exactly, for an int32 `k` in [-126, 127]: built from its exponent bits."""
+    return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
 def check_max_grad_norm(max_grad_norm) -> None:
@@ -303,14 +326,16 @@ def skip_nonfinite(
     `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
     **extra_args)`: `grads_finite` is the decision (from `value_and_grad`; pass it so every
     replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
-    (clipping reuses it); without them the wrapper computes both from `grads`. Unlike
+    (clipping reuses it); without them the wrapper computes both from `grads`. A given
+    decision is taken on `grads` as they are applied: a float16 or bfloat16 leaf is checked
+    too (float32 gradients cast to fp16-full's params overflow above 65504). Unlike
     `optax.apply_if_finite`, a non-finite update is never applied, however many come in a
     row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
 
     Args:
         inner: the optax optimizer to run on finite steps.
         max_grad_norm: clip the (unscaled) global norm first, with torch `clip_grad_norm_`'s
-            coefficient max_norm / (norm + 1e-6); None: no clipping.
+            coefficient max_norm / (norm + 1e-6) (`clip_by_norm`); None: no clipping.
         advance_schedule_on_skip: False (default): a skipped step leaves learning-rate
             schedules where they were (optax's schedules count inside the optimizer state,
             which is kept, as `optax.apply_if_finite` and Flax's `DynamicScale` do). True:
@@ -355,6 +380,8 @@ def skip_nonfinite(
     def update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None, **extra_args):
         finite, norm = _checked_decision("grads_finite", grads_finite), _checked_norm(grad_norm)
         loss_scale = _checked_scale(loss_scale)
+        if finite is not None:  # taken in float32: a half-precision leaf (fp16-full's cast) may overflow since
+            finite = finite & all_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
         if finite is None or (norm is None and max_grad_norm is not None):
             computed_norm, computed_finite = global_norm(grads)
             norm = computed_norm if norm is None else norm
@@ -362,8 +389,7 @@ def skip_nonfinite(
         if max_grad_norm is not None:
             # Where the norm is not finite the step is skipped; a finite factor keeps the
             # skipped branch's shapes and dtypes without a NaN.
-            factor = jnp.where(finite, clip_coefficient(norm, max_grad_norm), 1.0)
-            grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
+            grads = clip_by_norm(grads, jnp.where(finite, norm, 0.0), max_grad_norm)
         active = ~state.halted
         take = finite & active
         if strict:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -106,7 +107,7 @@ class TrainState(train_state.TrainState):
     `scaler` (a loss scaler pytree: `state.scaler.loss_scale` is the scale), `precision` (its
     name, static: checkpoints record it), `shared_scaler` (static: this state shares its
     scaler with other optimizers' states, see `update_scaler`) and `pending_backoff` (a
-    shared scaler's: a step since the last `update_scaler` had non-finite gradients). `step`
+    shared scaler's: a step since the last `update_scaler` was skipped). `step`
     counts updates attempted while not halted.
 
     Examples:
@@ -197,6 +198,7 @@ class TrainState(train_state.TrainState):
             scaler=scaler,
             precision=prec.name if prec is not None else "fp32",
             shared_scaler=shared_scaler,
+            **({"pending_backoff": _unstepped_flag(jnp.asarray(False))} if shared_scaler else {}),
             **kwargs,
         )
 
@@ -205,13 +207,16 @@ class TrainState(train_state.TrainState):
         the skip counts (and the scaler).
 
         Args:
-            grads: unscaled gradients (cast to the params' dtypes: float16 in fp16-full).
+            grads: unscaled gradients, cast to the params' dtypes (float16 in fp16-full) and
+                decided on as cast: one that overflows there is skipped.
             grads_finite: the decision from `scaled_value_and_grad` (None: from the norm).
             grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
             scaler: the scaler adjusted for this step (None: `self.scaler.adjust(grads_finite)`).
-                A halted state keeps its scaler. With `shared_scaler` the state keeps its
-                scaler and records a non-finite step for `update_scaler`; the divergence
-                guard sees `scaler` all the same.
+                A step skipped all the same (float32 gradients that overflow on the cast to
+                float16 params, a strict check) backs off instead: `self.scaler.adjust(False)`,
+                as torch backs off on every skipped step. A halted state keeps its scaler. With
+                `shared_scaler` the state keeps its scaler and records a skipped step for
+                `update_scaler`; the divergence guard sees the scale a skip leads to all the same.
             loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields to replace, as in Flax.
         """
@@ -222,6 +227,10 @@ class TrainState(train_state.TrainState):
         if grads_finite is None:
             grad_norm, grads_finite = global_norm(grads)
         new_scaler = self.scaler.adjust(grads_finite) if scaler is None else scaler
+        # Any skip backs off; the guard reads the scale only on a skip, so it sees that one.
+        backed_off = self.scaler.adjust(jnp.asarray(False))
+        if backed_off is not new_scaler:  # NoOpLossScale, StaticLossScale: no select
+            backed_off = _keep_if(grads_finite, backed_off, new_scaler)
         was_halted = self.halted
         updates, opt_state = self.tx.update(
             grads,
@@ -229,12 +238,16 @@ class TrainState(train_state.TrainState):
             self.params,
             grads_finite=grads_finite,
             grad_norm=grad_norm,
-            loss_scale=new_scaler.loss_scale,
+            loss_scale=backed_off.loss_scale,
         )
         halted = skip_state(opt_state).halted
+        # a skip (grads_finite False, fp16-full's cast overflowed, a strict check) while not halted
+        skipped = ~halted & (skip_state(opt_state).skipped != skip_state(self.opt_state).skipped)
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
-            kept, pending = self.scaler, self.pending_backoff | (~halted & ~jnp.asarray(grads_finite))
+            kept, pending = self.scaler, self.pending_backoff | skipped
         else:  # a scaler that did not change (NoOpLossScale, StaticLossScale) needs no select
+            if backed_off is not new_scaler:
+                new_scaler = _keep_if(skipped, backed_off, new_scaler)
             kept = self.scaler if new_scaler is self.scaler else _keep_if(~halted, new_scaler, self.scaler)
             pending = self.pending_backoff
         return self.replace(
@@ -348,6 +361,38 @@ def _is_train_state(node) -> bool:
     return isinstance(node, TrainState)
 
 
+# The pending flags update_scaler (or create) wrote, by id, while they live: a state that still
+# holds one has not stepped since. A step writes a new flag, eagerly and within one trace.
+_UNSTEPPED = weakref.WeakValueDictionary()
+
+
+def _unstepped_flag(like):
+    flag = jnp.zeros_like(like)
+    _UNSTEPPED[id(flag)] = flag
+    return flag
+
+
+def _check_shared(nodes) -> None:
+    """Refuses a call with no step since the last (or since create) where that can be seen, and
+    states holding different scalers: their types always, their values where not traced."""
+    if all(_UNSTEPPED.get(id(node.pending_backoff)) is node.pending_backoff for node in nodes):
+        raise ValueError(
+            "update_scaler was called with no step since its last call (or since create): step the "
+            "optimizers (train_step or apply_gradients), then call update_scaler once per iteration"
+        )
+    scalers = [node.scaler for node in nodes]
+    same = all(jax.tree.structure(s) == jax.tree.structure(scalers[0]) for s in scalers)
+    pairs = [(a, b) for s in scalers[1:] for a, b in zip(jax.tree.leaves(scalers[0]), jax.tree.leaves(s)) if a is not b]
+    if same and pairs and not any(isinstance(x, jax.core.Tracer) for pair in pairs for x in pair):
+        same = all(np.array_equal(a, b) for a, b in jax.device_get(pairs))
+    if not same:
+        shown = ", ".join(type(s).__name__ if isinstance(s.loss_scale, jax.core.Tracer) else repr(s) for s in scalers)
+        raise ValueError(
+            f"update_scaler adjusts one scaler shared by all its states, but they hold different ones ({shown}): "
+            "create each with the same scaler= and shared_scaler=True"
+        )
+
+
 @jax.jit
 def _shared_adjust(scaler, pending):
     """The shared scaler after an iteration: one backoff if any optimizer saw a non-finite
@@ -363,6 +408,14 @@ def update_scaler(*states):
     left the scaler alone. This adjusts the scaler once, by whether every step since the last
     call had finite gradients, and gives it to every state. Works eagerly, under `jit` and
     under `vmap`.
+
+    Refused with a ValueError: states holding different scalers (under `jit` or `vmap`, where
+    the values are traced, their types alone are compared), and, as torch's `update()` with no
+    inf checks recorded, a call with no step by any of its states since the last call or since
+    `create`, which would count as a clean iteration and grow the scale. That is seen where a
+    state still holds the flag the last call wrote, eagerly or within one traced function;
+    one that has since come through a `jit` boundary, a `lax.cond` or `scan` carry or a
+    checkpoint restore holds a new flag and counts as stepped, as before.
 
     Args:
         *states: the `TrainState`s sharing the scaler, or one pytree (dict, tuple) holding them.
@@ -393,12 +446,13 @@ def update_scaler(*states):
             "update_scaler adjusts a scaler shared by several optimizers: create each state with "
             "TrainState.create(..., shared_scaler=True) (a state alone adjusts its own scaler in train_step)"
         )
+    _check_shared(nodes)
     scaler = _shared_adjust(nodes[0].scaler, [node.pending_backoff for node in nodes])
 
     def updated(node):
         if not _is_train_state(node):
             return node
-        return node.replace(scaler=scaler, pending_backoff=jnp.zeros_like(node.pending_backoff))
+        return node.replace(scaler=scaler, pending_backoff=_unstepped_flag(node.pending_backoff))
 
     return jax.tree.map(updated, tree, is_leaf=_is_train_state)
 
