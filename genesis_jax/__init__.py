@@ -34,6 +34,8 @@ _EXPORTS = {
     "CheckpointMismatchError": "genesis_jax.run.checkpoint",
     "CheckpointStore": "genesis_jax.run.checkpoint",
     "Session": "genesis_jax.run.session",
+    "load": "genesis_jax.algos.evaluate",
+    "evaluate": "genesis_jax.algos.evaluate",
 }
 
 __all__ = sorted(_EXPORTS)

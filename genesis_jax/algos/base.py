@@ -10,7 +10,8 @@ plus the shared `MixedPrecisionConfig` and `ParallelConfig`) and four pure funct
 - `rows(metrics, done) -> list[dict]`: a chunk's metrics as `metrics.jsonl` rows;
 - `summary(rows, state) -> dict`: its own summary fields;
 
-and, where it acts in an environment, `act(state) -> act(key, obs) -> action`. It also
+and, where it acts in an environment, `act(state, greedy=True) -> act(key, obs) -> actions` (its
+trained policy, greedy or as in training: what `genesis_jax.load` and `genesis-jax eval` play). It also
 declares, as class attributes, what the tools around it need: `config_class`, `tiny` (the
 settings of a few-update run, which every generic test trains), `budget_field`,
 `bench_workloads` and `study_tasks`. Registering it (one line in `genesis_jax.algos.REGISTRY`)
@@ -238,6 +239,26 @@ class Algorithm:
         """The algorithm's own progress-bar fields for the newest row."""
         return {}
 
+    def inputs(self) -> dict[str, str]:
+        """What the run trains on besides its config (the world model's dataset: its source, size
+        and digest): checkpoints record it, and a resume on other inputs is refused as a changed setting."""
+        return {}
+
+    def from_checkpoint(self, state, meta: dict):
+        """(`state` shaped as the checkpoint with `meta` holds it, a function from that shape to
+        this run's): the state as it is by default; SAC's replay buffer grows to a longer run's capacity."""
+        return state, lambda restored: restored
+
+    def budget_note(self) -> str | None:
+        """One line where the budget is not a whole number of rows, saying what runs instead."""
+        asked, runs = getattr(self.config, self.budget_field), self.num_rows * self.steps_per_row
+        if asked == runs:
+            return None
+        return (
+            f"note: --{self.budget_field.replace('_', '-')} {asked:,} runs as {self.num_rows:,} {self.row_key}s of "
+            f"{self.steps_per_row:,} {self.step_name}s: {runs:,} {self.step_name}s"
+        )
+
     def describe(self, summary: dict) -> str:
         """The one line the CLI prints at the end of a run."""
         return f"{self.name} [{summary['precision']}]"
@@ -433,7 +454,7 @@ class Algorithm:
             algo.close()
 
     def _train(self, out_dir, checkpoint_every: int, run_options: dict) -> RunResult:
-        announce = run_options.pop("announce", None)  # called once training is about to begin
+        announce = run_options.pop("announce", None)  # announce(notes): the caller prints them (the CLI)
         per_chunk = chunk_size(self.num_rows, getattr(self.config, "updates_per_chunk", None))
         every = max(1, checkpoint_every // self.steps_per_row) if checkpoint_every else 0
         if every and out_dir is not None:
@@ -449,21 +470,27 @@ class Algorithm:
             unit_size=self.steps_per_row,
             unit=self.step_name,
             checkpoint_every=every,
+            inputs=self.inputs(),
             **run_options,
         )
         session.postfix = self._progress(session)
         self.session = session
         with session:
-            state = session.restore(self.initial_state())
+            state = session.restore(self.initial_state(), self.from_checkpoint)
             remaining = session.total - session.position
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
+            if remaining:  # past every refusal, so a note never joins a one-line error; before the bar
+                notes = [note for note in [self.budget_note()] if note]
+                announce(notes) if announce is not None else [session.note(note) for note in notes]
+                if session.progress:
+                    session.note("compiling the training program (the bar starts when it is done) ...")
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
-            call = self.compile_chunk(state, per_chunk) if session.position < session.total else None
+            call = self.compile_chunk(state, per_chunk) if remaining else None
             compile_seconds = self.init_compile_seconds + time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
-            state = session.run(state, call, to_rows, per_chunk, on_start=announce)
+            state = session.run(state, call, to_rows, per_chunk)
             if session.stopped and not session.timing.positions_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = {

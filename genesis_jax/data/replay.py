@@ -132,6 +132,54 @@ def make_replay(example, capacity: int, batch_size: int, *, storage_dtype=jnp.fl
     return Replay(buffer, added, capacity, batch_size, sample_dtype)
 
 
+def capacity_of(state) -> int:
+    """The slots of a buffer state (a seed axis before them too): experience is [seeds..., 1, capacity, ...]."""
+    return jnp.shape(jax.tree.leaves(state.experience)[0])[jnp.ndim(state.current_index) + 1]
+
+
+def empty_like(state, capacity: int):
+    """An empty buffer state shaped as `state` (a seed axis included) but of `capacity` slots:
+    what a checkpoint of a buffer of that capacity is read into."""
+    axis = jnp.ndim(state.current_index) + 1
+    zeros = lambda x: jnp.zeros(x.shape[:axis] + (capacity,) + x.shape[axis + 1 :], x.dtype)  # noqa: E731
+    experience = jax.tree.map(zeros, state.experience)
+    return type(state)(
+        experience=experience, current_index=jnp.zeros_like(state.current_index), is_full=jnp.zeros_like(state.is_full)
+    )
+
+
+def grow(state, capacity: int):
+    """A buffer state in `capacity` slots (at least its own) holding the same transitions in
+    the same order. One that never wrapped keeps its slots and index: it is the state a buffer of
+    `capacity` given the same transitions holds, and samples as that one does. A wrapped one is
+    unrolled, oldest first, into its first slots, its index after them: it samples what it did
+    (flashbax counts the slots it samples from the oldest on), not what a larger buffer from the
+    start would, which would hold the transitions this one overwrote.
+
+    >>> replay = make_replay({"id": jnp.int32(0)}, capacity=4, batch_size=2)
+    >>> state = replay.add(replay.add(replay.init(), {"id": jnp.arange(4)}), {"id": jnp.arange(4, 6)})  # [4 5 2 3]
+    >>> grown = grow(state, 8)
+    >>> grown.experience["id"][0].tolist(), int(grown.current_index), bool(grown.is_full)
+    ([2, 3, 4, 5, 0, 0, 0, 0], 4, False)
+    """
+    old, axis = capacity_of(state), jnp.ndim(state.current_index) + 1
+    if capacity < old:
+        raise ValueError(f"the replay buffer holds {old} transitions; it grows, it does not shrink to {capacity}")
+    if capacity == old:
+        return state
+    head = jnp.where(state.is_full, state.current_index, 0)  # the oldest transition's slot
+    order = (head[..., None] + jnp.arange(old)) % old  # [seeds..., old]: slots oldest first
+
+    def unrolled(x):
+        slots = order.reshape(order.shape[:-1] + (1, old) + (1,) * (x.ndim - axis - 1))
+        x = jnp.take_along_axis(x, slots, axis=axis)
+        return jnp.pad(x, [(0, capacity - old) if i == axis else (0, 0) for i in range(x.ndim)])
+
+    index = jnp.where(state.is_full, old, state.current_index).astype(state.current_index.dtype)
+    experience = jax.tree.map(unrolled, state.experience)
+    return type(state)(experience=experience, current_index=index, is_full=jnp.zeros_like(state.is_full))
+
+
 def check_replay_sizes(capacity: int, batch_size: int, nbytes: int | None = None, available: int | None = None):
     """One clear sentence for sizes that cannot work: a buffer smaller than a batch, or one
     larger than the memory available (`nbytes` and `available` in bytes, where known).
@@ -173,7 +221,10 @@ __all__ = [
     "Replay",
     "available_memory_bytes",
     "buffer_bytes",
+    "capacity_of",
     "check_replay_sizes",
+    "empty_like",
+    "grow",
     "make_replay",
     "sampled_dtype_for",
     "storage_dtype_for",

@@ -35,6 +35,13 @@ def sample(key, pi_params):
     return sample_with(pi_params, noise(key, first.shape[:-1], first.shape[-1], len(pi_params) == 2))
 
 
+def mode(pi_params):
+    """The most likely actions (a greedy policy's): the categorical's argmax, the Gaussian's mean."""
+    if len(pi_params) == 1:
+        return jnp.argmax(pi_params[0].astype(jnp.float32), axis=-1)
+    return pi_params[0].astype(jnp.float32)
+
+
 def log_prob(pi_params, action):
     if len(pi_params) == 1:
         logp_all = jax.nn.log_softmax(pi_params[0].astype(jnp.float32))

@@ -56,6 +56,14 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint does not fit the state it is restored into."""
 
 
+class CheckpointShapeError(CheckpointMismatchError):
+    """A checkpoint whose arrays are not the run's (shapes, dtypes, leaves): `differences` names them."""
+
+    def __init__(self, step: int, differences: str):
+        super().__init__(f"checkpoint at step {step} does not fit this run: {differences}")
+        self.differences = differences
+
+
 def _scaler_to_state_dict(scaler):
     return {f: getattr(scaler, f) for f in scaler._fields}
 
@@ -210,9 +218,7 @@ def check_spec(meta: dict, target_dict: dict, *, step: int) -> None:
     """Refuses a checkpoint whose leaves differ from `target_dict`'s, naming the differences."""
     saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
     if saved_spec != target_spec:
-        raise CheckpointMismatchError(
-            f"checkpoint at step {step} does not fit this run: {describe_differences(saved_spec, target_spec)}"
-        )
+        raise CheckpointShapeError(step, describe_differences(saved_spec, target_spec))
 
 
 # -- a restored state is untrusted input ---------------------------------------------------
@@ -312,24 +318,39 @@ def _capacity(buffer: TrajectoryBufferState) -> int:
     return np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
 
 
-def _replay_count_rules(state) -> list[Rule]:
+def _replay_count_rules(state, dropped: int = 0) -> list[Rule]:
     """A buffer's index and fill flag against the state's own count of the transitions it was
-    given (`replay_count()`, where the state has one: DQN's steps, SAC's iterations): flashbax
+    given (`replay_count()`, where the state has one: DQN's steps, SAC's iterations), less the
+    `dropped` ones a buffer grown after it wrapped never held (`replay_dropped`): flashbax
     writes the n-th to slot n mod capacity and is full from n = capacity on, so a buffer that
     never wrapped is not full and its index is n. Checked after the count itself (>= 0)."""
     if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
         return []
     counter, count, per_count = state.replay_count()
     count = _read(count).astype(np.int64)
-    added, capacity = count * per_count, _capacity(state.buffer)
+    added, capacity = count * per_count - dropped, _capacity(state.buffer)
     index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
     rules = []
     for field, values, expected in (("is_full", full, added >= capacity), ("current_index", index, added % capacity)):
         good = values == expected
         at = np.unravel_index(np.argmin(good), np.shape(good))  # the first seed refused (named in its line)
-        how = f"{counter} = {count[at]}: {added[at]} transitions added to {capacity} slots filled in turn"
+        less = f" less {dropped} a smaller buffer dropped" if dropped else ""
+        how = f"{counter} = {count[at]}: {added[at]} transitions added{less} to {capacity} slots filled in turn"
         rules.append((f"buffer.{field}", values, good, f"{expected[at].item()} ({how})"))
     return rules
+
+
+def replay_dropped(state, dropped: int = 0) -> int:
+    """The transitions `state`'s replay count holds that its buffer never did (recorded in its
+    checkpoints as `replay_dropped`, for `_replay_count_rules`): `dropped` (those of the checkpoint
+    it was restored from), or, for a buffer not full, its count less its index, as a buffer
+    grown after it wrapped holds (`data.replay.grow`). 0 for a state without a buffer."""
+    if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
+        return 0
+    _, count, per_count = state.replay_count()
+    added = _read(count).astype(np.int64) * per_count
+    index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
+    return int(np.max(np.where(full, dropped, added - index)))
 
 
 def _written_from(experience: list, start: np.ndarray, full: np.ndarray) -> np.ndarray:
@@ -372,11 +393,11 @@ def check_restored(train_state, *, step: int, directory: str, field_prefix: str 
     refuse_unwritten(_restored_rules(train_state), step=step, directory=directory, field_prefix=field_prefix)
 
 
-def check_restored_state(state, *, step: int, directory: str) -> None:
+def check_restored_state(state, *, step: int, directory: str, replay_dropped: int = 0) -> None:
     """`check_restored` for every `TrainState` in a restored `state` (SAC holds three), then
     the same refusal for its replay buffers' index and fill flag (`_buffer_rules`), its own
-    counters (`_counter_rules`) and its buffer against its count of what it added
-    (`_replay_count_rules`): one place for every algorithm, none checks its own."""
+    counters (`_counter_rules`) and its buffer against its count of what it added, less what a
+    grown buffer dropped (`_replay_count_rules`): one place for every algorithm, none checks its own."""
     train_states = _nodes_of(state, TrainState)
     for prefix, train_state in train_states:
         check_restored(train_state, step=step, directory=directory, field_prefix=prefix)
@@ -385,7 +406,7 @@ def check_restored_state(state, *, step: int, directory: str) -> None:
     if train_states:  # the seed axis: a counter has one value per seed, as a train state's step
         seeds_shape = np.shape(train_states[0][1].step)
         refuse_unwritten(_counter_rules(state, seeds_shape), step=step, directory=directory)
-    refuse_unwritten(_replay_count_rules(state), step=step, directory=directory)
+    refuse_unwritten(_replay_count_rules(state, replay_dropped), step=step, directory=directory)
 
 
 def refuse_unwritten(rules: list[Rule], *, step: int, directory: str, field_prefix: str = "") -> None:
@@ -508,7 +529,13 @@ def restore(
     if legacy:
         restored = from_format_2(restored, serialization.to_state_dict(target))
     state = serialization.from_state_dict(target, restored)
-    check_restored_state(state, step=step, directory=store.directory)
+    dropped = meta.get("replay_dropped", 0)
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} in {store.directory} records replay_dropped {dropped!r} in its meta, "
+            "which must be an integer >= 0: the checkpoint was altered; restore an intact copy, or start a new run"
+        )
+    check_restored_state(state, step=step, directory=store.directory, replay_dropped=dropped)
     return state, meta
 
 

@@ -412,6 +412,7 @@ class ResMLPFields:
     """resmlp: residual blocks."""
 
     FIELD_BOUNDS = {"width": POSITIVE_INT, "depth": POSITIVE_INT}
+    USED_WHEN = {"width": ("network", "resmlp"), "depth": ("network", "resmlp")}  # summary.json leaves them out else
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,3 +428,14 @@ class ReplayFields:
 
     # The buffer against the batch and the memory: `data.replay.check_replay_sizes`, where it is built.
     FIELD_BOUNDS = {"buffer_size": POSITIVE_INT, "batch_size": POSITIVE_INT, "learning_starts": NON_NEGATIVE}
+
+
+def summary_config(config) -> dict:
+    """`config.to_dict()` less the fields the run does not use, as `summary.json` shows it: a
+    field group's `USED_WHEN` maps a field to (another field, the value that one must have)."""
+    used_when = {k: v for cls in type(config).__mro__ for k, v in vars(cls).get("USED_WHEN", {}).items()}
+    return {
+        k: v
+        for k, v in config.to_dict().items()
+        if k not in used_when or getattr(config, used_when[k][0], None) == used_when[k][1]
+    }

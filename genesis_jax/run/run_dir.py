@@ -43,26 +43,29 @@ def _dumps(value, **kwargs) -> str:
 
 
 def config_changes(saved: dict, current: dict, may_change=()) -> list[str]:
-    """'name: saved -> current' for every config field that differs, but those in `may_change`."""
+    """'name: saved -> current' for every config field that differs, but those in `may_change`,
+    each named as its command-line flag ("num-envs: 4 -> 8")."""
     names = sorted((set(saved) | set(current)) - set(may_change))
     # JSON turned the saved tuples into lists: compare both as JSON values.
     return [
-        f"{n}: {saved.get(n)!r} -> {current.get(n)!r}"
+        f"{n.replace('_', '-')}: {saved.get(n)!r} -> {current.get(n)!r}"
         for n in names
         if jsonable(saved.get(n)) != jsonable(current.get(n))
     ]
 
 
-def check_config_changes(meta: dict, config, allow: bool) -> list[str]:
+def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = None) -> list[str]:
     """The changes of `config` against the resumed checkpoint's (`meta["config"]`), beyond
-    `config.RESUMABLE_FIELDS`; refused (one sentence listing them) unless `allow`."""
+    `config.RESUMABLE_FIELDS`, and of the run's `inputs` (a dataset's identity) against those
+    it recorded (`meta["inputs"]`); refused (one sentence listing them) unless `allow`."""
     from genesis_jax.run.checkpoint import CheckpointMismatchError
 
-    # A field the checkpoint's version did not have yet is compared as its default: how that version ran.
+    # A field the checkpoint's version did not have yet is compared as its default: how that version ran;
+    # an input it did not record, as this run's (nothing to compare it with).
     fields = dataclasses.fields(config) if dataclasses.is_dataclass(config) else ()
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    saved = {**defaults, **meta.get("config", {})}
-    changes = config_changes(saved, config.to_dict(), config.RESUMABLE_FIELDS)
+    saved = {**defaults, **(inputs or {}), **meta.get("config", {}), **meta.get("inputs", {})}
+    changes = config_changes(saved, {**config.to_dict(), **(inputs or {})}, config.RESUMABLE_FIELDS)
     if changes and not allow:
         raise CheckpointMismatchError(
             f"the checkpoint at step {meta.get('step')} was written by a run with other settings "

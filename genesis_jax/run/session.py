@@ -43,7 +43,15 @@ import numpy as np
 
 from genesis_jax.run import parallel, progress
 from genesis_jax.run import run_dir as runs
-from genesis_jax.run.checkpoint import CheckpointStore, check_kind, position_of
+from genesis_jax.run.checkpoint import (
+    CheckpointMismatchError,
+    CheckpointShapeError,
+    CheckpointStore,
+    check_kind,
+    position_of,
+    replay_dropped,
+)
+from genesis_jax.run.config import summary_config
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
 
@@ -108,6 +116,9 @@ class Session:
         train_state_path: where the `TrainState` sits in the state (() for a `TrainState` or a
             state without one; ("train_state",) for PPO's runner): checkpoints record its
             precision and scaler, and restores check them.
+        inputs: what the run computes from besides its config, as names and texts (the world
+            model's dataset: its source, size and digest): checkpoints record them, and a
+            resume compares them as settings (refused, or recorded in `config_changes`).
     """
 
     def __init__(
@@ -131,6 +142,7 @@ class Session:
         writers: Sequence[str | MetricWriter] = (),
         postfix: Callable[[dict], dict] | None = None,
         train_state_path: tuple[str, ...] = (),
+        inputs: dict[str, str] | None = None,
     ):
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
@@ -154,6 +166,8 @@ class Session:
         self.extra_writers = list(writers)
         self.postfix = postfix
         self.train_state_path = tuple(train_state_path)
+        self.inputs = dict(inputs or {})
+        self._replay_dropped = 0  # what a grown replay buffer dropped (`checkpoint.replay_dropped`)
         self.store: CheckpointStore | None = None
         self.writers: list[MetricWriter] = []
         self.position = 0
@@ -232,7 +246,7 @@ class Session:
             "iterations": len(self.rows),
         }
         try:
-            self.run_dir.write_summary(summary, self.config.to_dict() if self.config is not None else {})
+            self.run_dir.write_summary(summary, summary_config(self.config) if self.config is not None else {})
         except Exception as err:  # a full disk, say: the original error is the one to report
             logging.getLogger("genesis_jax").warning("could not write the failed run's summary: %s", err)
 
@@ -240,13 +254,16 @@ class Session:
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
-    def restore(self, state):
+    def restore(self, state, reshape: Callable[[Any, dict], tuple[Any, Callable]] | None = None):
         """With `resume`: the newest complete checkpoint at or before the last intact metric
         row (so no row goes missing), its state, its position, and the metric rows up to it
         (later ones, logged after it, are dropped: no row twice). A run killed before its
         first checkpoint starts cleanly from `state`; without `resume`, `state`. Refused in
-        one sentence: a run with a summary but no checkpoint, checkpoints without the rows
-        they follow, and a `total` below the positions already run."""
+        one sentence: changed settings (named first, before anything is counted in their
+        units), a run with a summary but no checkpoint, checkpoints without the rows they
+        follow, and a `total` below the positions already run. `reshape(state, meta)`, where
+        given, returns the state shaped as the checkpoint (`meta`) holds it and a function from
+        that to this run's state (SAC grows its replay buffer to a longer run's capacity)."""
         if self.store is not None:
             check_checkpointable(state)  # fails now, not at the first save
         if self.store is None or not self.resume:
@@ -255,6 +272,8 @@ class Session:
         if steps:  # another workload's run is named as such, before its rows are read as this one's
             newest = self.store.read_meta(steps[-1])
             check_kind(newest, step=steps[-1], kind=self.kind)
+            if self.config is not None:  # changed settings, named before any count in their units
+                self.config_changes = self._config_changes(newest)
             check_resume = getattr(self.config, "check_resume", None)  # an algorithm config's; a user's may lack it
             if check_resume is not None:  # a setting whose state no longer fits, named before the shapes are
                 check_resume(newest.get("config", {}))
@@ -262,18 +281,33 @@ class Session:
         step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
-            state, meta = self.store.restore(
-                state, step, self.kind, self.train_state_path, allow_unverified=self.allow_unverified
-            )
+            target, fit = reshape(state, self.store.read_meta(step)) if reshape else (state, lambda s: s)
+            try:
+                restored, meta = self.store.restore(
+                    target, step, self.kind, self.train_state_path, allow_unverified=self.allow_unverified
+                )
+            except CheckpointShapeError as err:
+                if not self.config_changes:
+                    raise
+                raise CheckpointMismatchError(
+                    f"the checkpoint at step {step} holds a state these settings change the shape of "
+                    f"({'; '.join(self.config_changes)}): {err.differences}; resume with the run's own settings, "
+                    "or start a new run (another --out, or --overwrite)"
+                ) from None
+            state = fit(restored)
+            self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
             self.position = position_of(meta, self.meta_key, step, self.store.directory)
             self.unverified_checkpoint = None if "digest" in meta else step
-            if self.config is not None:
-                self.config_changes = runs.check_config_changes(meta, self.config, self.allow_config_change)
+            if self.config is not None:  # against the checkpoint resumed (the newest's, above, may differ)
+                self.config_changes = self._config_changes(meta)
         self.rows = [row for row in rows if row[self.position_key] <= self.position]
         if self.primary:  # of several processes, one trims metrics.jsonl; the others only read it
             self.run_dir.keep_metrics(len(self.rows))
         self._last_save = self.position
         return state
+
+    def _config_changes(self, meta: dict) -> list[str]:
+        return runs.check_config_changes(meta, self.config, self.allow_config_change, self.inputs)
 
     def _resume_step(self, steps: list[int], rows: list[dict]) -> int | None:
         """The checkpoint step to resume from (None: start cleanly), or a refusal."""
@@ -301,10 +335,11 @@ class Session:
         return max(usable)
 
     def _amount(self, positions: int) -> str:
-        """`positions` in the run's units: '8 updates (4096 steps)', or '3 epochs'."""
+        """`positions` in the run's units: '8 updates (4096 steps)', or '3 epochs'; in positions alone where
+        settings changed (allowed): the positions already run may have counted other units."""
         plural = lambda n, name: f"{n} {name}" + ("" if n == 1 else "s")  # noqa: E731
         text = plural(positions, self.position_key)
-        if self.unit_size != 1:
+        if self.unit_size != 1 and not self.config_changes:
             text += f" ({plural(positions * self.unit_size, self.unit)})"
         return text
 
@@ -315,6 +350,10 @@ class Session:
         full_meta = {"kind": self.kind, self.meta_key: self.position, **(meta or {})}
         if self.config is not None:
             full_meta["config"] = self.config.to_dict()
+        if self.inputs:
+            full_meta["inputs"] = self.inputs
+        if self._replay_dropped:
+            full_meta["replay_dropped"] = self._replay_dropped
         self.store.save(self.position, state, full_meta, force=True, train_state_path=self.train_state_path)
         self._last_save = self.position
         self._saved = True
@@ -337,9 +376,7 @@ class Session:
         call is dispatched before this one's rows are written, so the device and the host
         overlap, except where this call's state is still needed (a save or a stop). Returns the
         last state; `stopped` says why it ended early."""
-        bar = progress.progress_bar(
-            self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
-        )
+        bar = progress.progress_bar(0, enabled=False)  # the real one after on_start's notes, not inside them
         try:
             with self._stop_signals() as signals:
                 # A signal before the loop (while the chunk compiled): stop before the first chunk.
@@ -349,6 +386,9 @@ class Session:
                 runs = self.position < self.total and not early
                 if on_start is not None and runs:
                     on_start()
+                bar = progress.progress_bar(
+                    self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
+                )
                 dispatched = time.perf_counter()
                 pending = step(state) if runs else None
                 while pending is not None:
@@ -388,6 +428,11 @@ class Session:
             bar.close()
         return state
 
+    def note(self, text: str) -> None:
+        """One line on stderr from process 0 (a notice before the progress bar starts)."""
+        if self.primary:
+            print(text, file=sys.stderr, flush=True)
+
     def _stop_signals(self):
         """The session's handlers, installed since `__enter__`; a run outside `with` installs its own."""
         return contextlib.nullcontext(self._signals) if self._signals is not None else StopSignals()
@@ -412,7 +457,7 @@ class Session:
         untouched = self.stopped not in (None, "diverged") and not self.timing.positions_run
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary
-            self.run_dir.write_summary(summary, self.config.to_dict() if self.config is not None else {})
+            self.run_dir.write_summary(summary, summary_config(self.config) if self.config is not None else {})
             for writer in self.writers:
                 writer.write_summary(summary)
             if plot is not None:

@@ -1,5 +1,5 @@
 """A finished run of every registered algorithm is extended by a resume with a longer budget
-(the docs: "longer: allowed"); SAC's buffer, capped at the first budget, is kept explicitly."""
+(the docs: "longer: allowed"), with no other flag: SAC's buffer, capped at the first budget, grows."""
 
 import dataclasses
 
@@ -16,11 +16,7 @@ def test_a_finished_run_is_extended(name, tmp_path):
     config, field = tiny_config(name), algorithm.budget_field
     first = algorithm.train(config, str(tmp_path), progress=False)
     longer = dataclasses.replace(config, **{field: 2 * getattr(config, field)})
-    options = {}
-    if name == "sac":  # its buffer held total-steps transitions (fewer than buffer-size): kept, not grown
-        with pytest.raises(ValueError, match=f"holds {config.total_steps} transitions.*--buffer-size"):
-            algorithm.train(longer, str(tmp_path), resume=True, progress=False)
-        longer, options = dataclasses.replace(longer, buffer_size=config.total_steps), {"allow_config_change": True}
-    extended = algorithm.train(longer, str(tmp_path), resume=True, progress=False, **options)
+    extended = algorithm.train(longer, str(tmp_path), resume=True, progress=False)
+    assert extended.summary["config_changes"] == []
     assert len(extended.metrics) == 2 * len(first.metrics)
     assert extended.metrics[: len(first.metrics)] == first.metrics  # the first half as it was

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from genesis_jax.data.replay import buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.data.replay import buffer_bytes, check_replay_sizes, grow, make_replay
+from tests.support.helpers import tree_equal
 
 
 def minatar_transition(frame_dtype):
@@ -81,6 +82,26 @@ def test_samples_only_filled_slots_and_the_newest_after_wrapping():
         [np.asarray(replay.sample(state, k)["id"]) for k in jax.random.split(jax.random.PRNGKey(1), 100)]
     )
     assert set(drawn) == set(range(77, 127))  # the newest 50
+
+
+def test_a_grown_buffer_keeps_its_transitions_in_order_and_samples_as_before():
+    """Never wrapped: the buffer a run of the larger capacity would hold, so it samples the same;
+    wrapped: unrolled oldest first, so it samples what it sampled (flashbax counts from the oldest)."""
+    small, large = make_replay({"id": jnp.int32(0)}, 8, 4), make_replay({"id": jnp.int32(0)}, 32, 4)
+    ids = lambda start, n: {"id": jnp.arange(start, start + n)}  # noqa: E731
+    key = jax.random.PRNGKey(0)
+    filled = small.add(small.init(), ids(0, 8))  # full, nothing overwritten
+    tree_equal(grow(filled, 32), large.add(large.init(), ids(0, 8)))
+    np.testing.assert_array_equal(
+        large.sample(grow(filled, 32), key)["id"], large.sample(large.add(large.init(), ids(0, 8)), key)["id"]
+    )
+    wrapped = small.add(filled, ids(8, 5))  # 13 through 8 slots: holds 5 to 12, the oldest at slot 5
+    grown = grow(wrapped, 32)
+    np.testing.assert_array_equal(grown.experience["id"][0], np.r_[5:13, np.zeros(24, int)])
+    assert (int(grown.current_index), bool(grown.is_full)) == (8, False)
+    np.testing.assert_array_equal(large.sample(grown, key)["id"], small.sample(wrapped, key)["id"])
+    with pytest.raises(ValueError, match="holds 8 transitions; it grows, it does not shrink to 4"):
+        grow(wrapped, 4)
 
 
 def test_minatar_buffer_in_uint8_is_at_most_026_of_float32():

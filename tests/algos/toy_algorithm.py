@@ -33,6 +33,8 @@ class ToyFields(SeedFields):
 class ToyConfig(ToyFields, MixedPrecisionConfig, ParallelConfig):
     """The toy's whole config: its fields and the shared mixed-precision and parallel ones."""
 
+    RESUMABLE = ("total_steps",)  # a longer run extends this one
+
 
 class ToyState(struct.PyTreeNode):
     train_state: TrainState

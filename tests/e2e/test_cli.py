@@ -6,6 +6,7 @@ Only parsing runs here: no training."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -222,8 +223,8 @@ def test_train_prints_the_cpu_notice_once_unless_quiet(argv, printed, capsys, mo
 
     ran = []
 
-    def stand_in(config, announce=lambda: None, **kwargs):
-        announce()
+    def stand_in(config, announce=lambda notes: None, **kwargs):
+        announce([])
         ran.append(config)
         return type("R", (), {"line": "trained"})()
 
@@ -238,3 +239,28 @@ def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
     # The note waits for training to start: a refusal stays one line.
     assert main(["train", "ppo", "--precision", "fp16", "--devices", "2", "--no-progress"]) == 2
     assert one_line_error(capsys).startswith("genesis-jax: error: devices 2")
+
+
+@pytest.mark.slow  # a tiny PPO run, compiled
+def test_a_rounded_budget_and_the_compile_are_said_before_the_bar_starts(tmp_path, capsys):
+    argv = ["train", "ppo", "--precision", "fp32", "--total-steps", "1000", "--num-envs", "4", "--num-steps", "128"]
+    assert main([*argv, "--update-epochs", "1", "--num-minibatches", "1", "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    note = "note: --total-steps 1,000 runs as 1 updates of 512 steps: 512 steps\n"
+    compiling = "compiling the training program (the bar starts when it is done) ...\n"
+    assert err.count(note) == 1 and err.count(compiling) == 1
+    assert err.index(note) < err.index(compiling) < err.index("512/512")  # each on its own line, the bar after
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["total_steps"] == 512
+
+
+def test_a_budget_of_whole_rows_gets_no_note(tmp_path):
+    from genesis_jax.algos import get_algorithm
+
+    ppo = get_algorithm("ppo")
+    config = ppo.config_class(total_steps=1024, num_envs=4, num_steps=128)
+    assert ppo(config).budget_note() is None
+    assert (
+        "1,025 runs as 2 updates of 512 steps: 1,024 steps"
+        in ppo(ppo.config_class(total_steps=1025, num_envs=4, num_steps=128)).budget_note()
+    )

@@ -128,3 +128,48 @@ def test_every_page_is_in_the_navigation():
     nav = (REPO / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
     for page in PAGES:
         assert f": {page.relative_to(DOCS).as_posix()}\n" in nav + "\n", f"{page} is not in mkdocs.yml's nav"
+
+
+# The pages that list what the registry holds: each algorithm must be on each, by name.
+REGISTRY_PAGES = ["index.md", "quickstart.md", "reference/cli.md", "algorithms.md"]
+
+
+@pytest.mark.parametrize("page", REGISTRY_PAGES)
+def test_every_registered_algorithm_is_on_the_pages_that_list_them(page):
+    from genesis_jax.algos import REGISTRY
+
+    hooks = registry_hook()
+    text = hooks.expand((DOCS / page).read_text())
+    for name in REGISTRY:
+        shown = hooks.display_name(name).removeprefix("a ")
+        assert shown in text, f"docs/{page} never names {shown} (registered as {name!r})"
+        assert f"genesis-jax train {name}" in text or page in ("index.md", "algorithms.md")
+
+
+def test_the_home_page_lists_every_registered_algorithm_and_a_row_for_the_study():
+    from genesis_jax.algos import REGISTRY
+
+    text = registry_hook().expand((DOCS / "index.md").read_text())
+    for name in REGISTRY:
+        assert text.count(registry_hook().display_name(name)) >= 3, name  # for whom, start here, the layers
+    assert "| [The precision study](study.md) |" in text
+
+
+def test_the_home_pages_diagram_fits_the_content_column():
+    diagram = (DOCS / "index.md").read_text().split("```text\n", 1)[1].split("```", 1)[0]
+    assert max(len(line) for line in diagram.splitlines()) <= 80
+
+
+def test_the_command_line_help_names_no_single_algorithm():
+    from genesis_jax.cli import build_parser
+
+    assert "PPO" not in build_parser().description
+
+
+def test_the_readme_names_every_registered_algorithm_within_120_lines():
+    from genesis_jax.algos import REGISTRY
+
+    text = README.read_text()
+    assert len(text.splitlines()) <= 120
+    for name in REGISTRY:
+        assert registry_hook().display_name(name).removeprefix("a ") in text, name

@@ -177,6 +177,16 @@ class DQN(Algorithm):
         )
         return s, ended
 
+    def act(self, s: DQNState, greedy: bool = True):
+        """`act(key, obs) -> actions`: argmax Q (greedy), or epsilon-greedy at the epsilon the run reached."""
+        params, epsilon = s.train_state.params, epsilon_at(self.config, s.steps)
+
+        def act(key, obs):
+            q = self.net.apply(params, obs)
+            return jnp.argmax(q, -1) if greedy else epsilon_greedy(*jax.random.split(key), q, epsilon)
+
+        return act
+
     def loss_fn(self, params, batch):
         obs, action, target = batch
         q = jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]

@@ -154,6 +154,17 @@ class PPO(Algorithm):
         metrics["episodes"], metrics["return_sum"] = episodes.sum(), return_sums.sum()
         return runner.replace(train_state=train_state, rng=rng), metrics
 
+    def act(self, runner: RunnerState, greedy: bool = True):
+        """`act(key, obs) -> actions` of the trained policy, in the precision it acted in (the
+        rollout's): the distribution's mode (greedy) or a sample, as in training."""
+        params = runner.train_state.params
+
+        def act(key, obs):
+            pi_params = self.rollout_net.apply(params, obs, method=ActorCritic.policy)
+            return distributions.mode(pi_params) if greedy else distributions.sample(key, pi_params)
+
+        return act
+
     def shardings(self, runner, mesh):
         """The environments (their states, observations, returns) split over the mesh, the
         train state and the PRNG key replicated."""

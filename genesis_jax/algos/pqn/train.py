@@ -151,6 +151,17 @@ class PQN(Algorithm):
         transition = (s.obs, action, reward, terminated, truncated, final_obs)
         return s.replace(env_state=env_state, obs=obs, episodes=episodes, steps=s.steps + n), (transition, ended)
 
+    def act(self, s: PQNState, greedy: bool = True):
+        """`act(key, obs) -> actions`: argmax Q (greedy: `greedy_returns`'), or epsilon-greedy at
+        the epsilon the run reached."""
+        params, epsilon = s.train_state.params, self.epsilon(s.steps)
+
+        def act(key, obs):
+            q = self.net.apply(params, obs)
+            return jnp.argmax(q, -1) if greedy else epsilon_greedy(*jax.random.split(key), q, epsilon)
+
+        return act
+
     def loss_fn(self, params, batch):
         obs, action, target = batch
         q = jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]

@@ -99,15 +99,19 @@ class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
         """buffer-size, capped at total-steps: a short run allocates no more than it fills."""
         return min(self.buffer_size, self.total_steps)
 
-    def check_resume(self, saved: dict) -> None:
-        """An extended run keeps its replay buffer: the capacity follows total-steps only up to
-        buffer-size, so a run shorter than its buffer-size is extended with that capacity kept."""
+    @staticmethod
+    def saved_capacity(saved: dict) -> int | None:
+        """The replay capacity of the run whose config is `saved` (a dict; None where it does not say)."""
         if not {"buffer_size", "total_steps"} <= set(saved):
-            return
-        kept = min(saved["buffer_size"], saved["total_steps"])
-        if kept != self.buffer_capacity:
+            return None
+        return min(saved["buffer_size"], saved["total_steps"])
+
+    def check_resume(self, saved: dict) -> None:
+        """An extended run's replay buffer grows to the longer run's capacity (`SAC.from_checkpoint`),
+        its transitions kept in order; it does not shrink."""
+        kept = self.saved_capacity(saved)
+        if kept is not None and kept > self.buffer_capacity:
             raise ValueError(
-                f"this run's replay buffer holds {kept} transitions (buffer-size capped at the total-steps it "
-                f"started with), these settings give {self.buffer_capacity} and its checkpoint would not fit: "
-                f"to extend it, keep the buffer with --buffer-size {kept} --allow-config-change"
+                f"this run's replay buffer holds {kept} transitions, these settings give it {self.buffer_capacity}: "
+                f"a buffer grows on resume but does not shrink; keep it with --buffer-size {kept}"
             )

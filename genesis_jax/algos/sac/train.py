@@ -18,7 +18,14 @@ from flax import struct
 from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.sac.config import SACConfig, SACFields
 from genesis_jax.amp import TrainState, train_step, update_scaler
-from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
+from genesis_jax.data.replay import (
+    available_memory_bytes,
+    buffer_bytes,
+    check_replay_sizes,
+    empty_like,
+    grow,
+    make_replay,
+)
 from genesis_jax.envs.episodes import episode_columns, final_return_of_rows, running_returns
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
@@ -98,6 +105,15 @@ class SAC(Algorithm):
         zeros = jnp.zeros(c.num_envs)
         return SACState(critic, actor, alpha, target, self.replay.init(), env_state, env_obs, zeros, rng, jnp.int32(0))
 
+    def from_checkpoint(self, state: SACState, meta: dict):
+        """A shorter run's checkpoint holds a smaller buffer (the capacity follows total-steps up to
+        buffer-size): read at its capacity, then grown to this run's, its transitions kept in order."""
+        kept, capacity = self.config.saved_capacity(meta.get("config", {})), self.config.buffer_capacity
+        if kept is None or kept >= capacity:  # a larger one: refused by `SACConfig.check_resume`, or its shapes
+            return super().from_checkpoint(state, meta)
+        target = state.replace(buffer=empty_like(state.buffer, kept))
+        return target, lambda restored: restored.replace(buffer=grow(restored.buffer, capacity))
+
     def policy(self, params, obs, noise):
         """(action, float32 log-prob) of tanh(mean + std noise) in the bounds; log(1 - tanh(u)^2) stably."""
         mean, log_std = jnp.split(self.actor.apply(params, obs), 2, axis=-1)
@@ -106,6 +122,17 @@ class SAC(Algorithm):
         log_normal = -0.5 * jnp.square(noise) - log_std - 0.5 * math.log(2 * math.pi)
         correction = 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u)) + jnp.log(scale)
         return jnp.tanh(u) * scale + (self.high + self.low) / 2, jnp.sum(log_normal - correction, axis=-1)
+
+    def act(self, state: SACState, greedy: bool = True):
+        """`act(key, obs) -> actions` of the actor: tanh(mean) in the bounds (greedy), or a sample."""
+        params = state.actor.params
+
+        def act(key, obs):
+            shape = (obs.shape[0], self.spec.action_dim)
+            noise = jnp.zeros(shape, jnp.float32) if greedy else jax.random.normal(key, shape)
+            return self.policy(params, obs, noise)[0]
+
+        return act
 
     def gradient_step(self, state: SACState, batch: Transition, key):
         """Critic, actor (on the critics as just updated, as CleanRL), temperature; one scaler."""

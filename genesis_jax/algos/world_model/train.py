@@ -26,6 +26,7 @@ from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.data import trajectories
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import plots, probes
+from genesis_jax.run.checkpoint import state_digest
 from genesis_jax.run.config import INT32_MAX
 from genesis_jax.run.parallel import constrain
 
@@ -181,6 +182,12 @@ class WorldModelTrainer(Algorithm):
             for p in ("fp32", "fp16")
         )
         self.last_row_time = time.perf_counter()
+
+    def inputs(self) -> dict[str, str]:
+        """The dataset's identity, as its source, size and digest: the same path (a .npz) may hold other data."""
+        n, length = self.dataset["reward"].shape
+        digest = state_digest({k: v for k, v in self.dataset.items() if k != "meta"})[:16]
+        return {"dataset": f"{self.dataset['meta']['source']}: {n} sequences x {length} steps, sha256 {digest}"}
 
     def init(self, key) -> WorldModelState:
         init_key, run_key = jax.random.split(key)

@@ -1,0 +1,74 @@
+"""`genesis-jax eval RUN_DIR`: a trained run's policy played over whole episodes, its mean
+return and spread printed in one line (or as JSON), and optionally a video of them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+DESCRIPTION = (
+    "Loads the newest checkpoint of a run of an algorithm that acts (ppo, dqn, sac, pqn), plays --episodes whole "
+    "episodes (the environment's own time limit) greedily in the run's precision, deterministic from --seed, and "
+    "prints their mean return +/- std, min and max. A stopped or unfinished run's newest checkpoint plays (the line "
+    "says so); a directory without a checkpoint, a corrupted one or another workload's run is refused in one line."
+)
+
+
+def add_eval_parser(sub) -> None:
+    """The `eval` subcommand's options, on the `genesis-jax` subparsers `sub`."""
+    p = sub.add_parser(
+        "eval", help="play a trained run's policy: mean return over whole episodes, a video", description=DESCRIPTION
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--out of genesis-jax train)")
+    p.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the episodes (and of the actions' noise; default 0)")
+    p.add_argument(
+        "--stochastic",
+        action="store_true",
+        help="act as in training: ppo and sac sample, dqn and pqn are epsilon-greedy at the run's last epsilon",
+    )
+    p.add_argument(
+        "--seed-index", type=int, default=0, help="of a run of several seeds, which one (default 0: the first)"
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="the checkpoint to play, by its directory name (default: the newest)"
+    )
+    p.add_argument(
+        "--video",
+        default=None,
+        metavar="FILE",
+        help="record the episodes into FILE (.gif, or .mp4 with opencv): gymnax's renderers, gymnasium's rgb_array",
+    )
+    p.add_argument(
+        "--video-frames",
+        type=int,
+        default=1000,
+        help="frames recorded at most, from the first episode on (default 1000)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object, each episode's return included"
+    )
+    p.add_argument("--allow-unverified-checkpoint", action="store_true", help="load a checkpoint that has no checksum")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from genesis_jax.algos.evaluate import evaluate, load
+
+    # The options are checked before a checkpoint is read (evaluate checks them again, for Python callers).
+    for name in ("episodes", "video_frames"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if args.video is not None:
+        from genesis_jax.envs.video import check_video_path
+
+        check_video_path(args.video)
+    policy = load(
+        args.run_dir,
+        greedy=not args.stochastic,
+        seed_index=args.seed_index,
+        step=args.step,
+        allow_unverified=args.allow_unverified_checkpoint,
+    )
+    result = evaluate(policy, args.episodes, args.seed, args.video, args.video_frames)
+    print(json.dumps(result.to_dict()) if args.json else result.line())
+    return 0

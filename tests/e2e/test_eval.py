@@ -1,0 +1,247 @@
+"""`genesis-jax eval` and `genesis_jax.load`: every algorithm that acts has its trained policy
+loaded and played over whole episodes; the returns are checked against the same episodes
+played one step at a time by hand (and PQN's against its own greedy evaluation), videos are
+written where the environment renders, and what cannot be played is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import genesis_jax
+from genesis_jax import amp
+from genesis_jax.algos import REGISTRY
+from genesis_jax.algos.evaluate import acting_algorithms
+from genesis_jax.cli import main
+from genesis_jax.envs.gymnax_env import GymnaxVecEnv
+from genesis_jax.envs.video import write_video
+from genesis_jax.run.checkpoint import CheckpointStore
+from tests.support.files import one_line_error, snapshot
+from tests.support.registry import tiny_argv
+
+ACTING = acting_algorithms()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`trained(name, **overrides)`: the run directory of the algorithm's tiny fp16 run (trained once)."""
+    root, runs = tmp_path_factory.mktemp("runs"), {}
+
+    def train(name: str, **overrides) -> pathlib.Path:
+        key = (name, *sorted(overrides.items()))
+        if key not in runs:
+            out = root / f"{name}-{len(runs)}"
+            argv = ["train", name, *tiny_argv(name, precision="fp16", **overrides), "--quiet", "--out", str(out)]
+            assert main(argv) == 0
+            runs[key] = out
+        return runs[key]
+
+    return train
+
+
+def eval_json(capsys, run, *options) -> dict:
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json", *options]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def played_by_hand(policy, episodes: int, seed: int):
+    """The episodes `genesis-jax eval` plays on gymnax, one vector step at a time in Python:
+    the same keys (PQN's greedy evaluation's), the loaded policy called on each batch."""
+    spec = policy.spec
+    env = GymnaxVecEnv(spec.env_id, episodes)
+    reset_key, key = jax.random.split(jax.random.PRNGKey(seed))
+    obs, state = env.reset(reset_key)
+    step = jax.jit(env.step)
+    total, length, running = np.zeros(episodes), np.zeros(episodes, int), np.ones(episodes, bool)
+    for env_key in jax.random.split(key, spec.max_episode_steps):
+        if not running.any():
+            break
+        obs, state, reward, terminated, truncated, _ = step(jax.random.split(env_key, episodes), state, policy(obs))
+        total += np.where(running, np.asarray(reward, np.float64), 0.0)
+        length += running
+        running &= ~np.asarray(terminated | truncated)
+    return total, length
+
+
+def test_every_registered_algorithm_but_the_world_model_acts():
+    assert set(ACTING) == set(REGISTRY) - {"world-model"}
+
+
+@pytest.mark.slow  # a tiny fp16 run of each, then its evaluation: about 15 s each on 2 cores
+@pytest.mark.parametrize("name", ACTING)
+def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys, name):
+    run = trained(name)
+    result = eval_json(capsys, run, "--episodes", "3", "--seed", "5")
+    assert result["algorithm"] == name and result["precision"] == "fp16" and result["greedy"]
+    assert result["episodes"] == len(result["returns"]) == len(result["lengths"]) == 3
+    assert result["run_status"] == "finished" and result["env_backend"] == "gymnax"
+    assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
+    assert result["std_return"] == pytest.approx(np.std(result["returns"]))
+
+    policy = genesis_jax.load(run)
+    assert (policy.algorithm, policy.precision, policy.greedy) == (name, "fp16", True)
+    returns, lengths = played_by_hand(policy, 3, seed=5)
+    assert result["returns"] == pytest.approx(returns.tolist(), rel=1e-5)
+    assert result["lengths"] == lengths.tolist()
+    assert all(1 <= n <= policy.spec.max_episode_steps for n in lengths)
+
+    # One observation gives one action, a batch one each: the same.
+    obs = GymnaxVecEnv(policy.spec.env_id, 4).reset(jax.random.PRNGKey(1))[0]
+    assert np.allclose(np.asarray(policy(obs[2])), np.asarray(policy(obs))[2])
+
+    # As trained (a sample, or epsilon-greedy): the same number of whole episodes.
+    sampled = eval_json(capsys, run, "--episodes", "2", "--stochastic")
+    assert not sampled["greedy"] and len(sampled["returns"]) == 2
+
+
+@pytest.mark.slow  # a tiny PQN run of 2 seeds, each seed's evaluation over 32 episodes
+def test_pqn_greedy_return_is_each_seeds_own_greedy_evaluation(trained, capsys):
+    run = trained("pqn", num_seeds=2, seed=3)
+    summary = json.loads((run / "summary.json").read_text())
+    for index, expected in enumerate(summary["eval_return_per_seed"]):  # seed k evaluated from seed + k
+        result = eval_json(capsys, run, "--episodes", "32", "--seed", str(3 + index), "--seed-index", str(index))
+        assert result["seed_index"] == index and result["mean_return"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow  # a tiny PQN run on MinAtar Breakout, 4 frames drawn by gymnax's renderer
+def test_a_video_of_a_gymnax_environment(trained, capsys, tmp_path):
+    from PIL import Image
+
+    run = trained("pqn", env="Breakout-MinAtar", network="mlp")
+    video = tmp_path / "breakout.gif"
+    result = eval_json(capsys, run, "--episodes", "2", "--video", str(video), "--video-frames", "4")
+    assert result["video"] == str(video) and result["video_frames"] == 4
+    with Image.open(video) as gif:
+        assert gif.n_frames == 4 and gif.size == (600, 500)
+    assert main(["eval", str(run), "--video", str(video)]) == 2  # never overwritten
+    assert "exists" in one_line_error(capsys)
+
+
+@pytest.mark.slow  # the tiny PPO run (shared), 3 frames
+def test_a_video_of_cartpole_needs_pygame_and_says_so(trained, capsys, tmp_path):
+    import importlib.util
+
+    run, video = trained("ppo"), tmp_path / "cartpole.gif"
+    if importlib.util.find_spec("pygame") is None:
+        assert main(["eval", str(run), "--video", str(video)]) == 2
+        assert "needs pygame: pip install 'gymnasium[classic-control]'" in one_line_error(capsys)
+        assert not video.exists()
+        return
+    from PIL import Image
+
+    result = eval_json(capsys, run, "--episodes", "1", "--video", str(video), "--video-frames", "3")
+    assert result["video_frames"] == 3
+    with Image.open(video) as gif:
+        assert gif.n_frames == 3
+
+
+@pytest.mark.slow  # a tiny PPO run on Atari Breakout (gymnasium, ale-py), one game, 3 frames: about 20 s
+def test_a_video_of_a_gymnasium_environment_and_the_games_own_return(trained, capsys, tmp_path):
+    pytest.importorskip("ale_py", reason="Atari needs ale-py (pip install -e '.[atari]')")
+    from PIL import Image
+
+    run = trained("ppo", env="ALE/Breakout-v5", network="mlp", num_envs=2, num_steps=16, total_steps=32)
+    video = tmp_path / "breakout.gif"
+    result = eval_json(capsys, run, "--episodes", "1", "--video", str(video), "--video-frames", "3")
+    assert result["env_backend"] == "gymnasium" and len(result["returns"]) == 1
+    with Image.open(video) as gif:
+        assert gif.n_frames == 3 and gif.size == (160, 210)  # ALE's own screen
+    # One game is all its lives (the learner's episodes end at each): more steps than one life lasts.
+    assert result["lengths"][0] > 50
+
+
+def test_video_files_are_written_whole(tmp_path):
+    from PIL import Image
+
+    frames = [np.full((8, 6, 3), 40 * i, np.uint8) for i in range(5)]
+    write_video(frames, str(tmp_path / "v.gif"), fps=10)
+    with Image.open(tmp_path / "v.gif") as gif:
+        assert gif.n_frames == 5 and gif.size == (6, 8)
+    cv2 = pytest.importorskip("cv2")
+    write_video(frames, str(tmp_path / "v.mp4"), fps=10)
+    capture = cv2.VideoCapture(str(tmp_path / "v.mp4"))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 5
+    capture.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.gif", "v.mp4"]  # no temporary file left
+
+
+def save_checkpoint(run: pathlib.Path, kind: str) -> None:
+    state = amp.TrainState.create(params={"w": np.ones(3, np.float32)}, tx=optax.adam(1e-3), precision="fp32")
+    with CheckpointStore(run / "checkpoints", async_save=False) as store:
+        store.save(1, state, {"kind": kind}, force=True)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (None, "no run directory"),
+        (lambda run: run.mkdir(), "holds no run"),
+        (lambda run: (run.mkdir(), (run / "metrics.jsonl").write_text('{"update": 1}\n')), "but no checkpoint"),
+        (lambda run: (run.mkdir(), (run / "checkpoints").mkdir()), "no complete checkpoint"),
+        (lambda run: save_checkpoint(run, "world-model"), "world-model run, which does not act"),
+        (lambda run: save_checkpoint(run, "demo"), "comes from a demo run, not one of genesis-jax's algorithms"),
+    ],
+)
+def test_what_cannot_be_played_is_refused_in_one_line(tmp_path, capsys, make, words):
+    run = tmp_path / "run"
+    if make is not None:
+        make(run)
+    before = snapshot(tmp_path)
+    assert main(["eval", str(run)]) == 2
+    assert words in one_line_error(capsys)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow  # the tiny PPO run (shared), a resume attempt and evaluations of copies
+def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_run_still_plays(
+    trained, capsys, tmp_path
+):
+    run = trained("ppo")
+    bad = pathlib.Path(shutil.copytree(run, tmp_path / "bad"))
+    alter_keeping_the_checksum(bad / "checkpoints")
+    assert main(["eval", str(bad)]) == 2
+    refused = one_line_error(capsys)
+    assert "is corrupted: its content does not match the checksum" in refused
+    resume = ["train", "ppo", *tiny_argv("ppo", precision="fp16", total_steps=512), "--quiet", "--resume"]
+    assert main(resume + ["--out", str(bad)]) == 2
+    assert one_line_error(capsys) == refused  # resume's own words
+
+    stopped = pathlib.Path(shutil.copytree(run, tmp_path / "stopped"))
+    summary = json.loads((stopped / "summary.json").read_text())
+    (stopped / "summary.json").write_text(json.dumps({**summary, "stopped": "SIGTERM"}))
+    assert main(["eval", str(stopped), "--episodes", "1"]) == 0
+    assert capsys.readouterr().out.strip().endswith("; the run is stopped by SIGTERM")
+    (stopped / "summary.json").unlink()
+    assert "unfinished" in eval_json(capsys, stopped, "--episodes", "1")["run_status"]
+
+    for options, words in (
+        (["--episodes", "0"], "episodes must be a positive integer"),
+        (["--seed-index", "1"], "seed-index must be from 0 to 0"),
+        (["--step", "3"], "has no checkpoint at 3"),
+        (["--video", str(tmp_path / "x.avi")], "must end in .gif or .mp4"),
+    ):
+        assert main(["eval", str(run), *options]) == 2
+        assert words in one_line_error(capsys)
+
+
+def alter_keeping_the_checksum(checkpoints: pathlib.Path) -> None:
+    """The newest checkpoint re-saved by Orbax itself with one parameter changed and the
+    checksum it was written with: readable, but not what was saved."""
+    import orbax.checkpoint as ocp
+
+    step = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    with CheckpointStore(checkpoints, async_save=False) as store:
+        state, meta = store.restore_raw(step)
+    state = jax.tree.map(np.array, state)  # writable copies
+    state["train_state"]["params"]["params"]["actor_head"]["bias"] += 1.0
+    shutil.rmtree(checkpoints / str(step))
+    manager = ocp.CheckpointManager(checkpoints, item_names=("state", "meta"))
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+    manager.close()

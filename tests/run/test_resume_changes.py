@@ -1,0 +1,134 @@
+"""A resume knows what it resumes: a changed setting is named ("num-envs: 4 -> 8") before any
+count in the new settings' units, the world model's data is recorded by identity and a change
+of it refused (or recorded with --allow-config-change), and a finished SAC run is extended
+with its replay buffer grown to the longer run's capacity, exactly as if it had had it."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from genesis_jax.algos.sac.train import SAC
+from genesis_jax.algos.world_model.data import synthetic_dataset
+from genesis_jax.cli import main
+from genesis_jax.data.trajectories import save_dataset
+from genesis_jax.run.checkpoint import CheckpointMismatchError
+from genesis_jax.run.session import Session
+from tests.support.files import metric_rows, one_line_error, snapshot
+from tests.support.helpers import tree_equal
+from tests.support.registry import tiny_argv, tiny_config
+
+
+@dataclasses.dataclass(frozen=True)
+class WideConfig:
+    """A loop whose rows each count `width` samples: `width` shapes nothing, but counts in its units."""
+
+    chunks: int = 4
+    width: int = 4
+    RESUMABLE_FIELDS = ("chunks",)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def run_wide(out, config, **options):
+    step = lambda s: ({"w": s["w"] + 1}, {"w": s["w"]})  # noqa: E731
+    rows = lambda m, done: [{"chunk": done + 1}]  # noqa: E731
+    session = Session(out, config, kind="wide", total=config.chunks, position_key="chunk", unit_size=config.width,
+                      unit="sample", checkpoint_every=1, progress=False, **options)  # fmt: skip
+    with session:
+        state = session.restore({"w": jnp.float32(0)})
+        session.finish({}, session.run(state, step, rows))
+
+
+def test_a_changed_setting_is_named_before_the_run_is_counted_in_its_units(tmp_path):
+    run_wide(tmp_path / "run", WideConfig())
+    before = snapshot(tmp_path / "run")
+    # 4 chunks of 4 samples ran; counted at width 8 they would be "4 chunks (32 samples)", which they are not.
+    with pytest.raises(CheckpointMismatchError, match="width: 4 -> 8") as err:
+        run_wide(tmp_path / "run", WideConfig(chunks=2, width=8), resume=True)
+    assert "32 samples" not in str(err.value) and "--allow-config-change" in str(err.value)
+    assert snapshot(tmp_path / "run") == before
+
+
+PPO = ["train", "ppo", *tiny_argv("ppo")]  # 256 steps: 4 updates of 4 environments x 16 steps
+
+
+@pytest.mark.slow  # a tiny PPO run through the command line, then refused resumes (nothing compiled): ~10 s
+def test_a_ppo_resume_with_other_num_envs_names_them_in_one_line(tmp_path, capsys):
+    run = tmp_path / "ppo"
+    assert main([*PPO, "--out", str(run)]) == 0
+    before, _ = snapshot(run), capsys.readouterr()
+    assert main([*PPO, "--num-envs", "8", "--out", str(run), "--resume"]) == 2
+    line = one_line_error(capsys)
+    assert "num-envs: 4 -> 8" in line and "512 steps" not in line, line
+    # Allowed, the environments' state still cannot change its shape: said naming the setting, not the arrays alone.
+    assert main([*PPO, "--num-envs", "8", "--total-steps", "512", "--out", str(run), "--resume",
+                 "--allow-config-change"]) == 2  # fmt: skip
+    line = one_line_error(capsys)
+    assert "num-envs: 4 -> 8" in line and "env_state" in line, line
+    assert snapshot(run) == before
+
+
+WORLD_MODEL = ["train", "world-model", *tiny_argv("world-model")]
+
+
+@pytest.mark.slow  # a tiny world-model run through the command line, then its resumes: ~10 s
+def test_a_world_model_resume_on_other_data_at_the_same_path_is_refused_or_recorded(tmp_path, capsys):
+    data, run = tmp_path / "data.npz", tmp_path / "wm"
+    first = synthetic_dataset(32, 8, seed=0)
+    save_dataset(first, str(data))
+    argv = [*WORLD_MODEL, "--data", str(data), "--out", str(run)]
+    assert main(argv) == 0
+    # Other sequences under the same name and path: only the digest tells them apart.
+    save_dataset({**synthetic_dataset(32, 8, seed=1), "meta": first["meta"]}, str(data))
+    before, _ = snapshot(run), capsys.readouterr()
+    assert main([*argv, "--epochs", "2", "--resume"]) == 2
+    line = one_line_error(capsys)
+    assert "dataset: " in line and "sha256" in line and "--allow-config-change" in line, line
+    assert snapshot(run) == before
+    assert main([*argv, "--epochs", "2", "--resume", "--allow-config-change"]) == 0
+    changes = json.loads((run / "summary.json").read_text())["config_changes"]
+    assert len(changes) == 1 and changes[0].startswith("dataset: ") and "32 sequences x 8 steps" in changes[0]
+
+
+def train_sac(out, resume=False, **settings):
+    config = tiny_config("sac", **settings)
+    return SAC.train(config, str(out), resume=resume, progress=False, allow_config_change=resume)
+
+
+@pytest.mark.slow  # three tiny SAC runs: ~30 s
+def test_a_finished_sac_run_is_extended_as_if_its_buffer_had_the_longer_run_s_capacity(tmp_path):
+    # tiny: buffer-size 64, total-steps 32: a buffer of 32 transitions, filled by the end; extended to 64.
+    short = train_sac(tmp_path / "extended", total_steps=32)
+    assert int(short.state.buffer.is_full) and short.state.buffer.experience.obs.shape[1] == 32
+    extended = SAC.train(tiny_config("sac", total_steps=64), str(tmp_path / "extended"), resume=True, progress=False)
+    straight = train_sac(tmp_path / "straight", total_steps=64)
+    assert extended.summary["config_changes"] == []
+    assert metric_rows(tmp_path / "extended") == metric_rows(tmp_path / "straight")
+    tree_equal(extended.state, straight.state)  # the buffer, its transitions in order, and everything learned
+
+
+@pytest.mark.slow  # three tiny SAC runs: ~30 s
+def test_a_wrapped_sac_buffer_grows_unrolled_oldest_first_and_resumes_again(tmp_path):
+    out = tmp_path / "run"
+    small = train_sac(out, total_steps=64, buffer_size=16)  # 64 transitions through 16 slots: wrapped 4 times
+    old = jax.device_get(small.state.buffer)
+    grown = train_sac(out, total_steps=64, buffer_size=40, resume=True)  # nothing left to run: only the restore
+    new = jax.device_get(grown.state.buffer)
+    assert grown.summary["config_changes"] == ["buffer-size: 16 -> 40"]
+    head = int(old.current_index)
+    for before, after in zip(jax.tree.leaves(old.experience), jax.tree.leaves(new.experience)):
+        np.testing.assert_array_equal(after[:, :16], np.roll(before, -head, axis=1))  # oldest first
+        assert not after[:, 16:].any()
+    assert (int(new.current_index), bool(new.is_full)) == (16, False)
+    # 32 transitions more: 48 held in 40 slots (it wraps again), the 48 the small buffer dropped not counted.
+    longer = train_sac(out, total_steps=96, buffer_size=40, resume=True)
+    assert (int(longer.state.buffer.current_index), bool(longer.state.buffer.is_full)) == (8, True)
+    again = train_sac(out, total_steps=96, buffer_size=40, resume=True)  # its own checkpoint restores
+    tree_equal(again.state.buffer, longer.state.buffer)
+    with pytest.raises(ValueError, match="holds 40 transitions, these settings give it 16: .* does not shrink"):
+        train_sac(out, total_steps=96, buffer_size=16, resume=True)
