@@ -297,7 +297,10 @@ class Algorithm:
         return [dict(zip(columns, values)) for values in zip(*columns.values(), strict=True)]
 
     def title(self) -> str:
-        return f"{self.name} ({self.config.train_precision().name})"
+        """The plot's title: the algorithm, its environment where it has one, the precision."""
+        env = getattr(self.config, "env", None)
+        name = self.name.upper() if len(self.name) <= 3 else self.name
+        return f"{name}{f' {env}' if env else ''} ({self.config.train_precision().name})"
 
     @property
     def num_seeds(self) -> int:
@@ -480,17 +483,19 @@ class Algorithm:
             remaining = session.total - session.position
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
-            if remaining:  # past every refusal, so a note never joins a one-line error; before the bar
-                notes = [note for note in [self.budget_note()] if note]
+            if remaining and session.progress:  # past every refusal: a note never joins a one-line error
+                session.note("compiling the training program (the bar starts when it is done) ...")
+            notes = [note for note in [self.budget_note()] if note]
+
+            def on_start():  # just before the first step (not if a signal came while compiling), before the bar
                 announce(notes) if announce is not None else [session.note(note) for note in notes]
-                if session.progress:
-                    session.note("compiling the training program (the bar starts when it is done) ...")
+
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
             call = self.compile_chunk(state, per_chunk) if remaining else None
             compile_seconds = self.init_compile_seconds + time.perf_counter() - start
             to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
-            state = session.run(state, call, to_rows, per_chunk)
+            state = session.run(state, call, to_rows, per_chunk, on_start=on_start)
             if session.stopped and not session.timing.positions_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = {

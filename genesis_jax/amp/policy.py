@@ -35,7 +35,7 @@ _NAMED_POLICIES = {
     # The whole model stored and run in half precision (the ".half()" mode).
     "fp16-full": ("params=float16,compute=float16,output=float32", "dynamic"),
 }
-PRECISION_NAMES = tuple(_NAMED_POLICIES) + ("auto",)
+PRECISION_NAMES = ("fp32", "bf16", "fp16", "fp16-full", "auto")  # spelled out: the API page shows the value
 """The precision names `get_precision` accepts: fp32, bf16, fp16, fp16-full and auto (fp16 on a
 GPU, fp32 elsewhere); a jmp policy string is accepted too."""
 

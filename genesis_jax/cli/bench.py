@@ -241,7 +241,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str) -> None:
+def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str, quick: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -271,10 +271,19 @@ def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str
     lines = [header, "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in shown) + " |" for r in rows]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    plot_results(rows, traces, out / "precision.png")
+    plot_results(rows, traces, out / "precision.png", quick)
 
 
-def plot_results(rows: list[dict], traces: dict, path) -> None:
+def accuracy_caption(rows: list[dict], quick: bool) -> str:
+    """The accuracy panel's title: how many seeds a ratio stands on, and that --quick's budgets
+    are too small for the ratio to say whether a precision learns as well."""
+    seeds = sorted({r["seeds"] for r in rows})
+    counted = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+    caveat = "; --quick: tiny budgets, not a learning comparison" if quick else ""
+    return f"accuracy over fp32 (higher is better; {counted} seed{'s' if seeds[-1] > 1 else ''} each{caveat})"
+
+
+def plot_results(rows: list[dict], traces: dict, path, quick: bool = False) -> None:
     plt = plots._pyplot()
     names = list(dict.fromkeys(r["workload"] for r in rows))
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
@@ -283,7 +292,7 @@ def plot_results(rows: list[dict], traces: dict, path) -> None:
     for ax, key, title in (
         (axes[0, 0], "speedup", "steps/s over fp32"),
         (axes[0, 1], "step_memory_ratio", "training-step memory over fp32"),
-        (axes[1, 0], "accuracy_ratio", "accuracy over fp32 (higher is better)"),
+        (axes[1, 0], "accuracy_ratio", accuracy_caption(rows, quick)),
     ):
         for j, p in enumerate(precisions):
             values = [next((r[key] for r in rows if r["workload"] == n and r["precision"] == p), None) for n in names]
@@ -373,5 +382,5 @@ def run_benchmark(
         f"{time.perf_counter() - started:.0f} s in all; versions: {probes.versions_line()}"
         + (f"; command: {command}" if command else "")
     )
-    write_results(rows, traces, pathlib.Path(out_dir), header)
+    write_results(rows, traces, pathlib.Path(out_dir), header, quick)
     return rows

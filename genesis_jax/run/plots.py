@@ -22,13 +22,22 @@ def plot_curves(
     log_y: bool = True,
     x_label: str | None = None,
     y_label: str | None = None,
+    twin_keys=(),
 ) -> None:
-    """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known floor."""
+    """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known
+    floor; `twin_keys` (a loss beside a return) on an axis of their own, on the right."""
     plt = _pyplot()
     xs = [r[x_key] for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    values = lambda key: [float("nan") if r[key] is None else r[key] for r in rows]  # noqa: E731
     for key in y_keys:
-        ax1.plot(xs, [float("nan") if r[key] is None else r[key] for r in rows], label=key)
+        ax1.plot(xs, values(key), label=key)
+    if twin_keys:
+        twin = ax1.twinx()
+        for key in twin_keys:
+            twin.plot(xs, values(key), color="tab:gray", alpha=0.6, label=key)
+        twin.set_ylabel(", ".join(twin_keys))
+        twin.legend(loc="upper right")
     if floor is not None:
         ax1.axhline(floor, linestyle="--", color="gray", label="noise floor")
     if log_y:
@@ -36,7 +45,7 @@ def plot_curves(
     if y_label:
         ax1.set_ylabel(y_label)
     else:
-        ax1.legend()
+        ax1.legend(loc="upper left")
     ax1.set_title(title)
     ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
     ax2.set_yscale("log", base=2)

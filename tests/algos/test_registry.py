@@ -187,3 +187,13 @@ def test_bench_and_study_list_every_algorithms_own_workloads():
 def test_registration_is_one_line(monkeypatch):
     monkeypatch.setitem(algos.REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
     assert get_algorithm("toy").name == "toy"
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_runs_plot_title_names_its_environment_and_precision(name):
+    algorithm = get_algorithm(name)
+    config = algorithm.config_class(precision="fp16")
+    title = algorithm(config).title()
+    assert "fp16" in title
+    if hasattr(config, "env"):
+        assert config.env in title and title.startswith(name.upper() if len(name) <= 3 else name)

@@ -73,3 +73,9 @@ def test_environment_resolution(explicit, env, expected):
 def test_bad_enable_flag_is_a_clear_error():
     with pytest.raises(ValueError, match="ENABLE_FP16_TRAINING='maybe'"):
         resolve_precision_name(None, {"ENABLE_FP16_TRAINING": "maybe"})
+
+
+def test_the_precision_names_are_the_named_policies_and_auto():
+    from genesis_jax.amp import policy
+
+    assert PRECISION_NAMES == (*policy._NAMED_POLICIES, "auto")

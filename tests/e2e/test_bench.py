@@ -80,3 +80,14 @@ def test_grid_matrix_places_cells():
         for j, r in enumerate(("fp32", "bf16", "fp16"))
     ]
     np.testing.assert_array_equal(grid_matrix(cells, "E", "k"), [[0, 1, 2], [10, 11, 12], [20, 21, 22]])
+
+
+def test_the_accuracy_panel_says_its_seeds_and_what_quick_budgets_cannot_show():
+    from genesis_jax.cli.bench import accuracy_caption
+
+    assert accuracy_caption([{"seeds": 2}, {"seeds": 2}], quick=True) == (
+        "accuracy over fp32 (higher is better; 2 seeds each; --quick: tiny budgets, not a learning comparison)"
+    )
+    assert accuracy_caption([{"seeds": 1}, {"seeds": 3}], quick=False) == (
+        "accuracy over fp32 (higher is better; 1-3 seeds each)"
+    )

@@ -242,14 +242,14 @@ def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
 
 
 @pytest.mark.slow  # a tiny PPO run, compiled
-def test_a_rounded_budget_and_the_compile_are_said_before_the_bar_starts(tmp_path, capsys):
+def test_the_compile_and_a_rounded_budget_are_said_before_the_bar_starts(tmp_path, capsys):
     argv = ["train", "ppo", "--precision", "fp32", "--total-steps", "1000", "--num-envs", "4", "--num-steps", "128"]
     assert main([*argv, "--update-epochs", "1", "--num-minibatches", "1", "--out", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     note = "note: --total-steps 1,000 runs as 1 updates of 512 steps: 512 steps\n"
     compiling = "compiling the training program (the bar starts when it is done) ...\n"
     assert err.count(note) == 1 and err.count(compiling) == 1
-    assert err.index(note) < err.index(compiling) < err.index("512/512")  # each on its own line, the bar after
+    assert err.index(compiling) < err.index(note) < err.index("512/512")  # each on its own line, the bar after
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_steps"] == 512
 

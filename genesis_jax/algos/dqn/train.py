@@ -267,11 +267,8 @@ class DQN(Algorithm):
         self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return
         return {"eps": f"{row['epsilon']:.2f}", **({"ret": f"{self.last_return:.1f}"} if self.last_return else {})}
 
-    def title(self) -> str:
-        return f"DQN {self.config.env} ({self.config.train_precision().name})"
-
     def plot(self, rows: list[dict], file) -> None:
-        plots.plot_curves(rows, "step", ["recent_return", "loss"], file, title=self.title(), log_y=False)
+        plots.plot_curves(rows, "step", ["recent_return"], file, title=self.title(), log_y=False, twin_keys=["loss"])
 
     def describe(self, s: dict) -> str:
         return (

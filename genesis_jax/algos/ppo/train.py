@@ -214,9 +214,6 @@ class PPO(Algorithm):
             self.last_return = row["episode_return"]  # the newest finished episodes' mean, kept until the next
         return {} if self.last_return is None else {"ret": f"{self.last_return:.1f}"}
 
-    def title(self) -> str:
-        return f"PPO {self.config.env} ({self.config.train_precision().name})"
-
     def plot(self, rows: list[dict], file) -> None:
         plots.plot_ppo(rows, file, title=self.title())
 

@@ -261,7 +261,7 @@ class PQN(Algorithm):
         return {"eps": f"{row['epsilon']:.2f}", **({"ret": f"{self.last_return:.1f}"} if self.last_return else {})}
 
     def plot(self, rows: list[dict], file) -> None:
-        plots.plot_curves(rows, "step", ["recent_return", "loss"], file, title=self.title(), log_y=False)
+        plots.plot_curves(rows, "step", ["recent_return"], file, title=self.title(), log_y=False, twin_keys=["loss"])
 
     def describe(self, s: dict) -> str:
         evaluated = f"eval_return={s['eval_return']:.1f} " if "eval_return" in s else ""
