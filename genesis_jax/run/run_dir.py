@@ -67,10 +67,18 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
     saved = {**defaults, **(inputs or {}), **meta.get("config", {}), **meta.get("inputs", {})}
     changes = config_changes(saved, {**config.to_dict(), **(inputs or {})}, config.RESUMABLE_FIELDS)
     if changes and not allow:
+        # A precision change is refused even with the flag (the checkpoint's arrays are in its own).
+        other_precision = "precision" in saved and jsonable(saved["precision"]) != jsonable(
+            config.to_dict().get("precision")
+        )
         raise CheckpointMismatchError(
             f"the checkpoint at step {meta.get('step')} was written by a run with other settings "
             f"({'; '.join(changes)}); "
-            "pass --allow-config-change to continue it anyway"
+            + (
+                f"a run resumes in its own precision: resume with --precision {saved['precision']}, or start a new run"
+                if other_precision
+                else "pass --allow-config-change to continue it anyway"
+            )
         )
     return changes
 

@@ -205,8 +205,8 @@ def corrupt_copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
 @pytest.mark.parametrize(
     "case, extra, words",
     [
-        ("ppo", ["--hidden", "32", "32"], "does not fit this run"),
-        ("ppo", ["--precision", "bf16"], "precision 'fp16'"),
+        ("ppo", ["--hidden", "32", "32"], "other settings (hidden: [64, 64] -> (32, 32))"),
+        ("ppo", ["--precision", "bf16"], "a run resumes in its own precision: resume with --precision fp16"),
         ("wm", [], "comes from a world-model run, not ppo"),
         ("corrupt", [], "cannot be read"),
         ("ppo", ["--num-envs", "0"], "num-envs must be a positive integer"),
@@ -232,7 +232,7 @@ def test_world_model_bad_input_leaves_the_run_untouched(small_runs, capsys):
     before = snapshot(run)
     for extra, words in (
         (["--batch-size", "0"], "batch-size must be a positive integer"),
-        (["--width", "64"], "does not fit this run"),
+        (["--width", "64"], "other settings (width: 16 -> 64)"),
         ([], "holds another run"),
     ):
         resume = [] if words == "holds another run" else ["--resume"]
