@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from genesis_jax.algos.base import MINATAR_GAMES
-from genesis_jax.cli.study import cells, plan, report, stats
+from genesis_jax.cli.study import cells, cost, plan, report, stats
 from genesis_jax.cli.study.cells import BASELINE, PRECISIONS, TASKS
 from genesis_jax.run.signals import StopSignals, TrainingInterrupted
 
@@ -199,7 +199,9 @@ def train_cells(
             _log(f"{task} {precision}: finished before, kept")
             continue
         field = TASKS[task].budget_field
-        _log(f"{task} {precision}: {config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}")
+        budget = f"{config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}"
+        is_cost = path.relative_to(out).parts[0] == "cost"
+        _log(f"{'the cost run (for the report: N seeds against 1): ' if is_cost else ''}{task} {precision}: {budget}")
         cells.record_planned(out, path, config)
         try:
             summaries[path] = cells.run_cell(path, task, config, progress)
@@ -258,6 +260,17 @@ def underflow_lines(out: pathlib.Path, tasks, precisions) -> list[str]:
     return telemetry_report.section(out, tasks, precisions)
 
 
+def announce(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, statistics: bool = False) -> None:
+    """Says what the study will train and an estimate of its time (`cost.estimate_lines`):
+    on stdout for --dry-run, which then writes nothing, else on stderr before the first cell."""
+    lines = cost.estimate_lines(out, cell_plan, cost_path, statistics)
+    if dry_run:
+        print("\n".join([*lines, "--dry-run: nothing trained, nothing written"]))
+    else:
+        for line in lines:
+            _log(line)
+
+
 def _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps):
     tasks, precisions = list(tasks), list(precisions)
     cells.check_choices(tasks, precisions)
@@ -275,16 +288,21 @@ def run_plan(
     progress: bool = True,
     command: str | None = None,
     study_command: str | None = None,
-) -> pathlib.Path:
+    dry_run: bool = False,
+) -> pathlib.Path | None:
     """The study's power plan (`plan`): trains fp32 and fp16 cells of `pilot_seeds` seeds per
     task at the study's budgets under `out_dir`/plan, then writes plan.json and plan.md into
-    `out_dir` (read by the study's report). Returns plan.md's path."""
+    `out_dir` (read by the study's report). Returns plan.md's path (None with `dry_run`: the
+    pilot's cells and estimate printed, nothing written)."""
     if isinstance(pilot_seeds, bool) or not isinstance(pilot_seeds, int) or pilot_seeds < plan.MIN_PILOT_SEEDS:
         raise ValueError(f"a pilot needs at least {plan.MIN_PILOT_SEEDS} seeds per cell, got {pilot_seeds!r}")
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
     pilot_out = out / "plan"
     cell_plan = plan_cells(pilot_out, tasks, plan.PILOT_PRECISIONS, pilot_seeds, seed, budgets)
     cells.check_kept_cells(pilot_out, {path: config for path, (_, _, config) in cell_plan.items()})
+    announce(pilot_out, cell_plan, dry_run)
+    if dry_run:
+        return None
     pilot_out.mkdir(parents=True, exist_ok=True)
     with StopSignals() as stop:
         done, _ = train_cells(pilot_out, cell_plan, progress, command, stop)
@@ -339,9 +357,12 @@ def run_study(
     cost: bool = True,
     progress: bool = True,
     command: str | None = None,
-) -> pathlib.Path:
+    dry_run: bool = False,
+) -> pathlib.Path | None:
     """Runs every task x precision cell not yet finished under `out_dir`, then writes
-    report.md, stats.json and the plots there. Returns the report's path.
+    report.md, stats.json and the plots there. Returns the report's path. Before the first
+    cell it says what it will train and an estimate of the time (`cost`); with `dry_run` only
+    that, on stdout, and it returns None having written nothing.
 
     Every choice is checked before anything trains, and so are the cells already in
     `out_dir`: one trained with other settings (seeds, steps) is refused, never reused.
@@ -354,7 +375,8 @@ def run_study(
         total_steps: environment steps per seed, the same for every precision: one number for
             every task, a {task: steps} mapping (tasks not in it: their own), or None (each task's own).
         reps: bootstrap replications of every confidence interval (at least `stats.MIN_REPS`).
-        cost: also run one fp32 seed of the first task, for the N-seeds-vs-1 cost.
+        cost: the cost run: the first task's fp32 cell once more with 1 seed, for the report's
+            wall time of N seeds against 1.
     """
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps)
     cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
@@ -362,6 +384,9 @@ def run_study(
     if cost:  # the first task's fp32 cell again, with 1 seed
         cell_plan.update(plan_cells(out / "cost", tasks[:1], [BASELINE], 1, seed, budgets))
     cells.check_kept_cells(out, {path: config for path, (_, _, config) in cell_plan.items()})
+    announce(out, cell_plan, dry_run, cost_path if cost else None, statistics=True)
+    if dry_run:
+        return None
     out.mkdir(parents=True, exist_ok=True)
     with StopSignals() as stop:  # a signal outside a cell's run (compiling, statistics) stops the study too
         started = time.perf_counter()
