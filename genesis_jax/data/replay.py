@@ -159,7 +159,8 @@ def grow(state, capacity: int):
     >>> replay = make_replay({"id": jnp.int32(0)}, capacity=4, batch_size=2)
     >>> state = replay.add(replay.add(replay.init(), {"id": jnp.arange(4)}), {"id": jnp.arange(4, 6)})  # [4 5 2 3]
     >>> grown = grow(state, 8)
-    >>> grown.experience["id"][0].tolist(), int(grown.current_index), bool(grown.is_full)
+    >>> ids = grown.experience["id"]
+    >>> ids[0].tolist(), int(grown.current_index), bool(grown.is_full)
     ([2, 3, 4, 5, 0, 0, 0, 0], 4, False)
     """
     old, axis = capacity_of(state), jnp.ndim(state.current_index) + 1
