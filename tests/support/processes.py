@@ -19,11 +19,13 @@ def cpu_env(
     """This process's environment with JAX on CPU. `host_devices` splits the CPU into that many
     XLA devices (XLA_FLAGS, read when JAX starts); `drop_xla_flags` clears an inherited forced
     device count (for `genesis-jax launch`, which sets its own per process; the suite's other
-    flags stay); `compile_cache=False` leaves out the test run's shared compilation cache (a
-    process whose every write may fail); `extra` is added last."""
+    flags stay); `compile_cache=False` compiles with no persistent cache at all, neither the test
+    run's shared one nor the command line's user folder (a process whose every write may fail);
+    `extra` is added last."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if not compile_cache:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env["GENESIS_COMPILE_CACHE"] = "0"
     if drop_xla_flags or host_devices is not None:
         env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), host_devices)
     return {**env, **extra}
