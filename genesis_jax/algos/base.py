@@ -485,10 +485,13 @@ class Algorithm:
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
             if remaining and session.progress:  # past every refusal: a note never joins a one-line error
                 session.note("compiling the training program (the bar starts when it is done) ...")
-            notes = [note for note in [self.budget_note()] if note]
+            note = self.budget_note()
 
             def on_start():  # just before the first step (not if a signal came while compiling), before the bar
-                announce(notes) if announce is not None else [session.note(note) for note in notes]
+                if announce is not None:
+                    announce([note] if note else [])
+                elif note:
+                    session.note(note)
 
             start = time.perf_counter()
             # A finished run resumed has nothing left to run: nothing to compile.
