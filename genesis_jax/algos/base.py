@@ -1,28 +1,32 @@
 """The algorithm template: what one algorithm writes, and what it gets for free.
 
-An algorithm is a subclass of `Algorithm`, one file: its config dataclass (its own fields
-plus the shared `MixedPrecisionConfig` and `ParallelConfig`) and four pure functions,
+An algorithm is a subclass of `Algorithm` in its own folder. Its whole contract with the
+template is these 18 names, none looked up by duck typing:
 
-- `init(key) -> state`: the whole training state (a pytree holding an `amp.TrainState`);
-- `update(state, data) -> (state, metrics)`: one row, the template's step (a PPO update,
-  DQN's or SAC's `row_steps` environment steps, an epoch) built on `amp.train_step`; the
-  template scans it into compiled chunks;
-- `rows(metrics, done) -> list[dict]`: a chunk's metrics as `metrics.jsonl` rows;
-- `summary(rows, state) -> dict`: its own summary fields;
+- declared (class attributes): `name`, `config_class` (its config: its own fields, the first
+  base, + `MixedPrecisionConfig` + `ParallelConfig`), `tiny` (a few-row run, for the generic
+  tests), `budget_field`, `bench_workloads`, `study_tasks`, `score` (the summary field that
+  says how well it learned), `row_key` (the rows' counter: "update", "row", "epoch"),
+  `checkpoint_key` (the checkpoint meta's name for it), `train_state_path` (the `TrainState`
+  whose scale the rows report) and `metrics` (each metric's reduction over seeds, `REDUCTIONS`);
+- set by `setup`: `steps_per_row` (environment steps of a row, 1 for an epoch), `spec` (the
+  environment it acts in, None for none) and `data` (constant inputs of `update`, a dataset);
+- filled in: `setup()`, `init(key) -> state`, `update(state, data) -> (state, metrics)` (one
+  row, built on `amp.train_step`: the template scans it into compiled chunks),
+  `summary(rows, state) -> dict` (its own summary fields) and, where it acts,
+  `act(state, greedy=True) -> act(key, obs) -> actions` (None where it does not act);
+- optional hooks with defaults: `shardings` (PPO's environments split over devices),
+  `from_checkpoint` (SAC's buffer grown on resume), `inputs` (the world model's dataset).
 
-and, where it acts in an environment, `act(state, greedy=True) -> act(key, obs) -> actions` (its
-trained policy, greedy or as in training: what `genesis_jax.load` and `genesis-jax eval` play). It also
-declares, as class attributes, what the tools around it need: `config_class`, `tiny` (the
-settings of a few-update run, which every generic test trains), `budget_field`,
-`bench_workloads` and `study_tasks`. Registering it (one line in `genesis_jax.algos.REGISTRY`)
-checks these, and `update`'s metrics are checked for `REQUIRED_METRICS` when it is compiled.
-From that
-alone `Algorithm.train` gives it the Session (run directory, checkpoints and resume,
-SIGINT / SIGTERM, the divergence guard's stop, metric writers, the progress bar), seeds
-trained together under `vmap` (a `num_seeds` field), data parallelism over a device mesh
-(`shardings`), the common summary (speed, compile time, memory, overflow counts), its
-`genesis-jax train NAME` command, bench rows, study tasks, its API reference page and the
-generic tests (kill and resume, bad input, seeds, devices, every precision).
+From those the template writes everything else: the rows (each metric reduced as declared,
+numbered, per seed where asked), the summary's head (environment, steps, `final_return`), the
+plot, the progress bar's fields and the one-line report; the Session (run directory,
+checkpoints and resume, signals, the divergence guard's stop, metric writers, the progress
+bar); seeds trained together under `vmap`; data parallelism over a device mesh; the common
+summary (speed, compile time, memory, overflow counts); its `genesis-jax train NAME`
+command, bench rows, study tasks, its API reference page and the generic tests.
+Registering it (one line in `genesis_jax.algos.REGISTRY`) checks the declarations, and
+`update`'s metrics are checked for `REQUIRED_METRICS` when it is compiled.
 
 Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
 program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`
@@ -43,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp import TrainState, train_step
+from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
 from genesis_jax.run import plots, probes
 from genesis_jax.run.checkpoint import at_path
 from genesis_jax.run.parallel import replicated, start_distributed
@@ -138,26 +143,73 @@ def _stop_when_every_seed_halted(chunk):
     return wrapped
 
 
-# Per-seed columns the template adds to an N-seed run's rows: metric -> column.
-_PER_SEED_COLUMNS = {
-    "loss_scale": "loss_scale_per_seed",
-    "skipped": "skipped_per_seed",
-    "halted_per_seed": "halted_per_seed",
+# How a metric becomes its rows' column (`Algorithm.metrics`: metric -> reduction over the seeds
+# trained together). A metric not declared is averaged; "underflow/LAYER" follows "underflow".
+# " per seed" after a reduction adds, in an N-seed run, the column NAME_per_seed (each seed's value).
+_CASTS = {
+    "mean": float,  # the mean (NaN where a seed's is)
+    "nanmean": lambda v: float(v) if np.isfinite(v) else None,  # the mean of the seeds with a value, else None
+    "sum": int,  # counts
+    "any": bool,  # flags
+    "rate": float,  # the sum per second of wall time (the world model's optimizer steps)
 }
+REDUCTIONS = (*_CASTS, "episodes")  # episodes: `episode_columns` of `episodes` and `return_sum`
+PER_SEED = " per seed"
+# The REQUIRED_METRICS', under every algorithm's own; the guard's `halted_per_seed` is written as it is.
+_REQUIRED = {"loss_scale": "mean" + PER_SEED, "skipped": "sum" + PER_SEED, "halted": "any"}
 
 
-def add_seed_columns(rows: list[dict], metrics, num_seeds: int) -> list[dict]:
-    """Each seed's loss scale, skips and halt flag in the rows of an N-seed run (the
-    algorithm's own rows average or sum over seeds)."""
-    if num_seeds == 1 or not isinstance(metrics, dict):
-        return rows
-    for key, column in _PER_SEED_COLUMNS.items():
-        values = np.asarray(metrics.get(key, np.empty(0)))
-        if values.shape != (num_seeds, len(rows)):  # metrics not one per row and seed: not a row column
+def metric_columns(metrics: dict, declared: dict, num_seeds: int, seconds: float = 0.0) -> dict[str, list]:
+    """A chunk's columns (a list each, an entry per row) from its metrics ([seeds, rows], or
+    [rows] for one seed), each reduced over the seeds as `declared` says (`REDUCTIONS`).
+
+    >>> metric_columns({"loss": [[1.0, 2.0], [3.0, 4.0]], "skipped": [[0, 1], [1, 1]]}, {"skipped": "sum"}, 2)
+    {'loss': [2.0, 3.0], 'skipped': [1, 2]}
+    """
+    m = {k: np.asarray(v).reshape(num_seeds, -1) for k, v in metrics.items()}
+    how_of = lambda key: declared.get(key, declared.get(key.split("/")[0], "mean"))  # noqa: E731
+    columns, per_seed = {}, {}
+    for key, values in m.items():
+        how = how_of(key)
+        reduction, seeds = how.removesuffix(PER_SEED), how.endswith(PER_SEED) and num_seeds > 1
+        if reduction == "episodes":
+            columns.update(episode_columns(values, m["return_sum"], per_seed=how.endswith(PER_SEED)))
             continue
-        for row, per_seed in zip(rows, values.T.tolist()):
-            row[column] = per_seed
-    return rows
+        if key == "return_sum" and how_of("episodes").startswith("episodes"):
+            continue
+        if key.endswith("_per_seed"):  # each seed's own, cast as its metric is
+            reduction, seeds = how_of(key.removesuffix("_per_seed")).removesuffix(PER_SEED), True
+        cast = _CASTS[reduction]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if reduction == "nanmean":
+                have = ~np.isnan(values)
+                reduced = np.where(have, values, 0.0).sum(0) / have.sum(0)
+            elif reduction == "rate":
+                reduced = values.sum(0) * values.shape[1] / max(seconds, 1e-9)
+            else:
+                reduced = {"sum": values.sum(0), "any": values.any(0)}.get(reduction, values.astype(float).mean(0))
+        if not key.endswith("_per_seed"):
+            columns[key] = [cast(v) for v in reduced]
+        if seeds:
+            per_seed[key if key.endswith("_per_seed") else f"{key}_per_seed"] = [[cast(v) for v in r] for r in values.T]
+    return {**columns, **per_seed}
+
+
+# The plot's curves, the progress bar's fields and the one-line report's results, from the rows
+# and the summary: (column or summary field, the bar's or the line's label, format).
+_RETURNS = ("recent_return", "episode_return")  # the first a run has: its training return
+_LOSSES = ("loss", "train_loss", "eval_loss")
+_BAR = (("episode_return", "ret", ".1f"), ("recent_return", "ret", ".1f"), ("epsilon", "eps", ".2f"))
+_BAR += (("train_loss", "train", ".4f"), ("eval_loss", "eval", ".4f"))
+_RESULTS = ("final_return", ".1f"), ("eval_return", ".1f"), ("final_train_loss", ".4f"), ("eval_loss", ".4f")
+_RESULTS += (("noise_floor", ".4f"),)
+_TELEMETRY = ("underflow", "flushed")  # the opt-in underflow telemetry's columns: their means in the summary
+
+
+def bar_fields(row: dict, shown: dict) -> dict:
+    """The progress bar's own fields after `row`: the newest known value of each (`shown`, updated)."""
+    shown.update({label: f"{row[key]:{fmt}}" for key, label, fmt in _BAR if row.get(key) is not None})
+    return shown
 
 
 # Summary fields measured while training: a resume with nothing left to run keeps the run's own.
@@ -176,31 +228,41 @@ def _largest_divisor_at_most(total: int, limit: int) -> int:
 
 
 class Algorithm:
-    """Subclass, set the class attributes, fill in `setup`, `init`, `update`, `rows`, `summary`."""
+    """Subclass, declare, and fill in `setup`, `init`, `update`, `summary` (and `act`): the module docstring."""
 
+    # -- what an algorithm declares ----------------------------------------------------
     name: ClassVar[str]  # the `train` subcommand and the checkpoints' kind
-    fields: ClassVar[type]  # the algorithm's own config fields: the first --help group
-    config_class: ClassVar[type]  # its config: `fields` + MixedPrecisionConfig + ParallelConfig
-    config: Any  # an instance of `config_class`
-    tiny: ClassVar[dict] = {}  # config settings of a few-update run, for the generic tests
+    config_class: ClassVar[type]  # its config: its own fields (the first base) + MixedPrecisionConfig + ParallelConfig
+    tiny: ClassVar[dict] = {}  # config settings of a few-row run, for the generic tests
     budget_field: ClassVar[str] = "total_steps"  # the field a longer run raises (environment steps, epochs)
     bench_workloads: ClassVar[tuple[BenchWorkload, ...]] = ()
     study_tasks: ClassVar[dict[str, StudyTask]] = {}  # task name -> task
+    score: ClassVar[str | None] = None  # the summary field that says how well it learned (default: final_return
+    # where it acts, else final_loss)
     row_key: ClassVar[str] = "update"  # the rows' column counting them ("update", "row", "epoch")
     checkpoint_key: ClassVar[str | None] = None  # the checkpoint meta's field for it (default: row_key)
-    train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)
-    plot_file: ClassVar[str] = "curves.png"  # the run directory's PNG
-    score: ClassVar[str] = "final_loss"  # the summary field that says how well it learned (bench rows)
+    train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)  # the TrainState whose scale the rows report
+    metrics: ClassVar[dict[str, str]] = {}  # metric -> its reduction over seeds (REDUCTIONS); default "mean"
+    act: ClassVar[Callable | None] = None  # act(state, greedy=True) -> act(key, obs) -> actions, where it acts
 
-    # Set by `setup`: the rows in the run, and the progress bar's steps per row and their name
-    # (PPO: the environment steps of an update, "step"; the world model: 1 "epoch").
-    num_rows: int = 1
-    steps_per_row: int = 1
-    step_name: str = "update"
+    # -- what its `setup` sets ---------------------------------------------------------
+    steps_per_row: int = 1  # environment steps of a row (1: a row is an epoch or an optimizer update)
+    spec: Any = None  # the `EnvSpec` it acts in; the template makes its environments (`env`) from it
     data: Any = None  # constant inputs of `update` (a dataset), passed to the compiled chunk
-    env: Any = None  # an `envs.in_loop.InLoopEnv` where the algorithm steps environments in its loop
-    underflow_telemetry: ClassVar[bool] = False  # whether `update` measures it (config.underflow_telemetry)
+
+    env: Any = None  # `envs.in_loop.InLoopEnv`: `spec`'s num-envs environments, made by the template
     init_compile_seconds: float = 0.0
+    row_time: float | None = None  # when the newest rows were made (the "rate" reduction's clock)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "config_class" in cls.__dict__:  # derived from the declarations: what the tools around it read
+            cls.fields = cls.config_class.__bases__[0]  # the first --help group
+        if "name" in cls.__dict__:
+            cls.plot_file = f"{cls.name.replace('-', '_')}.png"  # the run directory's PNG
+        if cls.score is None:
+            cls.score = "final_return" if cls.act is not None else "final_loss"
+        cls.underflow_telemetry = "underflow" in cls.metrics  # whether `update` measures it
 
     def __init__(self, config, grad_transform: Callable | None = None):
         self.config = config
@@ -209,9 +271,14 @@ class Algorithm:
         # Every setting is checked before a file is touched, in one order for every algorithm:
         # the config's own fields (its constructor), then the devices, then the algorithm's setup.
         config.mesh()
-        if getattr(config, "underflow_telemetry", False) and not self.underflow_telemetry:
+        if config.underflow_telemetry and not self.underflow_telemetry:
             raise ValueError(f"underflow-telemetry is not measured by {self.name}; it is by ppo and world-model")
         self.setup()
+        if self.spec is not None:  # imported here: gymnax's import starts JAX's backends, which parsing must not
+            from genesis_jax.envs.in_loop import in_loop_env
+
+            c = config
+            self.env = in_loop_env(self.spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
 
     # -- what an algorithm fills in -----------------------------------------------------
 
@@ -224,19 +291,7 @@ class Algorithm:
     def update(self, state, data):
         raise NotImplementedError
 
-    def rows(self, metrics, done: int) -> list[dict]:
-        raise NotImplementedError
-
     def summary(self, rows: list[dict], state) -> dict:
-        return {}
-
-    def optimizer_states(self, state) -> list:
-        """Every amp `TrainState` in `state`, one per optimizer. "skipped" has one meaning: the
-        skips of all of them (per optimizer, summed, and per seed), in the rows and the summary."""
-        return [at_path(state, self.train_state_path)]
-
-    def postfix(self, row: dict) -> dict:
-        """The algorithm's own progress-bar fields for the newest row."""
         return {}
 
     def inputs(self) -> dict[str, str]:
@@ -249,28 +304,19 @@ class Algorithm:
         this run's): the state as it is by default; SAC's replay buffer grows to a longer run's capacity."""
         return state, lambda restored: restored
 
-    def budget_note(self) -> str | None:
-        """One line where the budget is not a whole number of rows, saying what runs instead."""
-        asked, runs = getattr(self.config, self.budget_field), self.num_rows * self.steps_per_row
-        if asked == runs:
-            return None
-        return (
-            f"note: --{self.budget_field.replace('_', '-')} {asked:,} runs as {self.num_rows:,} {self.row_key}s of "
-            f"{self.steps_per_row:,} {self.step_name}s: {runs:,} {self.step_name}s"
-        )
-
-    def describe(self, summary: dict) -> str:
-        """The one line the CLI prints at the end of a run."""
-        return f"{self.name} [{summary['precision']}]"
-
     def shardings(self, state, mesh):
         """Data parallelism: the state's shardings over `mesh` (default: all replicated)."""
         return jax.tree.map(lambda _: replicated(mesh), state)
 
-    def plot(self, rows: list[dict], file) -> None:
-        """Draws the run's PNG into `file`; default: the rows' losses against the row."""
-        keys = [k for k in ("loss", "train_loss", "eval_loss") if rows and k in rows[0]]
-        plots.plot_curves(rows, self.row_key, keys, file, title=self.title())
+    # -- what the template does ---------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return getattr(self.config, self.budget_field) // self.steps_per_row
+
+    @property
+    def num_seeds(self) -> int:
+        return getattr(self.config, "num_seeds", 1)
 
     @property
     def host_init(self) -> bool:
@@ -283,28 +329,71 @@ class Algorithm:
         if self.env is not None:
             self.env.close()
 
-    # -- what the template does ---------------------------------------------------------
+    def optimizer_states(self, state) -> list:
+        """Every amp `TrainState` in `state`, one per optimizer. "skipped" has one meaning: the
+        skips of all of them (per optimizer, summed, and per seed), in the rows and the summary."""
+        is_train_state = lambda x: isinstance(x, TrainState)  # noqa: E731
+        return [x for x in jax.tree.leaves(state, is_leaf=is_train_state) if is_train_state(x)]
 
-    def by_seed(self, chunk_metrics: dict) -> dict:
-        """A chunk's metrics as [seeds, rows] numpy arrays (a 1-seed run's too)."""
-        return {k: np.asarray(v).reshape(self.num_seeds, -1) for k, v in chunk_metrics.items()}
+    def budget_note(self) -> str | None:
+        """One line where the budget is not a whole number of rows, saying what runs instead."""
+        asked, runs, unit = getattr(self.config, self.budget_field), self.num_rows * self.steps_per_row, self.unit
+        if asked == runs:
+            return None
+        return (
+            f"note: --{self.budget_field.replace('_', '-')} {asked:,} runs as {self.num_rows:,} {self.row_key}s of "
+            f"{self.steps_per_row:,} {unit}s: {runs:,} {unit}s"
+        )
 
-    def rows_of(self, done: int, columns: dict[str, list]) -> list[dict]:
-        """A chunk's rows from its columns (a list each, an entry per row): each row numbered
-        by `row_key` from done + 1, and the environment steps so far ("step")."""
-        index = np.arange(done + 1, done + len(next(iter(columns.values()))) + 1)
-        columns = {self.row_key: index.tolist(), "step": (index * self.steps_per_row).tolist(), **columns}
+    @property
+    def unit(self) -> str:
+        """What the progress bar counts: environment steps where it acts, else rows."""
+        return "step" if self.spec is not None else self.row_key
+
+    def rows(self, metrics: dict, done: int) -> list[dict]:
+        """A chunk's `metrics.jsonl` rows: each metric reduced over seeds as `metrics` declares,
+        numbered by `row_key` from done + 1, with the environment steps so far ("step")."""
+        now = time.perf_counter()
+        seconds, self.row_time = now - (self.row_time or now), now
+        columns = metric_columns(metrics, {**_REQUIRED, **self.metrics}, self.num_seeds, seconds)
+        index = np.arange(done + 1, done + len(columns["skipped"]) + 1)
+        steps = {"step": (index * self.steps_per_row).tolist()} if self.spec is not None else {}
+        columns = {self.row_key: index.tolist(), **steps, **columns}
         return [dict(zip(columns, values)) for values in zip(*columns.values(), strict=True)]
 
     def title(self) -> str:
         """The plot's title: the algorithm, its environment where it has one, the precision."""
-        env = getattr(self.config, "env", None)
-        name = self.name.upper() if len(self.name) <= 3 else self.name
-        return f"{name}{f' {env}' if env else ''} ({self.config.train_precision().name})"
+        env = f" {self.config.env}" if self.spec is not None else ""
+        return f"{self.display_name}{env} ({self.config.train_precision().name})"
 
     @property
-    def num_seeds(self) -> int:
-        return getattr(self.config, "num_seeds", 1)
+    def display_name(self) -> str:
+        return self.name.upper() if len(self.name) <= 3 else self.name.replace("-", " ")
+
+    def plot(self, rows: list[dict], path, summary: dict) -> None:
+        """The run's PNG: its training return (losses on a second axis), or else its losses."""
+        row = rows[0] if rows else {}
+        returns, losses = [k for k in _RETURNS if k in row][:1], [k for k in _LOSSES if k in row]
+        x_key, file = "step" if "step" in row else self.row_key, path / self.plot_file
+        if returns:
+            plots.plot_curves(rows, x_key, returns, file, self.title(), log_y=False, twin_keys=losses)
+        else:
+            plots.plot_curves(rows, x_key, losses, file, self.title(), floor=summary.get("noise_floor"))
+        if "underflow" in row:  # the opt-in telemetry: its own picture
+            plots.plot_underflow(rows, self.row_key, path / plots.UNDERFLOW_PLOT, title=self.title())
+
+    def describe(self, s: dict) -> str:
+        """The one line the CLI prints at the end of a run."""
+        env = f" {s['env']}" if "env" in s else ""
+        if s["total_updates"] and s["skipped_updates"] == s["total_updates"]:  # nothing learned: the model as initialised
+            results = f"no update was applied (all {s['total_updates']} skipped: gradients not finite)"
+        else:
+            results = " ".join(f"{k}={s[k]:{fmt}}" for k, fmt in _RESULTS if s.get(k) is not None)
+        return (
+            f"{self.display_name}{env} [{s['precision']}] {results} steps/s={s['steps_per_second']:.0f} "
+            f"compile={s['compile_seconds']:.1f}s loss_scale={s['loss_scale']:g} "
+            f"skipped={s['skipped_updates']}/{s['total_updates']}"
+        )
 
     def seed_keys(self):
         """Seed k of an N-seed run starts from PRNGKey(seed + k), as a 1-seed run with
@@ -320,7 +409,7 @@ class Algorithm:
             return self.faults
         return dataclasses.replace(self.faults, seed=self.config.seed + jax.lax.axis_index(SEED_AXIS))
 
-    def train_step(self, train_state: TrainState, batch, loss_fn, axis_name=None):
+    def train_step(self, train_state: TrainState, loss_fn, batch, axis_name=None):
         """`amp.train_step` with this run's fault injection and gradient hook."""
         return train_step(
             train_state,
@@ -379,7 +468,8 @@ class Algorithm:
         return compiled(keys)
 
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
-        """The fields every algorithm's summary has: precision, speed, memory, overflow counts."""
+        """The fields every algorithm's summary has: precision, speed, memory, overflow counts;
+        where it acts, its environment, steps and `final_return`; the telemetry's means."""
         ts = at_path(state, self.train_state_path)
         steps_per_seed = np.atleast_1d(np.asarray(ts.step))  # the faults are injected into this one's steps
         optimizers = self.optimizer_states(state)
@@ -389,18 +479,10 @@ class Algorithm:
         seeds = self.config.seed + np.arange(len(steps_per_seed))  # seed k's faults are seeded by seed + k
         injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
-        per_seed = {}
-        if self.num_seeds > 1:
-            per_seed = {
-                "seeds": seeds.tolist(),
-                "skipped_updates_per_seed": skipped_per_seed.tolist(),
-                "loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist(),
-                "halted_per_seed": np.asarray(ts.halted).tolist(),
-                "injected_nonfinite_per_seed": injected,
-            }
-        return {
+        summary = {
             "precision": self.config.train_precision().name,
             "seed": self.config.seed,
+            "num_seeds": self.num_seeds,
             "steps_per_second": session.steps_per_second(self.steps_per_row * self.num_seeds),
             "compile_seconds": compile_seconds,
             "wall_seconds": session.elapsed(),
@@ -412,18 +494,31 @@ class Algorithm:
             "injected_nonfinite": sum(injected),
             "iterations": len(rows),
             "device": probes.device_name(),
-            **per_seed,
         }
+        if self.num_seeds > 1:
+            summary |= {
+                "seeds": seeds.tolist(),
+                "skipped_updates_per_seed": skipped_per_seed.tolist(),
+                "loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist(),
+                "halted_per_seed": np.asarray(ts.halted).tolist(),
+                "injected_nonfinite_per_seed": injected,
+            }
+        if self.spec is not None:
+            summary |= {"env": self.config.env, "env_backend": self.spec.backend}
+            summary["total_steps"] = rows[-1]["step"] if rows else 0
+        if "episodes" in self.metrics:  # the mean return of the episodes that ended in the last tenth of the rows
+            summary |= final_return_of_rows(rows, self.num_seeds)
+        return summary | {f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in _TELEMETRY if rows and k in rows[0]}
 
     def _progress(self, session: Session) -> Callable[[dict], dict]:
-        counted = {"rows": 0, "skipped": 0}  # the skips so far, added up once per row
+        counted, shown = {"rows": 0, "skipped": 0}, {}  # the skips so far, added up once per row
 
         def postfix(row: dict) -> dict:
             new_rows = session.rows[counted["rows"] :]  # those restored on resume, then each chunk's
             counted["skipped"] += sum(int(np.sum(r.get("skipped", 0))) for r in new_rows)
             counted["rows"] = len(session.rows)
             return {
-                **self.postfix(row),
+                **bar_fields(row, shown),
                 "scale": f"{row['loss_scale']:g}",
                 "skipped": counted["skipped"],
                 "sps": f"{session.steps_per_second(self.steps_per_row * self.num_seeds):.0f}",
@@ -471,7 +566,7 @@ class Algorithm:
             position_key=self.row_key,
             meta_key=self.checkpoint_key,
             unit_size=self.steps_per_row,
-            unit=self.step_name,
+            unit=self.unit,
             checkpoint_every=every,
             inputs=self.inputs(),
             **run_options,
@@ -488,6 +583,7 @@ class Algorithm:
             note = self.budget_note()
 
             def on_start():  # just before the first step (not if a signal came while compiling), before the bar
+                self.row_time = time.perf_counter()
                 if announce is not None:
                     announce([note] if note else [])
                 elif note:
@@ -497,8 +593,7 @@ class Algorithm:
             # A finished run resumed has nothing left to run: nothing to compile.
             call = self.compile_chunk(state, per_chunk) if remaining else None
             compile_seconds = self.init_compile_seconds + time.perf_counter() - start
-            to_rows = lambda metrics, done: add_seed_columns(self.rows(metrics, done), metrics, self.num_seeds)  # noqa: E731
-            state = session.run(state, call, to_rows, per_chunk, on_start=on_start)
+            state = session.run(state, call, self.rows, per_chunk, on_start=on_start)
             if session.stopped and not session.timing.positions_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = {
@@ -507,11 +602,6 @@ class Algorithm:
             }
             if not session.timing.positions_run:  # nothing ran here: what the run measured when it ran stays
                 summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
-
-            def plot(rows, path):
-                self.plot(rows, path / self.plot_file)
-                if rows and "underflow" in rows[0]:  # the opt-in telemetry: its own picture
-                    plots.plot_underflow(rows, self.row_key, path / plots.UNDERFLOW_PLOT, title=self.title())
-
+            plot = lambda rows, path: self.plot(rows, path, summary)  # noqa: E731
             summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
         return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

@@ -14,7 +14,8 @@ and several optimizers in separately jitted updates (CleanRL, SBX).
   unscale, decide "all finite" on the global norm, adjust the scaler;
 - `skip_nonfinite`: an optax wrapper that skips non-finite steps (PyTorch's rule), clips,
   counts skips, and halts on divergence (`DivergenceGuard`);
-- `TrainState` (Flax's, with a scaler; subclassable), `train_step` (the whole update) and,
+- `TrainState` (Flax's, with a scaler; subclassable), `train_step` (the whole update), its NNX
+  twin `Optimizer` (an `nnx.Optimizer` that owns its scaler and skips), and,
   for several optimizers sharing a scaler, `update_scaler` once per iteration; `stats`;
 - `autocast`: a network without a `dtype` field in half precision, float32 outputs;
   `precision_rules` / `FLOAT32_RULES` / `PrecisionRule`: chosen Flax modules in float32;
@@ -27,17 +28,15 @@ and several optimizers in separately jitted updates (CleanRL, SBX).
 ('DynamicLossScale', 65536.0, 0)
 """
 
-import importlib
-import warnings
-
-from genesis_jax.amp import testing
+from genesis_jax.amp import testing  # noqa: F401  (amp.testing, a submodule)
 from genesis_jax.amp.grads import autocast, scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.jaxpr import dtype_report
 from genesis_jax.amp.loss_scale import DynamicLossScale, LossScale, NoOpLossScale, StaticLossScale
 from genesis_jax.amp.optim import skip_nonfinite
 from genesis_jax.amp.policy import PRECISION_NAMES, Precision, get_precision
 from genesis_jax.amp.rules import FLOAT32_RULES, PrecisionRule, precision_rules
-from genesis_jax.amp.state import TrainState, stats, train_step, update_scaler
+from genesis_jax.amp.state import Optimizer, TrainState, stats, train_step, update_scaler
 
 __all__ = [
     # precision
@@ -56,6 +55,7 @@ __all__ = [
     "skip_nonfinite",
     # the train state, its step, a shared scaler, counts
     "TrainState",
+    "Optimizer",
     "stats",
     "train_step",
     "update_scaler",
@@ -63,53 +63,13 @@ __all__ = [
     "FLOAT32_RULES",
     "PrecisionRule",
     "autocast",
+    "dtype_report",
     "precision_rules",
-    # test helpers (amp.testing.FaultInjection)
-    "testing",
 ]
-
-# 0.2's names: each still works until 0.4, with a DeprecationWarning naming its 0.3 spelling.
-# name: (module, attribute, the 0.3 spelling)
-_DEPRECATED = {
-    "value_and_grad": ("grads", "value_and_grad", "amp.scaled_value_and_grad (its result carries .grad_norm)"),
-    "ScaledGradients": ("grads", "ScaledGradients", "amp.scaled_value_and_grad's result, ScaledGrads"),
-    "scaled_loss_grad": ("grads", "scaled_loss_grad", "amp.scaled_value_and_grad"),
-    "unscale": ("grads", "unscale", "scaler.unscale(grads), or amp.scaled_value_and_grad"),
-    "float32_loss": ("grads", "float32_loss", "loss.astype(jnp.float32) (scaled_value_and_grad casts it)"),
-    "resolve_policy": ("grads", "resolve_policy", "amp.get_precision(name).policy"),
-    "get_policy": ("policy", "get_policy", "amp.get_precision(name).policy"),
-    "resolve_precision_name": (
-        "policy",
-        "resolve_precision_name",
-        "genesis_jax.amp.policy.resolve_precision_name (the CLI's environment variables)",
-    ),
-    "DEFAULT_INIT_SCALE": ("loss_scale", "DEFAULT_INIT_SCALE", "amp.DynamicLossScale().loss_scale (2^16)"),
-    "DEFAULT_GROWTH_INTERVAL": ("loss_scale", "DEFAULT_GROWTH_INTERVAL", "amp.DynamicLossScale().growth_interval"),
-    "all_finite": ("loss_scale", "all_finite", "amp.scaled_value_and_grad's grads_finite"),
-    "make_loss_scale": ("loss_scale", "make_loss_scale", "amp.DynamicLossScale / StaticLossScale / NoOpLossScale"),
-    "SkipNonFiniteState": ("optim", "SkipNonFiniteState", "amp.stats(opt_state)"),
-    "skip_state": ("optim", "skip_state", "amp.stats(opt_state)"),
-    "advance_schedules": ("optim", "advance_schedules", "skip_nonfinite(advance_schedule_on_skip=True)"),
-    "step_if_finite": ("optim", "step_if_finite", "amp.skip_nonfinite"),
-    "shared_scale_step": ("multi", "shared_scale_step", "TrainState.create(shared_scaler=True) and amp.train_step"),
-    "update_shared_scale": ("multi", "update_shared_scale", "amp.update_scaler(*states)"),
-    "share_scale": ("multi", "share_scale", "amp.update_scaler(*states)"),
-    "with_precision_rules": ("rules", "with_precision_rules", "@amp.precision_rules() on the method"),
-    "FaultInjection": ("guard", "FaultInjection", "amp.testing.FaultInjection"),
-    "DEFAULT_GUARD_MIN_SCALE": ("guard", "DEFAULT_GUARD_MIN_SCALE", "amp.DivergenceGuard().min_scale"),
-    "DEFAULT_MAX_CONSECUTIVE_SKIPS": (
-        "guard",
-        "DEFAULT_MAX_CONSECUTIVE_SKIPS",
-        "amp.DivergenceGuard().max_consecutive_skips",
-    ),
-}
+# amp.testing (FaultInjection) is a submodule, read as amp.testing: not a name of the surface.
 
 
-def __getattr__(name):
-    if name not in _DEPRECATED:
-        raise AttributeError(f"module 'genesis_jax.amp' has no attribute {name!r}")
-    module, attribute, new = _DEPRECATED[name]
-    warnings.warn(
-        f"amp.{name} is deprecated since genesis-jax 0.3 and goes in 0.4: use {new}", DeprecationWarning, stacklevel=2
-    )
-    return getattr(importlib.import_module(f"genesis_jax.amp.{module}"), attribute)
+def __getattr__(name):  # 0.2's names, each with a DeprecationWarning until 0.4
+    from genesis_jax.amp import _deprecated
+
+    return _deprecated.attribute(name)

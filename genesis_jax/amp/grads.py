@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import jmp
 from flax import nnx
 
+from genesis_jax.amp.jaxpr import cast_per_op
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
 from genesis_jax.amp.optim import global_norm
-from genesis_jax.amp.policy import Precision, get_precision
+from genesis_jax.amp.policy import as_policy
 
 AxisName = str | tuple[str, ...] | None
 
@@ -80,38 +81,26 @@ def _check_grad_args(axis_name, accumulate, grad_transform) -> None:
         raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
 
 
-def resolve_policy(policy) -> jmp.Policy | None:
-    """A `jmp.Policy` from one, a `Precision`, a precision name ('fp16', ...), a jmp policy
-    string ('params=float32,compute=float16,output=float32'), or None (no casting).
-
-    Examples:
-        >>> from genesis_jax import amp
-        >>> resolve_policy("bf16").compute_dtype.dtype
-        dtype(bfloat16)
-        >>> resolve_policy(amp.get_precision("fp16")).compute_dtype.dtype
-        dtype('float16')
-        >>> resolve_policy(None) is None   # no casting
-        True
-    """
-    if policy is None or isinstance(policy, jmp.Policy):
-        return policy
-    if isinstance(policy, Precision):
-        return policy.policy
-    if isinstance(policy, str):
-        return get_precision(policy).policy
-    raise TypeError(f"policy must be a jmp.Policy, a Precision, a precision name or None, got {policy!r}")
-
-
 def autocast(fn, policy):
     """`fn` run in `policy`'s compute dtype, as `torch.autocast` runs a forward pass: floating
     params and inputs are cast to it, floating outputs to its output dtype (float32 in every
     named precision). The one way to run a network that has no `dtype` field in half
     precision: the master params stay float32, and so does what the loss reads.
 
-    `fn` is a function (`module.apply`, your own `forward(params, x)`), or a Flax linen
-    `Module`: then a module whose `init` is the original's (float32 params) and whose `apply`
-    is autocast, so `qf = amp.autocast(QNetwork(), "fp16")` changes nothing else in a loop.
-    Wrap the network, not the loss: the loss then reads float32 outputs and stays float32.
+    As torch does, it decides per operation, reading `fn`'s jaxpr: every matmul and
+    convolution runs in the compute dtype, even on weights `fn` closes over or casts to
+    float32 itself (a `precision_rules` module keeps its norms and outputs in float32, not its
+    matmuls); exp, log, pow, sums and cumulative sums run in float32 (their operands are cast
+    up: logsumexp and softmax are made of them); other ops in their operands' widest dtype.
+    Ops inside scan, cond, while, remat and custom_jvp/vjp calls run in their traced dtypes.
+    The compiled step is the same as casting by hand; tracing it costs a little more.
+
+    `fn` is a function (`module.apply`, your own `forward(params, x)`), an Equinox module
+    (the result is a pytree holding it, so `eqx.filter_grad` reaches its arrays), or a Flax
+    linen `Module`: then a module whose `init` is the original's (float32 params) and whose
+    `apply` is autocast, so `qf = amp.autocast(QNetwork(), "fp16")` changes nothing else in a
+    loop. Wrap the network, not the loss: the loss then reads float32 outputs and stays float32.
+    `amp.dtype_report` shows what ran in what.
 
     Examples:
         >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -124,18 +113,21 @@ def autocast(fn, policy):
         >>> variables["params"]["kernel"].dtype, net.apply(variables, jnp.ones((1, 3))).dtype
         (dtype('float32'), dtype('float32'))
     """
-    policy = resolve_policy(policy)
+    policy = as_policy(policy)
     if policy is None:
         raise ValueError("autocast needs a policy, such as 'fp16'")
     if isinstance(fn, nn.Module):
         return AutocastModule(fn, policy)
+    if isinstance(fn, nnx.Module):  # it would run on a copy: BatchNorm's updates would be lost
+        raise TypeError("autocast takes no NNX module: give its layers dtype=jnp.float16, param_dtype=jnp.float32")
     if not callable(fn):
         raise TypeError(f"autocast wraps a callable or a Flax linen Module, got {fn!r}")
 
-    def cast_fn(*args, **kwargs):
-        return policy.cast_to_output(fn(*policy.cast_to_compute(args), **policy.cast_to_compute(kwargs)))
+    def cast_fn(fn, *args, **kwargs):  # fn's own arrays (an Equinox module's) are params too
+        fn, args, kwargs = policy.cast_to_compute((fn, args, kwargs))
+        return policy.cast_to_output(cast_per_op(fn, policy.compute_dtype, *args, **kwargs))
 
-    return cast_fn
+    return jax.tree_util.Partial(cast_fn, fn)
 
 
 class AutocastModule:
@@ -156,51 +148,10 @@ class AutocastModule:
         return f"autocast({self.module!r}, compute={jnp.dtype(self.policy.compute_dtype).name})"
 
 
-def scaled_loss_grad(loss_fn: Callable, *, has_aux: bool = False, policy=None) -> Callable:
-    """`fn(loss_scale, params, *args) -> (scaled gradients, (float32 loss, aux))`.
-
-    With a `policy`, params and every floating argument are cast to its compute dtype
-    before `loss_fn` (for plain functions; Flax modules built with `dtype=` cast at each
-    matmul and need none). The loss is cast to float32 before it is scaled, so the
-    scaled loss never rounds through half precision. `value_and_grad` builds on it.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from genesis_jax import amp
-        >>> grad_fn = scaled_loss_grad(lambda w, x: w * x)
-        >>> scaled_grads, (loss, aux) = grad_fn(amp.StaticLossScale(8.0), jnp.float32(2.0), jnp.float32(3.0))
-        >>> float(scaled_grads), float(loss), aux   # the gradient is still multiplied by the scale
-        (24.0, 6.0, None)
-    """
-    _check_loss_fn(loss_fn, has_aux)
-    policy = resolve_policy(policy)
-
-    def scaled(params, loss_scale, args):
-        if policy is not None:
-            params, args = policy.cast_to_compute((params, args))
-        out = loss_fn(params, *args)
-        loss, aux = out if has_aux else (out, None)
-        loss = float32_loss(loss)
-        return loss_scale.scale(loss), (loss, aux)
-
-    def fn(loss_scale, params, *args):
-        check_scaler(loss_scale, "loss_scale")
-        return jax.grad(scaled, has_aux=True)(params, loss_scale, args)
-
-    return fn
-
-
-def float32_loss(loss) -> jax.Array:
+def _float32_loss(loss) -> jax.Array:
     """The loss as float32, with a warning (at trace time) when it was computed in float16:
     its gradient starts as the loss scale itself, which overflows float16 above 65504, so
-    every step with a scale of 2^16 would be skipped. Cast before the reduction instead.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from genesis_jax import amp
-        >>> float32_loss(jnp.bfloat16(0.5)).dtype   # a float16 loss would warn too
-        dtype('float32')
-    """
+    every step with a scale of 2^16 would be skipped. Cast before the reduction instead."""
     loss = jnp.asarray(loss)
     if loss.dtype == jnp.float16:
         warnings.warn(
@@ -209,30 +160,6 @@ def float32_loss(loss) -> jax.Array:
             stacklevel=3,
         )
     return loss.astype(jnp.float32)
-
-
-def unscale(scaled_grads, loss_scale: LossScale):
-    """(float32 unscaled gradients, their global norm, all finite) in one pass.
-
-    Every gradient is multiplied by 1/scale in float32, as `GradScaler.unscale_` does (with
-    `NoOpLossScale`, fp32 and bf16, nothing is multiplied: the compiled step has no scale in
-    it). The decision is `global_norm`'s: an inf or NaN anywhere makes the norm non-finite,
-    so one scalar decides for all gradients, and finite gradients whose squares overflow
-    float32 still count as finite. Clipping belongs to the optimizer:
-    `skip_nonfinite(max_grad_norm=...)`, which reuses this norm.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from genesis_jax import amp
-        >>> scaled = {"w": jnp.array([3.0, 4.0]) * 1024}
-        >>> grads, norm, finite = unscale(scaled, amp.StaticLossScale(1024.0))
-        >>> grads["w"], float(norm), bool(finite)
-        (Array([3., 4.], dtype=float32), 5.0, True)
-    """
-    check_scaler(loss_scale, "loss_scale")
-    grads = loss_scale.unscale(scaled_grads)
-    norm, finite = global_norm(grads)
-    return grads, norm, finite
 
 
 def _split_micro_batches(args, num: int):
@@ -254,6 +181,20 @@ def _differentiate(scaled, has_aux: bool, argnums, first_arg):
     if _is_nnx_module(first_arg):
         return nnx.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
     return jax.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
+
+
+def _scaler_of(source):
+    """The scaler given, or the one an `amp.Optimizer` holds; a plain `nnx.Optimizer` is refused:
+    it would apply a non-finite step (optax ignores `grads_finite=`)."""
+    if isinstance(source, nnx.Optimizer):
+        if not isinstance(getattr(source, "scaler", None), nnx.Variable) or not hasattr(source, "precision"):
+            raise TypeError(
+                "scaled_value_and_grad takes the optimizer that applies the gradients only as an amp.Optimizer "
+                "(amp.Optimizer(model, tx, precision='fp16')): a plain nnx.Optimizer would apply a non-finite step"
+            )
+        source = source.scaler.get_value()
+    check_scaler(source)
+    return source
 
 
 def scaled_value_and_grad(
@@ -316,13 +257,13 @@ def scaled_value_and_grad(
     _check_grad_args(axis_name, accumulate, grad_transform)
     if isinstance(argnums, bool) or not isinstance(argnums, int) or argnums < 0:
         raise TypeError(f"argnums must be a non-negative int (one differentiated argument), got {argnums!r}")
-    policy = resolve_policy(policy)
+    policy = as_policy(policy)
 
     def scaled_loss(scaler, args, kwargs):
         def scaled(*args):
             out = loss_fn(*args, **kwargs)
             loss, aux = out if has_aux else (out, None)
-            loss = float32_loss(loss)
+            loss = _float32_loss(loss)
             return scaler.scale(loss), (loss, aux)
 
         return scaled
@@ -352,7 +293,7 @@ def scaled_value_and_grad(
         return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux
 
     def fn(scaler, *args, **kwargs) -> ScaledGrads:
-        check_scaler(scaler)
+        scaler = _scaler_of(scaler)
         if accumulate > 1 and _is_nnx_module(args[argnums] if len(args) > argnums else None):
             raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
         if len(args) <= argnums:
@@ -365,33 +306,9 @@ def scaled_value_and_grad(
             grads, loss = jax.lax.pmean((grads, loss), axis_name)
         if grad_transform is not None:
             grads = grad_transform(grads)
-        grads, norm, finite = unscale(grads, scaler)
+        grads = scaler.unscale(grads)  # in float32; one scalar, the global norm, decides
+        norm, finite = global_norm(grads)
         value = (loss, aux) if has_aux else loss
         return ScaledGrads(value, grads, finite, norm, scaler.adjust(finite))
 
     return fn
-
-
-def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, **options) -> Callable:
-    """Deprecated (0.3): `scaled_value_and_grad`, whose result also carries the global norm
-    (`.grad_norm`, for `skip_nonfinite`), replaces it and its `.with_norm`."""
-    new = scaled_value_and_grad(loss_fn, has_aux=has_aux, **options)
-
-    def with_norm(loss_scale, params, *args):
-        out = new(loss_scale, params, *args)
-        return ScaledGradients(out.value, out.grads, out.grads_finite, out.scaler), out.grad_norm
-
-    def fn(loss_scale, params, *args):
-        return with_norm(loss_scale, params, *args)[0]
-
-    fn.with_norm = with_norm
-    return fn
-
-
-class ScaledGradients(NamedTuple):
-    """Deprecated (0.3): the old `value_and_grad`'s result; `ScaledGrads` replaces it."""
-
-    value: Any
-    grads: Any
-    grads_finite: jax.Array
-    loss_scale: LossScale

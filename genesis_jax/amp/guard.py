@@ -1,15 +1,12 @@
-"""Keeping long half-precision runs honest: fault injection and the divergence guard.
+"""Keeping long half-precision runs honest: the divergence guard (fault injection, which
+proves the skips, is `amp.testing.FaultInjection`).
 
-- `FaultInjection` makes the gradients non-finite on a seeded random subset of optimizer
-  steps and multiplies the loss by a large factor on chosen steps. Whether step k is hit
-  depends only on (seed, k), so a resumed run injects exactly where a straight run does.
-- `DivergenceGuard` is checked inside the update step: a skip that would push the loss
-  scale below `min_scale`, or more than `max_consecutive_skips` skips in a row, halts the
-  train state (it is then frozen), and the host loop stops with `DivergenceError`.
+`DivergenceGuard` is checked inside the update step: a skip that would push the loss scale
+below `min_scale`, or more than `max_consecutive_skips` skips in a row, halts the train state
+(it is then frozen), and the host loop stops with `DivergenceError`.
 
->>> faults = FaultInjection(nonfinite_rate=0.05, seed=0)
->>> int(faults.count_nonfinite(1000))  # doctest: +SKIP
-47
+>>> DivergenceGuard().min_scale, DivergenceGuard().max_consecutive_skips
+(6.103515625e-05, 100)
 """
 
 from __future__ import annotations
@@ -22,69 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp.loss_scale import INT32_MAX
-
-DEFAULT_GUARD_MIN_SCALE = 2.0**-14
-"""`DivergenceGuard`'s default scale floor, 2^-14: a skip that takes the scale below it halts."""
-DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
-"""`DivergenceGuard`'s default limit of skipped updates in a row."""
-
-
-@dataclasses.dataclass(frozen=True)
-class FaultInjection:
-    """Seeded faults for tests and for tuning a scaler; pure functions of the step count.
-
-    `nonfinite_rate`: the fraction of optimizer steps whose gradients `poison_grads` makes
-    infinite (chosen by `seed` and the step). `loss_spike_steps`: the steps whose loss
-    `spike_loss` multiplies by `loss_spike_factor`. `amp.train_step(..., faults=...)` (`amp.testing.FaultInjection`)
-    applies both.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from genesis_jax import amp
-        >>> faults = amp.testing.FaultInjection(nonfinite_rate=1.0, loss_spike_steps=(3,), loss_spike_factor=100.0)
-        >>> faults.poison_grads({"w": jnp.ones(2)}, step=0)
-        {'w': Array([inf, inf], dtype=float32)}
-        >>> float(faults.spike_loss(jnp.float32(2.0), step=3)), float(faults.spike_loss(jnp.float32(2.0), step=2))
-        (200.0, 2.0)
-    """
-
-    nonfinite_rate: float = 0.0
-    loss_spike_steps: tuple[int, ...] = ()
-    loss_spike_factor: float = 1e6
-    seed: int = 0
-
-    def __post_init__(self):
-        object.__setattr__(self, "loss_spike_steps", _checked_spike_steps(self.loss_spike_steps))
-        _check_fault_args(self.nonfinite_rate, self.loss_spike_factor, self.seed)
-
-    @property
-    def active(self) -> bool:
-        return self.nonfinite_rate > 0 or bool(self.loss_spike_steps)
-
-    def is_nonfinite_step(self, step) -> jax.Array:
-        """Whether optimizer step `step` (0-based) gets non-finite gradients."""
-        if self.nonfinite_rate <= 0:
-            return jnp.zeros(jnp.shape(step), bool)
-        key = jax.random.fold_in(jax.random.PRNGKey(self.seed), step)
-        return jax.random.bernoulli(key, self.nonfinite_rate)
-
-    def count_nonfinite(self, num_steps: int) -> int:
-        """How many of the first `num_steps` steps were (or will be) made non-finite."""
-        if num_steps <= 0 or self.nonfinite_rate <= 0:
-            return 0
-        return int(jnp.sum(jax.vmap(self.is_nonfinite_step)(jnp.arange(num_steps))))
-
-    def poison_grads(self, grads, step):
-        """Adds inf to one gradient leaf on the chosen steps: the global norm becomes inf."""
-        poison = jnp.where(self.is_nonfinite_step(step), jnp.inf, 0.0)
-        leaves, treedef = jax.tree.flatten(grads)
-        leaves[0] = leaves[0] + poison.astype(leaves[0].dtype)
-        return jax.tree.unflatten(treedef, leaves)
-
-    def spike_loss(self, loss, step):
-        """The loss multiplied by `loss_spike_factor` on the chosen steps."""
-        spike = jnp.isin(step, jnp.asarray(self.loss_spike_steps, jnp.int32))
-        return loss * jnp.where(spike, jnp.float32(self.loss_spike_factor), jnp.float32(1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +40,8 @@ class DivergenceGuard:
         (2, True, Array([1., 1.], dtype=float32))
     """
 
-    min_scale: float | None = DEFAULT_GUARD_MIN_SCALE
-    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
+    min_scale: float | None = 2.0**-14
+    max_consecutive_skips: int | None = 100
 
     def __post_init__(self):
         _check_guard_args(self.min_scale, self.max_consecutive_skips)
@@ -163,29 +97,6 @@ def _as_float32(value) -> float:
     """The float32 a number is used as (inf where it overflows, 0 where it underflows)."""
     with np.errstate(over="ignore", under="ignore"):
         return float(np.float32(value))
-
-
-def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
-    """The rate must be a probability, the factor a finite float32 > 0 (an inf or NaN factor
-    would make the spiked loss itself non-finite), the seed an integer a PRNG key takes."""
-    if not (_is_real(nonfinite_rate) and 0.0 <= nonfinite_rate <= 1.0):
-        raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {nonfinite_rate!r}")
-    if not (_is_real(loss_spike_factor) and 0 < _as_float32(loss_spike_factor) < math.inf):
-        raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
-    if isinstance(seed, jax.core.Tracer):  # seed + axis index under the seeds' vmap: not checkable, nor needed
-        return
-    if not (_is_int(seed) and -(2**63) <= int(seed) < 2**63):
-        raise ValueError(f"the fault injection's seed must be an integer (int64), got {seed!r}")
-
-
-def _checked_spike_steps(steps) -> tuple[int, ...]:
-    """The loss-spike steps as a tuple of ints, each an optimizer step from 0 to 2^31-1."""
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (a sequence), got {steps!r}")
-    steps = tuple(steps)
-    if not all(_is_int(s) and 0 <= s <= INT32_MAX for s in steps):
-        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (and < 2^31), got {steps!r}")
-    return tuple(int(s) for s in steps)
 
 
 def _check_guard_args(min_scale, max_consecutive_skips) -> None:

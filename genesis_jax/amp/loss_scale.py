@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from genesis_jax.amp.restore import register_restore_check
+
 
 def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
@@ -154,11 +156,6 @@ class StaticLossScale(_LossScaleBase):
 
 
 SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # 2^-126, float32's smallest normal number
-# PyTorch GradScaler's defaults: every config, scaler and command takes them from here.
-DEFAULT_INIT_SCALE = 2.0**16
-"""GradScaler's `init_scale`: the first scale of a `DynamicLossScale`, 2^16."""
-DEFAULT_GROWTH_INTERVAL = 2000
-"""GradScaler's `growth_interval`: finite steps in a row before the scale doubles."""
 
 
 @jax.tree_util.register_pytree_node_class
@@ -201,10 +198,10 @@ class DynamicLossScale(_LossScaleBase):
 
     def __init__(
         self,
-        init_scale: float = DEFAULT_INIT_SCALE,
+        init_scale: float = 2.0**16,  # PyTorch GradScaler's defaults
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
-        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+        growth_interval: int = 2000,
         min_scale: float | None = None,
     ):
         _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
@@ -323,10 +320,49 @@ def _scaler_from_state_dict(target, state: dict):
     return target._replace(**{f: jnp.asarray(state[f], getattr(target, f).dtype) for f in target._fields})
 
 
+def _dynamic_rules(scaler, read) -> list:
+    """What a run writes into a `DynamicLossScale` (a bound before what it bounds)."""
+    interval, tracker, backoffs = read(scaler.growth_interval), read(scaler.growth_tracker), read(scaler.backoffs)
+    scale, growth, backoff, floor = (
+        read(x).astype(np.float64)
+        for x in (scaler.loss_scale, scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
+    )
+    return [
+        ("growth_interval", interval, interval >= 1, "an integer >= 1"),
+        ("growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
+        ("backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
+        ("min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
+        (
+            "loss_scale",
+            scale,
+            np.isfinite(scale) & (scale >= np.maximum(floor, SMALLEST_SCALE)),
+            "finite, >= 2^-126 and >= min_scale",
+        ),
+        ("growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
+        ("backoffs", backoffs, backoffs >= 0, ">= 0"),
+    ]
+
+
+def _static_rules(scaler, read) -> list:
+    scale = read(scaler.loss_scale).astype(np.float64)
+    return [("loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")]
+
+
+def _no_op_rules(scaler, read) -> list:
+    scale = read(scaler.loss_scale).astype(np.float64)
+    return [("loss_scale", scale, scale == 1, "1 (no loss scaling)")]
+
+
 # Flax serialization (`serialization.to_bytes`, `to_state_dict`) of a state holding a scaler,
-# such as a `TrainState` or a subclass of it, with amp alone: each scaler is a dict of its fields.
-for _cls in SCALER_TYPES.values():
+# such as a `TrainState` or a subclass of it: each scaler is a dict of its fields. And what a
+# restored one must hold.
+for _cls, _rules in (
+    (DynamicLossScale, _dynamic_rules),
+    (StaticLossScale, _static_rules),
+    (NoOpLossScale, _no_op_rules),
+):
     serialization.register_serialization_state(_cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True)
+    register_restore_check(_cls, _rules)
 
 
 def _validate_static(loss_scale, name: str = "loss_scale") -> None:
@@ -343,11 +379,11 @@ def check_scaler(scaler, name: str = "scaler") -> None:
 
 def check_loss_scale_args(
     kind: str,
-    init_scale: float = DEFAULT_INIT_SCALE,
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    init_scale: float = 2.0**16,
+    growth_interval: int = 2000,
     min_scale: float | None = None,
 ) -> None:
-    """`make_loss_scale`'s checks without building a scaler: no arrays, so a config can
+    """`Precision.scaler`'s checks without building a scaler: no arrays, so a config can
     call it before JAX has started (or joined other processes).
 
     Raises:
@@ -359,44 +395,3 @@ def check_loss_scale_args(
     init = _check_scale("init_scale", init_scale)
     _check_growth_interval(growth_interval)
     _check_min_scale(min_scale, init if kind == "dynamic" else None)
-
-
-def make_loss_scale(
-    kind: str,
-    init_scale: float = DEFAULT_INIT_SCALE,
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
-    min_scale: float | None = None,
-) -> LossScale:
-    """Builds a scaler by kind: 'dynamic', 'static' (fixed at init_scale) or 'none'.
-    `growth_interval` and `min_scale` concern the dynamic kind only.
-
-    Examples:
-        >>> from genesis_jax import amp
-        >>> make_loss_scale("static", init_scale=1024.0)
-        StaticLossScale(loss_scale=1024.0)
-        >>> type(make_loss_scale("dynamic", min_scale=1.0)).__name__
-        'DynamicLossScale'
-    """
-    check_loss_scale_args(kind, init_scale, growth_interval, min_scale)
-    if kind == "dynamic":
-        return DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
-    if kind == "static":
-        return StaticLossScale(init_scale)
-    return NoOpLossScale()
-
-
-def all_finite(tree) -> jax.Array:
-    """True when every element of every leaf is finite (a scalar bool).
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from genesis_jax import amp
-        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.nan])}))
-        False
-        >>> bool(all_finite({}))
-        True
-    """
-    leaves = jax.tree.leaves(tree)
-    if not leaves:
-        return jnp.asarray(True)
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]).all()

@@ -2,7 +2,10 @@
 
 `skip_nonfinite(optimizer)` wraps any optax optimizer. Its state, `SkipNonFiniteState`, is
 the one owner of the skip accounting: steps skipped, the current streak of skips, and the
-divergence guard's halted flag. `skip_state(opt_state)` finds it anywhere in a state tree.
+divergence guard's halted flag. `find_skip_state(opt_state)` finds it anywhere in a state tree.
+Its concerns compose as optax's do: the decision (`global_norm`), clipping (`clip_by_norm`),
+one body that applies or skips a step (`step_or_skip`, strict checks included), then the
+counts, the guard and the schedules (`_counted`).
 
 >>> import jax.numpy as jnp, optax
 >>> from genesis_jax import amp
@@ -10,7 +13,7 @@ divergence guard's halted flag. `skip_state(opt_state)` finds it anywhere in a s
 >>> params = {"w": jnp.ones(2)}
 >>> state = tx.init(params)
 >>> updates, state = tx.update({"w": jnp.array([jnp.inf, 0.0])}, state, params)
->>> updates["w"], int(skip_state(state).skipped)   # a skipped step changes nothing
+>>> updates["w"], int(state.skipped)   # a skipped step changes nothing
 (Array([-0., -0.], dtype=float32), 1)
 """
 
@@ -25,7 +28,7 @@ import numpy as np
 import optax
 
 from genesis_jax.amp.guard import DivergenceGuard
-from genesis_jax.amp.loss_scale import all_finite
+from genesis_jax.amp.restore import register_restore_check
 
 
 class SkipNonFiniteState(NamedTuple):
@@ -47,7 +50,21 @@ class SkipNonFiniteState(NamedTuple):
     halted: jax.Array
 
 
-def skip_state(opt_state) -> SkipNonFiniteState:
+def skip_rules(state: SkipNonFiniteState, read, steps=None) -> list:
+    """What a run writes into the skip counts: no more skips than updates attempted (`steps`,
+    where known), no longer a streak. Registered as the skip state's restore check."""
+    skipped, streak = read(state.skipped), read(state.consecutive_skips)
+    bound, text = (np.inf, ">= 0") if steps is None else (steps, "from 0 to step (the updates attempted)")
+    return [
+        ("skipped", skipped, (skipped >= 0) & (skipped <= bound), text),
+        ("consecutive_skips", streak, (streak >= 0) & (streak <= skipped), "from 0 to skipped"),
+    ]
+
+
+register_restore_check(SkipNonFiniteState, skip_rules)
+
+
+def find_skip_state(opt_state) -> SkipNonFiniteState:
     """The `SkipNonFiniteState` inside `opt_state`, however deeply `skip_nonfinite` was
     chained or wrapped (`optax.chain`, `optax.multi_transform`, `inject_hyperparams`).
 
@@ -58,8 +75,7 @@ def skip_state(opt_state) -> SkipNonFiniteState:
         >>> import jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> opt = optax.chain(optax.add_decayed_weights(1e-4), amp.skip_nonfinite(optax.adam(1e-3)))
-        >>> opt_state = opt.init({"w": jnp.ones(2)})
-        >>> int(skip_state(opt_state).skipped)
+        >>> int(find_skip_state(opt.init({"w": jnp.ones(2)})).skipped)
         0
     """
     found = [
@@ -75,20 +91,11 @@ def skip_state(opt_state) -> SkipNonFiniteState:
 _SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState)
 
 
-def advance_schedules(opt_state):
+def _advance_schedules(opt_state):
     """`opt_state` with the count of every learning-rate schedule in it (optax's
     `scale_by_schedule`, `inject_hyperparams`) advanced by one, and nothing else changed:
     what a skipped step does to PyTorch's LR schedulers, which step once per iteration
-    while a skipped `optimizer.step()` leaves Adam's own step count alone.
-
-    Examples:
-        >>> import jax.numpy as jnp, optax
-        >>> from genesis_jax import amp
-        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1.0, 0.0, 10))
-        >>> state = tx.init({"w": jnp.ones(2)})
-        >>> int(state.count), int(advance_schedules(state).count)
-        (0, 1)
-    """
+    while a skipped `optimizer.step()` leaves Adam's own step count alone."""
 
     def advance(node):
         if isinstance(node, _SCHEDULE_STATES):
@@ -98,41 +105,39 @@ def advance_schedules(opt_state):
     return jax.tree.map(advance, opt_state, is_leaf=lambda n: isinstance(n, _SCHEDULE_STATES))
 
 
-def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, params, finite, **extra_args):
-    """(updates, new inner state): the inner optimizer's step where `finite`, else updates
-    of -0.0 and `inner_state` itself. Adding -0.0 leaves every float bit-identical, +0.0
-    and -0.0 included, so `optax.apply_updates` keeps the params too. Under `jit` the skip
-    branch costs no optimizer work (`lax.cond`); under `vmap` a `cond` on a batched
-    predicate becomes a select, so both branches run and the cost is one optimizer step.
+def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = False, **extra_args):
+    """The one body that decides and applies a skip: (updates, new inner state, applied).
+
+    Where `take`, the inner optimizer's step; else updates of -0.0 and `inner_state` itself
+    (adding -0.0 leaves every float bit-identical, so `optax.apply_updates` keeps the params).
+    `strict` also refuses a step taken whose updates, new params (`params + updates`) or new
+    state would hold a non-finite value where there was none (an fp16 parameter or Adam
+    moment overflowing): it is not applied either, updates -0.0 and the state kept bit for
+    bit. Under `jit` the skipped branch does no optimizer work and the taken one pays no
+    select (`lax.cond`); under `vmap` a batched `take` makes it a select.
 
     Examples:
         >>> import jax.numpy as jnp, optax
-        >>> from genesis_jax import amp
         >>> sgd, params = optax.sgd(0.5), {"w": jnp.ones(2)}
-        >>> updates, _ = step_if_finite(sgd, params, sgd.init(params), params, jnp.array(True))
-        >>> updates["w"]
-        Array([-0.5, -0.5], dtype=float32)
-        >>> updates, _ = step_if_finite(sgd, params, sgd.init(params), params, jnp.array(False))
-        >>> updates["w"]
-        Array([-0., -0.], dtype=float32)
+        >>> updates, _, applied = step_or_skip(sgd, params, sgd.init(params), params, jnp.array(False))
+        >>> updates["w"], bool(applied)
+        (Array([-0., -0.], dtype=float32), False)
     """
-    if not isinstance(inner, optax.GradientTransformation):
-        raise TypeError(f"the optimizer must be an optax GradientTransformation, got {inner!r}")
-    if finite is None:
-        raise TypeError("finite must be a scalar bool (such as value_and_grad's grads_finite), got None")
-    return _step_if(inner, grads, inner_state, params, _checked_decision("finite", finite), **extra_args)
-
-
-def _step_if(inner, grads, inner_state, params, take, **extra_args):
-    """`step_if_finite` on checked arguments: one `lax.cond`, no select on the taken path."""
 
     def step():
-        return inner.update(grads, inner_state, params, **extra_args)
+        updates, new_state = inner.update(grads, inner_state, params, **extra_args)
+        if not strict:
+            return updates, new_state, jnp.asarray(True)
+        safe = _all_finite(updates) & _stays_finite(new_state, inner_state)
+        if params is not None:
+            safe = safe & _stays_finite(optax.apply_updates(params, updates), params)
+        updates = jax.tree.map(lambda u: jnp.where(safe, u, jnp.full(u.shape, -0.0, u.dtype)), updates)
+        return updates, jax.tree.map(lambda n, o: jnp.where(safe, n, o), new_state, inner_state), safe
 
-    updates_shape, _ = jax.eval_shape(step)  # at trace time only
+    updates_shape, _, _ = jax.eval_shape(step)  # at trace time only
 
     def skip():
-        return _negative_zeros(updates_shape), inner_state
+        return _negative_zeros(updates_shape), inner_state, jnp.asarray(False)
 
     return jax.lax.cond(take, step, skip)
 
@@ -275,27 +280,24 @@ def _stays_finite(new, old) -> jax.Array:
     return jnp.stack(flags).all() if flags else jnp.asarray(True)
 
 
-def _step_if_safe(inner, grads, inner_state, params, take, **extra_args):
-    """(updates, new inner state, applied): `step_if_finite`, except that a step taken but
-    whose updates, new params (`params + updates`) or new optimizer state hold a non-finite
-    value (Adam's second moment of a huge gradient, a schedule giving NaN, an fp16 parameter
-    overflowing) is not applied either: updates of -0.0 and the state kept, bit for bit."""
+def _all_finite(tree) -> jax.Array:
+    """True when every element of every leaf is finite (a scalar bool)."""
+    leaves = jax.tree.leaves(tree)
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]).all() if leaves else jnp.asarray(True)
 
-    def step():
-        updates, new_state = inner.update(grads, inner_state, params, **extra_args)
-        safe = all_finite(updates) & _stays_finite(new_state, inner_state)
-        if params is not None:
-            safe = safe & _stays_finite(optax.apply_updates(params, updates), params)
-        updates = jax.tree.map(lambda u: jnp.where(safe, u, jnp.full(u.shape, -0.0, u.dtype)), updates)
-        new_state = jax.tree.map(lambda n, o: jnp.where(safe, n, o), new_state, inner_state)
-        return updates, new_state, safe
 
-    updates_shape, _, _ = jax.eval_shape(step)  # at trace time only
-
-    def skip():
-        return _negative_zeros(updates_shape), inner_state, jnp.asarray(False)
-
-    return jax.lax.cond(take, step, skip)
+def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedule_on_skip) -> SkipNonFiniteState:
+    """The skip state after a step: the counts, the guard's halt (only a skip trips it, at the
+    scale `loss_scale` already adjusted) and, where asked, the schedules advanced on a skip."""
+    active = ~state.halted
+    streak = jnp.where(skipped_now, state.consecutive_skips + 1, jnp.where(active, 0, state.consecutive_skips))
+    tripped = jnp.asarray(False)
+    if guard is not None:
+        tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
+    if advance_schedule_on_skip:
+        inner_state = jax.lax.cond(skipped_now, _advance_schedules, lambda s: s, inner_state)
+    skipped = state.skipped + skipped_now.astype(jnp.int32)
+    return SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
 
 
 def skip_nonfinite(
@@ -381,7 +383,7 @@ def skip_nonfinite(
         finite, norm = _checked_decision("grads_finite", grads_finite), _checked_norm(grad_norm)
         loss_scale = _checked_scale(loss_scale)
         if finite is not None:  # taken in float32: a half-precision leaf (fp16-full's cast) may overflow since
-            finite = finite & all_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
+            finite = finite & _all_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
         if finite is None or (norm is None and max_grad_norm is not None):
             computed_norm, computed_finite = global_norm(grads)
             norm = computed_norm if norm is None else norm
@@ -391,25 +393,10 @@ def skip_nonfinite(
             # skipped branch's shapes and dtypes without a NaN.
             grads = clip_by_norm(grads, jnp.where(finite, norm, 0.0), max_grad_norm)
         active = ~state.halted
-        take = finite & active
-        if strict:
-            updates, inner_state, applied = _step_if_safe(inner, grads, state.inner_state, params, take, **extra_args)
-        else:
-            updates, inner_state = _step_if(inner, grads, state.inner_state, params, take, **extra_args)
-            applied = take
-        skipped_now = active & ~applied
-        streak = jnp.where(applied, 0, state.consecutive_skips + 1).astype(jnp.int32)
-        tripped = jnp.asarray(False)
-        if guard is not None:  # only a skip can trip it
-            tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
-        if advance_schedule_on_skip:
-            inner_state = jax.lax.cond(skipped_now, advance_schedules, lambda s: s, inner_state)
-        return updates, SkipNonFiniteState(
-            inner_state,
-            state.skipped + skipped_now.astype(jnp.int32),
-            jnp.where(active, streak, state.consecutive_skips).astype(jnp.int32),
-            state.halted | tripped,
+        updates, inner_state, applied = step_or_skip(
+            inner, grads, state.inner_state, params, finite & active, strict=strict, **extra_args
         )
+        return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -422,7 +409,7 @@ def is_skip_nonfinite(tx) -> bool:
     except Exception:  # an optimizer that cannot init on a toy tree: wrap it
         return False
     try:
-        skip_state(shape)
+        find_skip_state(shape)
     except ValueError:
         return False
     return True

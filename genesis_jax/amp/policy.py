@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import jmp
 
+from genesis_jax.amp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, check_loss_scale_args
+
 logger = logging.getLogger("genesis_jax")
 
 LOSS_SCALINGS = ("dynamic", "static", "none")
@@ -76,6 +78,33 @@ class Precision:
     @property
     def is_half(self) -> bool:
         return jnp.dtype(self.policy.compute_dtype).itemsize == 2
+
+    def scaler(self, init_scale: float = 2.0**16, growth_interval: int = 2000, min_scale: float | None = None):
+        """A new loss scaler of this precision's kind: `DynamicLossScale` (with these
+        settings), `StaticLossScale(init_scale)` or `NoOpLossScale`.
+
+        Examples:
+            >>> from genesis_jax import amp
+            >>> amp.get_precision("fp16").scaler(init_scale=1024.0).loss_scale
+            Array(1024., dtype=float32)
+            >>> type(amp.get_precision("bf16").scaler()).__name__
+            'NoOpLossScale'
+        """
+        check_loss_scale_args(self.loss_scaling, init_scale, growth_interval, min_scale)
+        if self.loss_scaling == "dynamic":
+            return DynamicLossScale(init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale)
+        return StaticLossScale(init_scale) if self.loss_scaling == "static" else NoOpLossScale()
+
+
+def as_policy(policy) -> jmp.Policy | None:
+    """A `jmp.Policy` from one, a `Precision`, a precision name or jmp policy string, or None."""
+    if policy is None or isinstance(policy, jmp.Policy):
+        return policy
+    if isinstance(policy, Precision):
+        return policy.policy
+    if isinstance(policy, str):
+        return get_precision(policy).policy
+    raise TypeError(f"policy must be a jmp.Policy, a Precision, a precision name or None, got {policy!r}")
 
 
 def _accepted() -> str:
@@ -170,18 +199,6 @@ def _checked_loss_scaling(scaling: str, given: str | None) -> str:
     if not isinstance(scaling, str) or scaling not in LOSS_SCALINGS:
         raise ValueError(f"unknown loss scaling {given!r}; accepted: {', '.join(LOSS_SCALINGS)}")
     return scaling
-
-
-def get_policy(name: str) -> jmp.Policy:
-    """The `jmp.Policy` for a precision name or jmp policy string.
-
-    Examples:
-        >>> from genesis_jax import amp
-        >>> policy = get_policy("fp16")
-        >>> policy.param_dtype.dtype, policy.compute_dtype.dtype, policy.output_dtype.dtype
-        (dtype('float32'), dtype('float16'), dtype('float32'))
-    """
-    return get_precision(name).policy
 
 
 def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:

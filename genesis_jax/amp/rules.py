@@ -9,7 +9,7 @@ dtype; its outputs stay in it. The first matching rule wins.
 
 Name patterns need names: Flax names unnamed layers by class (`Dense_0`, `Dense_1`, ...),
 which no pattern of `FLOAT32_RULES` matches. When modules were called inside a
-`precision_rules` block (or a `with_precision_rules` method) and none matched any rule, a
+`precision_rules` block (or a method decorated with it) and none matched any rule, a
 warning says so once per use, at trace time: name the heads (`name="actor_head"`) or match
 by class (`PrecisionRule(nn.Dense)`).
 
@@ -231,38 +231,3 @@ def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
         dtype('float32')
     """
     return _PrecisionRules(_checked_rules(rules))
-
-
-def with_precision_rules(method=None, *, rules: Sequence[PrecisionRule] = FLOAT32_RULES):
-    """Deprecated (0.3): `@amp.precision_rules()` (or `@amp.precision_rules(rules)`) replaces it.
-    Decorator for a Module method: its body (and every submodule it calls) runs under
-    `precision_rules(rules)`, so the module obeys the rules however it is applied.
-
-    Examples:
-        >>> import jax, jax.numpy as jnp, flax.linen as nn
-        >>> from genesis_jax import amp
-        >>> class Policy(nn.Module):
-        ...     @with_precision_rules   # FLOAT32_RULES: "*head" computes in float32
-        ...     @nn.compact
-        ...     def __call__(self, x):
-        ...         h = nn.Dense(4, dtype=jnp.float16)(x)
-        ...         return h, nn.Dense(2, dtype=jnp.float16, name="actor_head")(h)
-        >>> net, x = Policy(), jnp.ones((1, 3))
-        >>> hidden, logits = net.apply(net.init(jax.random.PRNGKey(0), x), x)
-        >>> hidden.dtype, logits.dtype
-        (dtype('float16'), dtype('float32'))
-    """
-    rules = _checked_rules(rules)
-    if method is None:
-        return functools.partial(with_precision_rules, rules=rules)
-    if not callable(method):
-        raise TypeError(f"with_precision_rules decorates a Module method, got {method!r}")
-
-    where = f" on {method.__qualname__}"
-
-    @functools.wraps(method)
-    def wrapped(*args, **kwargs):
-        with _rules_block(rules, where):
-            return method(*args, **kwargs)
-
-    return wrapped

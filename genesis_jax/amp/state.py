@@ -24,7 +24,6 @@ alone), then call `update_scaler(*states)` once per iteration.
 from __future__ import annotations
 
 import functools
-import warnings
 import weakref
 from typing import Any, Callable
 
@@ -35,25 +34,24 @@ import optax
 from flax import nnx, struct
 from flax.training import train_state
 
+from genesis_jax.amp import _deprecated
 from genesis_jax.amp.grads import scaled_value_and_grad
-from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
-from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler, make_loss_scale
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import (
     check_max_grad_norm,
+    find_skip_state,
     global_norm,
     is_skip_nonfinite,
     skip_nonfinite,
-    skip_state,
+    skip_rules,
 )
 from genesis_jax.amp.policy import Precision, get_precision
+from genesis_jax.amp.restore import register_restore_check, rules_of
+from genesis_jax.amp.testing import FaultInjection
 
 # loss_fn(params, *args) -> loss, or (loss, aux) with has_aux
 LossFn = Callable[..., Any]
-
-
-def deprecated(old: str, new: str) -> None:
-    """One DeprecationWarning naming the 0.3 spelling (the old one goes in 0.4)."""
-    warnings.warn(f"{old} is deprecated since genesis-jax 0.3 and goes in 0.4: use {new}", DeprecationWarning, 3)
 
 
 def _check_create_args(
@@ -167,9 +165,7 @@ class TrainState(train_state.TrainState):
             loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields, as in Flax (a subclass's own fields too).
         """
-        if loss_scale is not None:
-            deprecated("TrainState.create(loss_scale=...)", "TrainState.create(scaler=...)")
-            scaler = loss_scale if scaler is None else scaler
+        scaler = _deprecated.loss_scale_argument("TrainState.create", loss_scale, scaler)
         _check_create_args(
             tx, apply_fn, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, shared_scaler
         )
@@ -177,7 +173,7 @@ class TrainState(train_state.TrainState):
         if prec is not None:
             params = prec.policy.cast_to_param(params)
         if scaler is None:
-            scaler = make_loss_scale(prec.loss_scaling) if prec is not None else NoOpLossScale()
+            scaler = prec.scaler() if prec is not None else NoOpLossScale()
         if is_skip_nonfinite(tx):
             if max_grad_norm is not None or guard is not None or advance_schedule_on_skip or strict is not None:
                 raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
@@ -220,9 +216,7 @@ class TrainState(train_state.TrainState):
             loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields to replace, as in Flax.
         """
-        if loss_scale is not None:
-            deprecated("apply_gradients(loss_scale=...)", "apply_gradients(scaler=...)")
-            scaler = loss_scale if scaler is None else scaler
+        scaler = _deprecated.loss_scale_argument("apply_gradients", loss_scale, scaler)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, self.params)
         if grads_finite is None:
             grad_norm, grads_finite = global_norm(grads)
@@ -240,9 +234,9 @@ class TrainState(train_state.TrainState):
             grad_norm=grad_norm,
             loss_scale=backed_off.loss_scale,
         )
-        halted = skip_state(opt_state).halted
+        halted = find_skip_state(opt_state).halted
         # a skip (grads_finite False, fp16-full's cast overflowed, a strict check) while not halted
-        skipped = ~halted & (skip_state(opt_state).skipped != skip_state(self.opt_state).skipped)
+        skipped = ~halted & (find_skip_state(opt_state).skipped != find_skip_state(self.opt_state).skipped)
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
             kept, pending = self.scaler, self.pending_backoff | skipped
         else:  # a scaler that did not change (NoOpLossScale, StaticLossScale) needs no select
@@ -259,35 +253,37 @@ class TrainState(train_state.TrainState):
             **kwargs,
         )
 
-    @property
-    def loss_scale(self) -> LossScale:
-        """Deprecated spelling of `scaler`."""
-        deprecated("TrainState.loss_scale", "TrainState.scaler")
-        return self.scaler
+    loss_scale = _deprecated.loss_scale_property  # 0.2's spelling of `scaler`, until 0.4
 
     @property
     def skipped(self) -> jax.Array:
         """Updates skipped: non-finite gradients (or, in strict mode, a non-finite result)."""
-        return skip_state(self.opt_state).skipped
+        return find_skip_state(self.opt_state).skipped
 
     @property
     def skip_streak(self) -> jax.Array:
         """Skipped updates in a row, up to now."""
-        return skip_state(self.opt_state).consecutive_skips
+        return find_skip_state(self.opt_state).consecutive_skips
 
     @property
     def halted(self) -> jax.Array:
         """The divergence guard stopped training; the state no longer changes."""
-        return skip_state(self.opt_state).halted
+        return find_skip_state(self.opt_state).halted
 
 
-def _legacy_train_step_args(loss_fn, args, has_aux):
-    """0.2's `train_step(state, batch, loss_fn)`: the batch came second and loss_fn returned
-    `(loss, aux)`. Returns the 0.3 spelling's (loss_fn, args, has_aux)."""
-    if not callable(loss_fn) and len(args) == 1 and callable(args[0]):
-        deprecated("train_step(state, batch, loss_fn)", "train_step(state, loss_fn, batch, has_aux=True)")
-        return args[0], (loss_fn,), True
-    return loss_fn, args, has_aux
+def _train_state_rules(state: TrainState, read) -> list:
+    """What a run writes into a `TrainState`: its scaler's rules, a step >= 0, then skip
+    counts bounded by that step (the train state's restore check)."""
+    step = read(state.step)
+    rules = rules_of(state.scaler, read, "scaler.") + [("step", step, step >= 0, ">= 0")]
+    try:
+        skips = find_skip_state(state.opt_state)
+    except ValueError:  # an optimizer without skip_nonfinite keeps no counts
+        return rules
+    return rules + [(f"opt_state.{field}", *rest) for field, *rest in skip_rules(skips, read, step)]
+
+
+register_restore_check(TrainState, _train_state_rules)
 
 
 def train_step(
@@ -325,7 +321,7 @@ def train_step(
         >>> float(metrics["loss"]), round(float(state.params), 6), bool(metrics["grads_finite"])
         (0.0, -0.1, True)
     """
-    loss_fn, args, has_aux = _legacy_train_step_args(loss_fn, args, has_aux)
+    loss_fn, args, has_aux = _deprecated.train_step_arguments(loss_fn, args, has_aux)
     _check_train_step_args(state, loss_fn, has_aux, faults, grad_transform)
 
     def loss_with_faults(params, *args):
@@ -457,23 +453,6 @@ def update_scaler(*states):
     return jax.tree.map(updated, tree, is_leaf=_is_train_state)
 
 
-class Stats(dict):
-    """`stats`' dict; 0.2's keys still read, with a DeprecationWarning naming the new one."""
-
-    RENAMED = {
-        "training_steps": "steps",
-        "overflow_steps": "skipped",
-        "overflow_rate": "skip_rate",
-        "current_scale": "scale",
-    }
-
-    def __missing__(self, key):
-        if key in self.RENAMED and self.RENAMED[key] in self:
-            deprecated(f"amp.stats(...)[{key!r}]", f"amp.stats(...)[{self.RENAMED[key]!r}]")
-            return self[self.RENAMED[key]]
-        raise KeyError(key)
-
-
 def _count(x) -> int:
     return int(np.sum(np.asarray(x)))
 
@@ -487,7 +466,7 @@ def _optimizer_counts(state) -> dict:
     else:
         steps, opt_state = None, state
     try:
-        skips = skip_state(opt_state)
+        skips = find_skip_state(opt_state)
     except ValueError:
         raise TypeError(
             f"amp.stats reads an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite, "
@@ -509,14 +488,15 @@ def stats(*states, **named_states) -> dict:
     """Host-side counts of one optimizer, or of several sharing a scaler.
 
     Args:
-        *states: `amp.TrainState`s, `nnx.Optimizer`s wrapping `skip_nonfinite`, or
+        *states: `amp.TrainState`s, `amp.Optimizer`s, `nnx.Optimizer`s wrapping `skip_nonfinite`, or
             `skip_nonfinite`'s optimizer states. Under a seed axis the counts are summed
             over seeds and the scale averaged.
-        **named_states: the same, named: `stats(critic=qf_state, actor=actor_state)`.
+        **named_states: the same, named: `stats(critic=qf_state, actor=actor_state)`; a
+            None is left out (`alpha=None`, a temperature that is not learned).
 
     Returns:
         For one: steps (taken or skipped, while not halted), skipped, skip_rate and, for a
-        `TrainState`, scale, backoffs (times the scaler backed off) and precision. For
+        `TrainState` or `amp.Optimizer`, scale, backoffs (times the scaler backed off) and precision. For
         several: `optimizers` (each one's steps, skipped, skip_rate), and the shared scaler's
         scale, backoffs and precision.
 
@@ -526,12 +506,87 @@ def stats(*states, **named_states) -> dict:
         >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
         {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
     """
-    named = {**{str(i): s for i, s in enumerate(states)}, **named_states}
+    named = {str(i): s for i, s in enumerate(states) if s is not None}
+    named.update({name: s for name, s in named_states.items() if s is not None})  # alpha=None: no such optimizer
     if not named:
         raise TypeError("amp.stats needs at least one state")
     first = next(iter(named.values()))
     scaler = first.scaler if _is_train_state(first) else None
+    if isinstance(first, Optimizer):
+        scaler = first.scaler.get_value()
     shared = {} if scaler is None else {**_scaler_counts(scaler), "precision": first.precision}
     if len(named) == 1:
-        return Stats({**_optimizer_counts(first), **shared})
-    return Stats({"optimizers": {name: _optimizer_counts(s) for name, s in named.items()}, **shared})
+        return _deprecated.Stats({**_optimizer_counts(first), **shared})
+    return _deprecated.Stats({"optimizers": {name: _optimizer_counts(s) for name, s in named.items()}, **shared})
+
+
+class Optimizer(nnx.Optimizer):
+    """Flax NNX's `TrainState`: an `nnx.Optimizer` that owns its loss scaler and skips
+    non-finite steps, in one call as `train_step` is for linen.
+
+    `tx` is wrapped in `skip_nonfinite` (as `TrainState.create` does, with the same options);
+    the scaler lives in `optimizer.scaler` (an `nnx.Variable`) and `update` adjusts and stores
+    it itself: nothing to write back. `amp.scaled_value_and_grad(loss_fn)(optimizer, model,
+    ...)` reads the scale from it, so the gradients can only be applied by an optimizer that
+    skips: a plain `nnx.Optimizer` is refused there before any step.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> from genesis_jax import amp
+        >>> model = nnx.Linear(3, 1, dtype=jnp.float16, rngs=nnx.Rngs(0))
+        >>> optimizer = amp.Optimizer(model, optax.adam(1e-3), precision="fp16")
+        >>> loss_fn = lambda model, x: jnp.mean(model(x).astype(jnp.float32) ** 2)
+        >>> for x in (jnp.ones((4, 3)), jnp.full((4, 3), jnp.inf)):   # the second overflows: skipped
+        ...     loss, grads, finite, norm, _ = amp.scaled_value_and_grad(loss_fn)(optimizer, model, x)
+        ...     _ = optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)
+        >>> amp.stats(optimizer)
+        {'steps': 2, 'skipped': 1, 'skip_rate': 0.5, 'scale': 32768.0, 'backoffs': 1, 'precision': 'fp16'}
+    """
+
+    def __init__(
+        self,
+        model,
+        tx: optax.GradientTransformation,
+        *,
+        wrt=nnx.Param,
+        precision: Precision | str | None = None,
+        scaler: LossScale | None = None,
+        max_grad_norm: float | None = None,
+        guard: DivergenceGuard | None = None,
+        advance_schedule_on_skip: bool = False,
+        strict: bool | None = None,
+    ):
+        _check_create_args(tx, None, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, False)
+        prec = get_precision(precision) if isinstance(precision, str) else precision
+        if scaler is None:
+            scaler = prec.scaler() if prec is not None else NoOpLossScale()
+        if not is_skip_nonfinite(tx):
+            strict = stores_float16(nnx.state(model, wrt)) if strict is None else strict
+            tx = skip_nonfinite(
+                tx,
+                max_grad_norm=max_grad_norm,
+                guard=guard,
+                strict=strict,
+                advance_schedule_on_skip=advance_schedule_on_skip,
+            )
+        super().__init__(model, tx, wrt=wrt)
+        self.scaler = nnx.Variable(scaler)
+        self.precision = "fp32" if prec is None else prec.name
+
+    def update(self, model, grads, /, *, grads_finite=None, grad_norm=None, **kwargs):
+        """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it."""
+        scaler = self.scaler.get_value()
+        if grads_finite is None:
+            grad_norm, grads_finite = global_norm(nnx.state(grads, self.wrt))
+        new_scaler, backed_off = scaler.adjust(grads_finite), scaler.adjust(jnp.asarray(False))
+        was_skipped = find_skip_state(nnx.as_pure(self.opt_state)).skipped
+        updates = super().update(
+            model, grads, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=backed_off.loss_scale, **kwargs
+        )
+        skips = find_skip_state(nnx.as_pure(self.opt_state))
+        if backed_off is not new_scaler:  # as TrainState.apply_gradients; NoOp and Static need no select
+            new_scaler = _keep_if(skips.skipped != was_skipped, backed_off, new_scaler)
+            new_scaler = _keep_if(~skips.halted, new_scaler, scaler)
+        self.scaler.set_value(new_scaler)
+        return updates

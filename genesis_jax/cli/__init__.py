@@ -370,6 +370,30 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument(
         "--dry-run", action="store_true", help="print the cells x seeds x steps and the time estimate, write nothing"
     )
+    study.add_argument(
+        "--confirmatory",
+        action="store_true",
+        help="run as the study the plan in --out fixed (--plan): refused without one or at other settings; "
+        "the report quotes the plan's hash (without it the report says exploratory)",
+    )
+    study.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: write the report from the finished cells in --out, read as they ran (their algorithm's "
+        "settings not checked against today's; the report lists where they differ); refused where a cell is missing",
+    )
+    study.add_argument(
+        "--executor",
+        default="inline",
+        choices=("inline", "slurm", "submitit-local"),
+        help="where cells run: inline (here, one after another), slurm or submitit-local (submitit: a job per cell; "
+        "pip install 'genesis-jax[cluster]')",
+    )
+    study.add_argument(
+        "--executor-options",
+        default=None,
+        help="submitit parameters KEY=VALUE,... (e.g. timeout_min=240,slurm_partition=gpu,gpus_per_node=1)",
+    )
     study.add_argument("--no-progress", action="store_true", help="no progress bars")
     study.add_argument(
         "--no-compile-cache", action="store_true", help="compile every program anew (GENESIS_COMPILE_CACHE=0 too)"
@@ -531,7 +555,11 @@ def _run_study(args) -> int:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
     flag = lambda k, v: f"--{k.replace('_', '-')}" + ("" if v is True else f" {_flag_value(v)}")  # noqa: E731
-    skip = {"command"} | ({"pilot_seeds"} if not args.plan else set())
+    skip = (
+        {"command"}
+        | ({"pilot_seeds"} if not args.plan else set())
+        | ({"executor"} if args.executor == "inline" else set())
+    )
     command = "genesis-jax study " + " ".join(
         flag(k, v) for k, v in vars(args).items() if k not in skip and v not in (None, False)
     )
@@ -555,12 +583,31 @@ def _run_study(args) -> int:
     )
     if args.plan:
         study_command = command.replace(" --plan", "").replace(f" --pilot-seeds {args.pilot_seeds}", "")
-        path = run_plan(args.out, pilot_seeds=args.pilot_seeds, study_command=study_command, **options)
+        path = run_plan(
+            args.out,
+            pilot_seeds=args.pilot_seeds,
+            study_command=study_command,
+            num_seeds=args.num_seeds,
+            reps=args.reps,
+            **options,
+        )
         if path is not None:  # None: --dry-run
             print(path.read_text())
         return 0
     num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
-    path = run_study(args.out, num_seeds=num_seeds, reps=args.reps, cost=not args.no_cost, **options)
+    from genesis_jax.cli.study.cluster import parse_options
+
+    path = run_study(
+        args.out,
+        num_seeds=num_seeds,
+        reps=args.reps,
+        cost=not args.no_cost,
+        confirmatory=args.confirmatory,
+        report_only=args.report_only,
+        executor=args.executor,
+        executor_options=parse_options(args.executor_options),
+        **options,
+    )
     if path is not None:  # None: --dry-run
         print(f"wrote {path}, stats.json and the plots beside it")
     return 0
@@ -604,7 +651,33 @@ def _parse(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """The `genesis-jax` command: its exit status. Called without `argv` (the command itself,
+    or `python -m genesis_jax.cli`), the process ends here (`_exit_now`)."""
+    if argv is None:
+        _exit_now(_command(sys.argv[1:]))
+    return _command(list(argv))
+
+
+def _exit_now(status: int):
+    """Ends the process with `status` as `sys.exit` does, less Python's teardown of every loaded
+    module, which after a command (JAX, Flax, SciPy, Orbax loaded) took 1-2.5 s of the whole
+    process's wall time on 2 cores with nothing left to do: the atexit handlers run (JAX's,
+    Orbax's, logging's), the output is flushed, and a process with another thread still working
+    exits as usual."""
+    import atexit
+    import os
+    import threading
+
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status if isinstance(status, int) else 1)
+
+
+def _command(argv: list[str]) -> int:
     missing = missing_rl_extra()
     if missing is not None:
         print(

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax import amp
-from genesis_jax.amp.loss_scale import DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, make_loss_scale
 from genesis_jax.nets.mlp import MLP
 
 
@@ -16,8 +15,8 @@ def run_demo(
     steps: int = 500,
     seed: int = 0,
     loss_scaling=None,
-    init_loss_scale=DEFAULT_INIT_SCALE,
-    growth_interval=DEFAULT_GROWTH_INTERVAL,
+    init_loss_scale=2.0**16,  # PyTorch GradScaler's defaults
+    growth_interval=2000,
     min_loss_scale=None,
 ) -> dict:
     """Fits y = sum(sin(x)) with a 64x64 MLP; returns final loss, loss scale and skipped steps."""
@@ -38,7 +37,7 @@ def run_demo(
         params=model.init(kp, x),
         tx=optax.adam(3e-3),
         precision=prec,
-        scaler=make_loss_scale(prec.loss_scaling, init_loss_scale, growth_interval, min_loss_scale),
+        scaler=prec.scaler(init_loss_scale, growth_interval, min_loss_scale),
         max_grad_norm=1.0,
     )
     step = jax.jit(amp.train_step, static_argnums=1)

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from genesis_jax.amp.rules import with_precision_rules
+from genesis_jax.amp.rules import precision_rules
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
 from genesis_jax.nets.torsos import IMAGE_NETWORKS, make_torso
@@ -98,15 +98,15 @@ class ActorCritic(nn.Module):
             return (out,)
         return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape))
 
-    @with_precision_rules
+    @precision_rules()
     def value(self, obs):
         return self.critic_head(self._features(self._trunks()[1], obs))[..., 0]
 
-    @with_precision_rules
+    @precision_rules()
     def policy(self, obs):
         return self._policy_from(self._features(self._trunks()[0], obs))
 
-    @with_precision_rules
+    @precision_rules()
     def __call__(self, obs):
         actor, critic = self._trunks()
         if actor is critic:  # one shared torso pass

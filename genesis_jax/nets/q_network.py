@@ -1,15 +1,14 @@
-"""A Q network for discrete actions (DQN and its kin): a torso (an MLP, or one of `nets.torsos`)
-and a float32 Q head."""
+"""A Q network for discrete actions (DQN, PQN): a torso (an MLP, or one of `nets.torsos`),
+LayerNorm where asked (PQN), and a float32 Q head."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from genesis_jax.amp.rules import with_precision_rules
+from genesis_jax.amp.rules import precision_rules
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
 from genesis_jax.nets.torsos import make_torso
@@ -20,8 +19,10 @@ class QNetwork(nn.Module):
 
     `mlp`: Dense layers of `hidden` widths (PureJaxRL's and CleanRL's DQN: 120, 84, ReLU);
     other torsos from `nets.torsos.make_torso` (`cnn`: MinAtar's one-layer CNN for small
-    frames). The matmuls run in `dtype`; the head (a module named `*head`) and its output
-    are float32 by the precision rules.
+    frames). `layer_norm` (PQN's stabiliser): a LayerNorm after each hidden layer, and after
+    another torso one hidden layer of `hidden[-1]` units with its LayerNorm. The matmuls run in
+    `dtype`; the LayerNorms, the head (a module named `*head`) and its output are float32 by
+    the precision rules.
 
     >>> import jax, jax.numpy as jnp
     >>> net = QNetwork(action_dim=2, obs_shape=(4,), dtype=jnp.float16)
@@ -35,33 +36,24 @@ class QNetwork(nn.Module):
     network: str = "mlp"
     hidden: Sequence[int] = (120, 84)
     activation: str = "relu"
+    layer_norm: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    @with_precision_rules
+    @precision_rules()
     @nn.compact
     def __call__(self, obs):
-        x = obs.astype(jnp.float32) if obs.dtype == jnp.bool_ else obs
+        x = obs.astype(jnp.float32) if obs.dtype == jnp.bool_ else obs  # uint8 frames: the torso scales them
+        widths = self.hidden
         if self.network == "mlp":
             x = x.reshape(x.shape[0], -1).astype(jnp.float32)
-            for i, width in enumerate(self.hidden):
-                x = ACTIVATIONS[self.activation](Dense(width, self.dtype, self.param_dtype, name=f"dense_{i}")(x))
         else:
             torso = make_torso(self.network, self.obs_shape, dtype=self.dtype, param_dtype=self.param_dtype)
             x = torso(x if len(self.obs_shape) == 3 else x.reshape(x.shape[0], -1))
+            widths = self.hidden[-1:] if self.layer_norm else ()
+        for i, width in enumerate(widths):
+            x = Dense(width, self.dtype, self.param_dtype, name=f"dense_{i}")(x)
+            if self.layer_norm:
+                x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name=f"norm_{i}")(x)
+            x = ACTIVATIONS[self.activation](x)
         return Dense(self.action_dim, self.dtype, self.param_dtype, name="q_head")(x).astype(jnp.float32)
-
-
-def epsilon_greedy(explore_key, random_key, q_values, epsilon):
-    """Actions [batch] from Q-values [batch, actions]: each row's argmax, or with probability
-    `epsilon` a uniformly random action (`explore_key` decides which rows, `random_key` draws them).
-
-    >>> import jax, jax.numpy as jnp
-    >>> q = jnp.array([[0.0, 1.0], [2.0, 0.0]])
-    >>> epsilon_greedy(jax.random.PRNGKey(0), jax.random.PRNGKey(1), q, 0.0).tolist()
-    [1, 0]
-    """
-    rows, actions = q_values.shape
-    greedy = jnp.argmax(q_values, -1)
-    explore = jax.random.uniform(explore_key, (rows,)) < epsilon
-    return jnp.where(explore, jax.random.randint(random_key, (rows,), 0, actions), greedy)

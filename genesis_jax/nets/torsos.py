@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from genesis_jax.amp.rules import with_precision_rules
+from genesis_jax.amp.rules import precision_rules
 from genesis_jax.nets.conv import Conv
 from genesis_jax.nets.dense import Dense
 
@@ -58,7 +58,7 @@ class ResidualBlock(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    @with_precision_rules
+    @precision_rules()
     @nn.compact
     def __call__(self, x):
         y = nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="norm")(x)
@@ -76,7 +76,7 @@ class ResidualMLP(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
-    @with_precision_rules
+    @precision_rules()
     @nn.compact
     def __call__(self, x):
         x = Dense(self.width, self.dtype, self.param_dtype, nn.initializers.orthogonal(1.0), name="embed")(x)

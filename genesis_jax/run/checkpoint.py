@@ -31,8 +31,8 @@ import orbax.checkpoint as ocp
 from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
 from flax import serialization
 
-from genesis_jax.amp.loss_scale import SCALER_TYPES, SMALLEST_SCALE, DynamicLossScale, NoOpLossScale, StaticLossScale
-from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.loss_scale import NoOpLossScale
+from genesis_jax.amp.restore import restore_rules, rules_of
 from genesis_jax.amp.state import TrainState
 from genesis_jax.run.parallel import host_array
 
@@ -62,18 +62,6 @@ class CheckpointShapeError(CheckpointMismatchError):
     def __init__(self, step: int, differences: str):
         super().__init__(f"checkpoint at step {step} does not fit this run: {differences}")
         self.differences = differences
-
-
-def _scaler_to_state_dict(scaler):
-    return {f: getattr(scaler, f) for f in scaler._fields}
-
-
-def _scaler_from_state_dict(target, state):
-    return target._replace(**{f: jnp.asarray(state[f], getattr(target, f).dtype) for f in target._fields})
-
-
-for _cls in SCALER_TYPES.values():
-    serialization.register_serialization_state(_cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True)
 
 
 def package_versions() -> dict[str, str]:
@@ -235,52 +223,9 @@ def _read(x) -> np.ndarray:
 
 
 def _restored_rules(train_state) -> list[Rule]:
-    """The `Rule`s of a restored `TrainState`, in checking order: a bound (growth_interval,
-    min_scale, step) is checked before what it bounds."""
-    scaler = train_state.scaler
-    scale = _read(scaler.loss_scale).astype(np.float64)
-    rules = []
-    if isinstance(scaler, DynamicLossScale):
-        interval, tracker = _read(scaler.growth_interval), _read(scaler.growth_tracker)
-        growth, backoff, floor = (
-            _read(x).astype(np.float64) for x in (scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
-        )
-        rules += [
-            ("scaler.growth_interval", interval, interval >= 1, "an integer >= 1"),
-            ("scaler.growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
-            ("scaler.backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
-            ("scaler.min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
-            (
-                "scaler.loss_scale",
-                scale,
-                np.isfinite(scale) & (scale >= np.maximum(floor, SMALLEST_SCALE)),
-                "finite, >= 2^-126 and >= min_scale",
-            ),
-            ("scaler.growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
-            ("scaler.backoffs", _read(scaler.backoffs), _read(scaler.backoffs) >= 0, ">= 0"),
-        ]
-    elif isinstance(scaler, StaticLossScale):
-        rules.append(
-            ("scaler.loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")
-        )
-    elif isinstance(scaler, NoOpLossScale):
-        rules.append(("scaler.loss_scale", scale, scale == 1, "1 (no loss scaling)"))
-    step = _read(train_state.step)
-    rules.append(("step", step, step >= 0, ">= 0"))
-    return rules + _skip_rules(train_state.opt_state, step) + _optimizer_count_rules(train_state.opt_state)
-
-
-def _skip_rules(opt_state, step: np.ndarray) -> list[Rule]:
-    """amp.skip_nonfinite's counts: no more skips than updates attempted, no longer a streak."""
-    try:
-        skips = skip_state(opt_state)
-    except ValueError:  # an optimizer without skip_nonfinite keeps no counts
-        return []
-    skipped, streak = _read(skips.skipped), _read(skips.consecutive_skips)
-    return [
-        ("opt_state.skipped", skipped, (skipped >= 0) & (skipped <= step), "from 0 to step (the updates attempted)"),
-        ("opt_state.consecutive_skips", streak, (streak >= 0) & (streak <= skipped), "from 0 to skipped"),
-    ]
+    """The `Rule`s of a restored `TrainState`: those amp registered for it (its scaler's, its
+    step, its skip counts; `amp.restore`), then optax's own counts."""
+    return rules_of(train_state, _read) + _optimizer_count_rules(train_state.opt_state)
 
 
 def _optimizer_count_rules(opt_state) -> list[Rule]:
@@ -398,9 +343,13 @@ def check_restored_state(state, *, step: int, directory: str, replay_dropped: in
     the same refusal for its replay buffers' index and fill flag (`_buffer_rules`), its own
     counters (`_counter_rules`) and its buffer against its count of what it added, less what a
     grown buffer dropped (`_replay_count_rules`): one place for every algorithm, none checks its own."""
+    for prefix, rule in restore_rules(state, _read):  # what amp's types registered: train states, scalers, skips
+        refuse_unwritten([rule], step=step, directory=directory, field_prefix=prefix)
     train_states = _nodes_of(state, TrainState)
     for prefix, train_state in train_states:
-        check_restored(train_state, step=step, directory=directory, field_prefix=prefix)
+        refuse_unwritten(
+            _optimizer_count_rules(train_state.opt_state), step=step, directory=directory, field_prefix=prefix
+        )
     for prefix, buffer in _nodes_of(state, TrajectoryBufferState):
         refuse_unwritten(_buffer_rules(buffer), step=step, directory=directory, field_prefix=prefix)
     if train_states:  # the seed axis: a counter has one value per seed, as a train state's step

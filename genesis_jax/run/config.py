@@ -15,21 +15,11 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 import optax
 
-from genesis_jax.amp.guard import (
-    DEFAULT_GUARD_MIN_SCALE,
-    DEFAULT_MAX_CONSECUTIVE_SKIPS,
-    DivergenceGuard,
-    FaultInjection,
-)
-from genesis_jax.amp.loss_scale import (
-    DEFAULT_GROWTH_INTERVAL,
-    DEFAULT_INIT_SCALE,
-    INT32_MAX,
-    check_loss_scale_args,
-    make_loss_scale,
-)
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.loss_scale import INT32_MAX, check_loss_scale_args
 from genesis_jax.amp.policy import Precision, check_precision, get_precision, resolve_precision_name
 from genesis_jax.amp.state import TrainState
+from genesis_jax.amp.testing import FaultInjection
 
 # Config fields a resumed run may change (how it runs, not what it computes): the device
 # layout, and the divergence guard's limits. A field group adds its own (`RESUMABLE`).
@@ -220,9 +210,9 @@ class MixedPrecisionConfig:
     line: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32."""
     loss_scaling: Literal["dynamic", "static", "none"] | None = None
     """None: the precision's own (dynamic for fp16, none for fp32 and bf16)."""
-    init_loss_scale: float = DEFAULT_INIT_SCALE
+    init_loss_scale: float = 2.0**16  # PyTorch GradScaler's defaults
     """The loss scale to start from (static scaling: the scale)."""
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    growth_interval: int = 2000
     """Finite steps in a row after which a dynamic scale doubles."""
     min_loss_scale: float | None = None
     """A floor for the dynamic scale. None: no floor."""
@@ -231,9 +221,9 @@ class MixedPrecisionConfig:
     strict_finite_checks: bool | None = None
     """Also skip a step whose new params or optimizer state would hold inf or NaN (extra
     passes each step). None: on where params are stored in float16 (fp16-full), else off."""
-    guard_min_scale: float | None = DEFAULT_GUARD_MIN_SCALE
+    guard_min_scale: float | None = DivergenceGuard().min_scale
     """Stop the run when a skip would bring the loss scale below this. None: no floor."""
-    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS
+    max_consecutive_skips: int | None = DivergenceGuard().max_consecutive_skips
     """Stop the run after more than this many skipped updates in a row. None: no limit."""
     inject_nonfinite: float = 0.0
     """Fault injection: make the gradients non-finite on this fraction of updates (seeded)."""
@@ -282,9 +272,7 @@ class MixedPrecisionConfig:
         return get_precision(self.precision, self.loss_scaling)
 
     def make_loss_scale(self):
-        return make_loss_scale(
-            self.train_precision().loss_scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale
-        )
+        return self.train_precision().scaler(self.init_loss_scale, self.growth_interval, self.min_loss_scale)
 
     def divergence_guard(self):
         return DivergenceGuard(self.guard_min_scale, self.max_consecutive_skips)

@@ -23,9 +23,8 @@ TINY = dict(
     buffer_size=1_000,
     batch_size=32,
     target_update_interval=100,
-    epsilon_steps=1_000,
     hidden=(16,),
-)
+)  # epsilon falls over the first half (1000 steps): the default epsilon-fraction
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_
     assert int(state.train_state.step) == expected_updates == rows[-1]["updates"] == 750
     assert int(state.steps) == config.total_steps and len(rows) == config.total_steps // config.row_steps
     assert [r["buffer_size"] for r in rows] == [min(r["step"], config.buffer_size) for r in rows]
-    expected_eps = [1.0 + min(r["step"] / 1_000, 1.0) * (0.05 - 1.0) for r in rows]
+    expected_eps = [1.0 + min(r["step"] / 1_000, 1.0) * (0.05 - 1.0) for r in rows]  # half the run: 1000
     np.testing.assert_allclose([r["epsilon"] for r in rows], expected_eps, rtol=1e-6)
     assert sum(r["skipped"] for r in rows) == 0 and tiny_run.summary["skipped_updates"] == 0
     assert rows[1]["loss"] is None and rows[2]["loss"] is not None  # learning starts after step 500
@@ -62,6 +61,13 @@ def test_final_return_is_the_mean_of_the_last_ten_finished_episodes(tiny_run):
     assert tiny_run.summary["final_return"] == pytest.approx(float(recent.mean()))
     assert "training episodes" in tiny_run.summary["final_return_is"]
     assert tiny_run.summary["buffer_bytes"] == 1_000 * (4 * 4 + 4 + 4 + 1 + 4 * 4) + 5
+
+
+@pytest.mark.slow  # the tiny run compiles the whole loop: 10-15 s on 2 cores
+def test_the_summary_evaluates_the_greedy_policy_as_pqns_does(tiny_run):
+    summary = tiny_run.summary
+    assert len(summary["eval_return_per_seed"]) == 1 and summary["eval_return"] == summary["eval_return_per_seed"][0]
+    assert 1 <= summary["eval_return"] <= 500 and "32 greedy episodes" in summary["eval_return_is"]
 
 
 @pytest.mark.slow
@@ -121,7 +127,7 @@ def test_atari_frames_stay_uint8_in_the_buffer():
     pytest.importorskip("ale_py")
     config = DQNConfig(
         env="ALE/Pong-v5", num_envs=1, total_steps=256, row_steps=128, train_frequency=4, learning_starts=64,
-        buffer_size=256, batch_size=32, target_update_interval=64, epsilon_steps=128,
+        buffer_size=256, batch_size=32, target_update_interval=64,
     )  # fmt: skip
     result = train(config, progress=False)
     obs = result.state.buffer.experience["obs"]
@@ -154,7 +160,7 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args
 @pytest.mark.run_bound
 def test_dqn_learns_cartpole_on_a_cpu_budget():
     config = DQNConfig(
-        total_steps=60_000, learning_starts=2_000, epsilon_steps=20_000, target_update_interval=500, seed=1
+        total_steps=60_000, learning_starts=2_000, epsilon_fraction=1 / 3, target_update_interval=500, seed=1
     )
     result = train(config, progress=False)
     assert result.summary["final_return"] >= 150, result.metrics[-3:]  # a random policy averages about 22

@@ -15,7 +15,7 @@ STORED = {"fp32": jnp.float32, "bf16": jnp.float32, "fp16": jnp.float32, "fp16-f
 
 def train_states(state) -> list:
     """The amp train states in an algorithm's state (SAC has three)."""
-    is_train_state = lambda x: hasattr(x, "loss_scale")  # noqa: E731
+    is_train_state = lambda x: hasattr(x, "scaler")  # noqa: E731
     return [leaf for leaf in jax.tree.leaves(state, is_leaf=is_train_state) if is_train_state(leaf)]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from genesis_jax.algos.base import Algorithm
 from genesis_jax.algos.sac import SAC, SACConfig, train
-from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.optim import find_skip_state as skip_state
 from genesis_jax.cli import main
 from tests.support.helpers import tree_equal
 

@@ -67,7 +67,7 @@ class Toy(Algorithm):
         rng, key = jax.random.split(state.rng)
         x = jax.random.normal(key, (self.config.batch_size, 3))
         y = x @ TRUE_W + 0.01 * jax.random.normal(rng, (self.config.batch_size,))
-        ts, m = self.train_step(state.train_state, (x, y), loss_fn)
+        ts, m = self.train_step(state.train_state, loss_fn, (x, y))
         skipped = (~m["grads_finite"]).astype(jnp.int32)
         return ToyState(ts, rng), {
             "loss": m["loss"],

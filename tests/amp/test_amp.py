@@ -14,7 +14,8 @@ import optax
 import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, amp
-from genesis_jax.amp.optim import SkipNonFiniteState, skip_state
+from genesis_jax.amp.optim import SkipNonFiniteState
+from genesis_jax.amp.optim import find_skip_state as skip_state
 from genesis_jax.nets import MLP, ActorCritic
 from tests.support.processes import run_python
 

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from genesis_jax import amp
-from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.optim import find_skip_state as skip_state
 
 INF = float("inf")
 

@@ -15,8 +15,8 @@ import optax
 import pytest
 
 from genesis_jax import amp
-from genesis_jax.amp.optim import skip_state
-from genesis_jax.amp.rules import with_precision_rules
+from genesis_jax.amp._deprecated import with_precision_rules
+from genesis_jax.amp.optim import find_skip_state as skip_state
 
 REPO = Path(__file__).resolve().parents[2]
 

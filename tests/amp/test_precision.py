@@ -3,7 +3,8 @@ import logging
 import jax.numpy as jnp
 import pytest
 
-from genesis_jax.amp.policy import PRECISION_NAMES, get_policy, get_precision, resolve_precision_name
+from genesis_jax.amp._deprecated import get_policy
+from genesis_jax.amp.policy import PRECISION_NAMES, get_precision, resolve_precision_name
 
 
 @pytest.mark.parametrize(

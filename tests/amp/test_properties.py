@@ -25,8 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genesis_jax import amp
-from genesis_jax.amp.loss_scale import all_finite, make_loss_scale
-from genesis_jax.amp.policy import get_policy
+from genesis_jax.amp._deprecated import all_finite, get_policy, make_loss_scale
 
 PROFILE = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FLOAT32_MAX = float(np.finfo(np.float32).max)

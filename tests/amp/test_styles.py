@@ -12,7 +12,7 @@ import pytest
 from flax import nnx, serialization
 
 from genesis_jax import amp
-from genesis_jax.amp.optim import skip_state
+from genesis_jax.amp.optim import find_skip_state as skip_state
 
 
 class RLTrainState(amp.TrainState):

@@ -5,7 +5,8 @@ import optax
 import pytest
 
 from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, amp, stats, train_step
-from genesis_jax.amp.optim import SkipNonFiniteState, skip_state
+from genesis_jax.amp.optim import SkipNonFiniteState
+from genesis_jax.amp.optim import find_skip_state as skip_state
 from genesis_jax.amp.policy import get_precision
 from tests.support.helpers import mlp_loss, regression_problem
 

@@ -13,11 +13,17 @@ import optax
 import pytest
 
 from genesis_jax import amp
-from genesis_jax.amp.grads import resolve_policy, scaled_loss_grad, unscale
-from genesis_jax.amp.loss_scale import make_loss_scale
-from genesis_jax.amp.optim import skip_state, step_if_finite
-from genesis_jax.amp.policy import get_policy, resolve_precision_name
-from genesis_jax.amp.rules import with_precision_rules
+from genesis_jax.amp._deprecated import (
+    get_policy,
+    make_loss_scale,
+    resolve_policy,
+    scaled_loss_grad,
+    skip_state,
+    step_if_finite,
+    unscale,
+    with_precision_rules,
+)
+from genesis_jax.amp.policy import resolve_precision_name
 
 NAN, INF = float("nan"), float("inf")
 PARAMS = {"w": jnp.ones(2)}

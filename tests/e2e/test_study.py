@@ -83,7 +83,7 @@ def test_probability_of_improvement_agrees_with_rliable():
 
 
 def test_equivalence_verdicts_follow_the_margin_rule():
-    verdicts = stats.equivalence(SCORES, "fp32", reps=REPS, seed=0)
+    verdicts = stats.equivalence(stats.judge(SCORES, "fp32", reps=REPS, seed=0))
     difference, verdict = verdicts["fp16"][0]
     expected = metrics.aggregate_iqm(SCORES["fp16"][:, [0]]) - metrics.aggregate_iqm(SCORES["fp32"][:, [0]])
     assert difference.point == pytest.approx(expected)

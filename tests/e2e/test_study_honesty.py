@@ -27,15 +27,15 @@ def one_line(capsys) -> str:
     return lines[0]
 
 
-def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, returns=None, rows=None):
+def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, returns=None, rows=None, seed=0):
     """A finished CartPole-v1 cell as PPO leaves it: summary.json (its config included) and
     metrics.jsonl. `ran_steps`: the steps it ran (PPO runs whole rollouts: fewer than asked)."""
     path = out / "cells" / "CartPole-v1" / precision
     path.mkdir(parents=True)
-    config = cells.cell_config("CartPole-v1", precision, num_seeds, 0, steps)  # as the study builds it
+    config = cells.cell_config("CartPole-v1", precision, num_seeds, seed, steps)  # as the study builds it
     returns = [200.0 + 10 * k for k in range(num_seeds)] if returns is None else returns
     summary = {
-        "seeds": list(range(num_seeds)),
+        "seeds": list(range(seed, seed + num_seeds)),
         "num_seeds": num_seeds,
         "total_steps": ran_steps or steps,
         "final_return": float(np.mean(returns)),
@@ -195,3 +195,71 @@ def test_a_stopped_study_says_to_run_the_study_again(tmp_path, capsys, monkeypat
     assert "--resume" not in line
     assert line.startswith("genesis-jax: SIGINT received: the study stopped in cell CartPole-v1 fp32;")
     assert f"to continue, run `genesis-jax study --out {out} " in line
+
+
+def moved_default(path, field="lr", value=1e-3):
+    """The cell at `path` as an older genesis-jax left it: one of its algorithm's settings
+    (not a study flag) at a default that has changed since."""
+    summary = json.loads((path / "summary.json").read_text())
+    summary["config"][field] = value
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_report_only_reads_cells_whose_algorithm_default_moved(tmp_path, capsys):
+    out = tmp_path / "study"
+    for precision in ("fp32", "fp16"):
+        moved_default(write_cell(out, precision))
+    before = files(out)
+    assert main(study_argv(out)) == 2  # a study that may train refuses them, as before
+    assert "lr: 0.001 -> " in one_line(capsys)
+    plan = {
+        cells.cell_dir(out, "CartPole-v1", p): cells.cell_config("CartPole-v1", p, SEEDS, 0, STEPS)
+        for p in ("fp32", "fp16")
+    }
+    moved = cells.check_report_cells(out, plan)  # a report reads them, and says where they differ
+    assert set(moved) == set(plan) and all(c[0].startswith("lr: 0.001 -> ") for c in moved.values())
+    assert main(study_argv(out, "--report-only", "--dry-run")) == 0
+    assert "2 finished before (kept)" in capsys.readouterr().out
+    assert files(out) == before
+
+
+@pytest.mark.parametrize(
+    ("setup", "flags", "message"),
+    [
+        ("fp32", [], "cells/CartPole-v1/fp16 has not finished: a report (--report-only) trains nothing"),
+        ("both", ["--num-seeds", "4"], "was trained with other settings than this study asks for (--num-seeds: 3 -> 4)"),
+        ("both", ["--total-steps", "4096"], "(--total-steps: 2048 -> 4096)"),
+        ("both", ["--precisions", "fp32,fp16-unscaled"], "cells/CartPole-v1/fp16-unscaled has not finished"),
+    ],
+)
+def test_a_report_only_trains_nothing_and_checks_the_study_settings(tmp_path, capsys, setup, flags, message):
+    out = tmp_path / "study"
+    for precision in ("fp32", "fp16") if setup == "both" else ("fp32",):
+        write_cell(out, precision)
+    before = files(out)
+    assert main(study_argv(out, "--report-only", *flags)) == 2
+    line = one_line(capsys)
+    assert line.startswith("genesis-jax: error: ") and message in line
+    assert files(out) == before
+
+
+def test_a_report_only_says_where_its_cells_differ_from_todays_settings(tmp_path):
+    from genesis_jax.cli.study import report_only_lines
+
+    out = tmp_path / "study"
+    assert report_only_lines(out, {})[0].endswith("not against today's task settings, which they all match.")
+    moved = {cells.cell_dir(out, "dqn:CartPole-v1", p): ["epsilon_steps: 250000 -> None"] for p in ("fp32", "fp16")}
+    (line,) = report_only_lines(out, moved)
+    assert line.startswith("Report only (`--report-only`): nothing trained;")
+    assert line.endswith("cells/dqn:CartPole-v1/fp32, cells/dqn:CartPole-v1/fp16: epsilon_steps: 250000 -> None.")
+
+
+@pytest.mark.slow
+def test_a_report_only_writes_the_report_of_cells_whose_default_moved(tmp_path):
+    out = tmp_path / "study"
+    for precision in ("fp32", "fp16"):
+        moved_default(write_cell(out, precision))
+    assert main(study_argv(out, "--report-only")) == 0
+    text = (out / "report.md").read_text()
+    assert "--report-only" in text.splitlines()[2] and "0 cells trained in this invocation" in text
+    assert "Report only (`--report-only`): nothing trained;" in text and "lr: 0.001 -> " in text

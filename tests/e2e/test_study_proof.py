@@ -105,7 +105,9 @@ def test_the_plan_from_its_pilot_and_the_study_states_it(tmp_path, capsys):
     normalised = [(np.asarray(r) - random) / (500 - random) for r in pilot.values()]
     sd = np.sqrt((np.var(normalised[0], ddof=1) + np.var(normalised[1], ddof=1)) / 2)
     assert saved["sd_final"] == pytest.approx(sd)
-    assert saved["seeds"] == max(plan.seeds_needed(sd), saved["seeds_auc"])
+    # the seeds: from the upper bound of the SD of the paired differences (tests/e2e/test_study_prereg.py)
+    assert saved["seeds_final"] == plan.paired_seeds(normalised[1], normalised[0])[2]
+    assert saved["seeds"] == max(saved["seeds_final"], saved["seeds_auc"])
     # its time: both pilot cells' 1 s of training per 8 seeds and 1 s of compilation, at the planned seeds
     assert saved["estimated_seconds"] == pytest.approx(2 * (1.0 + saved["seeds"] / 8))
     assert "| CartPole-v1 | 2048 steps | 8 |" in printed and f"--num-seeds {saved['seeds']}" in printed

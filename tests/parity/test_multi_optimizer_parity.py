@@ -22,7 +22,7 @@ else:
     torch = pytest.importorskip("torch", reason="parity tests need torch (pip install -e '.[test]')")
 
 from genesis_jax import amp  # noqa: E402
-from genesis_jax.amp.optim import skip_state  # noqa: E402
+from genesis_jax.amp.optim import find_skip_state as skip_state  # noqa: E402
 from genesis_jax.nets import MLP  # noqa: E402
 from tests.parity import harness as parity  # noqa: E402
 

@@ -15,7 +15,8 @@ import pytest
 from genesis_jax import DynamicLossScale, NoOpLossScale, TrainState, train_step
 from genesis_jax.algos.ppo import PPOConfig
 from genesis_jax.algos.ppo import train as train_ppo
-from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.testing import FaultInjection
 from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.signals import DivergenceError

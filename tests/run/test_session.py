@@ -15,7 +15,8 @@ import optax
 import pytest
 
 from genesis_jax import DynamicLossScale, TrainState, train_step
-from genesis_jax.amp.guard import DivergenceGuard, FaultInjection
+from genesis_jax.amp.guard import DivergenceGuard
+from genesis_jax.amp.testing import FaultInjection
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import DivergenceError, TrainingInterrupted

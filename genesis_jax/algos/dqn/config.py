@@ -4,8 +4,10 @@ gives the MinAtar ones."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Literal
 
+from genesis_jax.algos.explore import EpsilonGreedyFields
 from genesis_jax.run.config import (
     POSITIVE,
     POSITIVE_INT,
@@ -22,10 +24,10 @@ from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNFields(NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
-    """DQN's fields: the shared groups it composes (environments, run, seeds, replay, network)
-    and its own (`DQNConfig` adds the shared mixed-precision and data-parallel ones). Each
-    field's text is also its `--help` line."""
+class DQNFields(EpsilonGreedyFields, NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
+    """DQN's fields: the shared groups it composes (environments, run, seeds, replay, network,
+    epsilon-greedy exploration) and its own (`DQNConfig` adds the shared mixed-precision and
+    data-parallel ones). Each field's text is also its `--help` line."""
 
     env: str = "CartPole-v1"
     """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ALE/Pong-v5, ...)."""
@@ -42,12 +44,9 @@ class DQNFields(NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
     """Environment steps between target-network updates; a multiple of train-frequency."""
     tau: float = 1.0
     """Target update: target <- tau * online + (1 - tau) * target. 1: a copy (periodic); < 1: Polyak."""
-    epsilon_start: float = 1.0
-    """Exploration's epsilon at the start."""
-    epsilon_end: float = 0.05
-    """Exploration's epsilon after epsilon-steps."""
-    epsilon_steps: int = 250_000
-    """Environment steps over which epsilon falls linearly from start to end."""
+    epsilon_steps: int | None = None
+    """Deprecated (0.3's fixed schedule; goes in 0.5): environment steps over which epsilon falls,
+    whatever total-steps is. None: epsilon-fraction of total-steps."""
     double_q: bool = True
     """Double DQN: the online network picks the next action, the target network values it."""
     huber_delta: float | None = None
@@ -76,10 +75,10 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
         "lr": POSITIVE,
         "gamma": UNIT_INTERVAL,
         "tau": RATE,
-        "epsilon_start": UNIT_INTERVAL,
-        "epsilon_end": UNIT_INTERVAL,
         "huber_delta": POSITIVE,
     }
+    # 0.3 recorded epsilon-steps in every run: a resume compares the schedule it gives (`check_resume`).
+    RESUMABLE = ("epsilon_steps",)
     FIELD_MULTIPLES = {  # gradient steps, target updates and rows fall on whole vector steps
         "train_frequency": "num_envs",
         "target_update_interval": "train_frequency",
@@ -95,6 +94,41 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
                 f"taken, got {self.learning_starts}"
             )
         self.validate_parallel("batch-size", self.batch_size)
+        if self.epsilon_steps is not None:
+            share = self.epsilon_steps / self.total_steps
+            same = (
+                f"epsilon-fraction {share:.6g} is the same schedule"
+                if share <= 1
+                else "epsilon never reaches epsilon-end in this run; epsilon-fraction 1 reaches it at the end"
+            )
+            warnings.warn(
+                f"epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of total-steps "
+                f"over which epsilon falls ({same})",
+                FutureWarning,
+                stacklevel=5,
+            )
+
+    @property
+    def epsilon_horizon(self) -> float:
+        """Environment steps over which epsilon falls: epsilon-steps where given (deprecated), else
+        epsilon-fraction of total-steps."""
+        return super().epsilon_horizon if self.epsilon_steps is None else float(self.epsilon_steps)
+
+    def check_resume(self, saved: dict) -> None:
+        """A resume keeps the epsilon schedule of the run it continues where either spells it in
+        epsilon-steps (0.3's runs all do); otherwise the fields are compared as settings."""
+        saved_steps = saved.get("epsilon_steps")
+        if saved_steps is None and self.epsilon_steps is None:
+            return
+        if saved_steps is None:
+            fraction = saved.get("epsilon_fraction", DQNFields.epsilon_fraction)
+            saved_steps = max(1.0, fraction * saved.get("total_steps", self.total_steps))
+        if round(saved_steps) != round(self.epsilon_horizon):
+            raise ValueError(
+                f"this run's epsilon falls over its first {round(saved_steps)} environment steps, these settings "
+                f"over {round(self.epsilon_horizon)}: resume with --epsilon-steps {round(saved_steps)} to keep that "
+                f"schedule (or --epsilon-fraction {saved_steps / self.total_steps:.6g} --allow-config-change)"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -104,7 +138,7 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
 def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
     """MinAtar settings in the manner of CleanRL's Atari DQN and the MinAtar paper (Young &
     Tian 2019): a 100k buffer, batch 32, a gradient step every 4 environment steps, a target
-    copy every 1000, epsilon 1 -> 0.01 over the first 10% of 5M steps, the CNN torso.
+    copy every 1000, epsilon 1 -> 0.01 over the first 10% of the steps (5M), the CNN torso.
 
     >>> minatar(total_steps=1_000_000).buffer_size
     100000
@@ -120,7 +154,7 @@ def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
         learning_starts=20_000,
         target_update_interval=1_000,
         epsilon_end=0.01,
-        epsilon_steps=500_000,
+        epsilon_fraction=0.1,
         row_steps=20_000,
         network="cnn",
         huber_delta=1.0,

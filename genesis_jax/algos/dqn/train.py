@@ -29,14 +29,14 @@ from genesis_jax.algos.base import (
     StudyTask,
 )
 from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
+from genesis_jax.algos.explore import EpsilonGreedy, eval_env
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.episodes import RECENT, Episodes, episode_columns, final_return_summary, mean_over_seeds
+from genesis_jax.envs.episodes import RECENT, Episodes, episode_columns, mean_over_seeds
 from genesis_jax.envs.gymnasium_env import observation_dtype
 from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
-from genesis_jax.nets.q_network import QNetwork, epsilon_greedy
+from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
-from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
 
 
@@ -55,12 +55,6 @@ class DQNState(struct.PyTreeNode):
     def replay_count(self) -> tuple[str, jax.Array, int]:
         """What `buffer` was given, for a restore's checks (run.checkpoint): each step adds its transition."""
         return "steps", self.steps, 1
-
-
-def epsilon_at(config: DQNConfig, steps):
-    """Linear from epsilon_start to epsilon_end over epsilon_steps environment steps, then flat."""
-    frac = jnp.minimum(steps / config.epsilon_steps, 1.0)
-    return config.epsilon_start + frac * (config.epsilon_end - config.epsilon_start)
 
 
 def td_targets(q_next_target, q_next_online, reward, terminated, gamma: float):
@@ -85,7 +79,7 @@ def minatar_settings(game: str) -> dict:
 BENCH = (
     BenchWorkload(  # MinAtar's settings, with the CNN
         "dqn-cnn-minatar",
-        {**minatar_settings("Breakout"), "total_steps": 200_000, "epsilon_steps": 20_000},
+        {**minatar_settings("Breakout"), "total_steps": 200_000},
         vmap_seeds=True,
     ),
 )
@@ -104,7 +98,7 @@ STUDY = {
 }
 
 
-class DQN(Algorithm):
+class DQN(EpsilonGreedy, Algorithm):
     name, fields, config_class, checkpoint_key = "dqn", DQNFields, DQNConfig, "step"
     score, plot_file, row_key, step_name = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
     tiny = dict(
@@ -117,13 +111,12 @@ class DQN(Algorithm):
         buffer_size=400,
         batch_size=16,
         target_update_interval=2,
-        epsilon_steps=200,
     )
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         c, spec = self.config, resolve_in_loop(self.config, "dqn", continuous=False, instead="sac")
-        self.num_rows, self.steps_per_row, self.last_return, self.spec = c.num_rows, c.row_steps, None, spec
+        self.num_rows, self.steps_per_row, self.spec = c.num_rows, c.row_steps, spec
         precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
@@ -135,6 +128,7 @@ class DQN(Algorithm):
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
         self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
+        self.eval_env = eval_env(spec, c.seed)
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)
@@ -156,12 +150,7 @@ class DQN(Algorithm):
 
     def env_step(self, s: DQNState, key):
         """One epsilon-greedy vector step, its transitions added to the buffer."""
-        explore_key, random_key, env_key = jax.random.split(key, 3)
-        n = self.config.num_envs
-        q = self.net.apply(s.train_state.params, s.obs)
-        action = epsilon_greedy(explore_key, random_key, q, epsilon_at(self.config, s.steps))
-        step = self.env.step(jax.random.split(env_key, n), s.env_state, action)
-        obs, env_state, reward, terminated, truncated, final_obs = step
+        action, (obs, env_state, reward, terminated, truncated, final_obs) = self.explore_step(s, key)
         transition = dict(obs=s.obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
         # The bookkeeping of envs.episodes, on DQNState's own fields (the checkpoints' layout).
         episodes = Episodes(s.episode_return, s.recent_returns, s.episodes)
@@ -173,19 +162,9 @@ class DQN(Algorithm):
             episode_return=episodes.running,
             recent_returns=episodes.recent,
             episodes=episodes.count,
-            steps=s.steps + n,
+            steps=s.steps + self.config.num_envs,
         )
         return s, ended
-
-    def act(self, s: DQNState, greedy: bool = True):
-        """`act(key, obs) -> actions`: argmax Q (greedy), or epsilon-greedy at the epsilon the run reached."""
-        params, epsilon = s.train_state.params, epsilon_at(self.config, s.steps)
-
-        def act(key, obs):
-            q = self.net.apply(params, obs)
-            return jnp.argmax(q, -1) if greedy else epsilon_greedy(*jax.random.split(key), q, epsilon)
-
-        return act
 
     def loss_fn(self, params, batch):
         obs, action, target = batch
@@ -198,7 +177,7 @@ class DQN(Algorithm):
         q_next_target = self.net.apply(s.target_params, b["next_obs"])
         q_next_online = self.net.apply(train_state.params, b["next_obs"]) if c.double_q else q_next_target
         target = td_targets(q_next_target, q_next_online, b["reward"], b["terminated"], c.gamma)
-        train_state, m = self.train_step(train_state, (b["obs"], b["action"], target), self.loss_fn)
+        train_state, m = self.train_step(train_state, self.loss_fn, (b["obs"], b["action"], target))
         return train_state, (m["loss"], m["aux"], m["grads_finite"])
 
     def iteration(self, s: DQNState, key):
@@ -228,7 +207,7 @@ class DQN(Algorithm):
             "episodes": episodes.sum(),
             "return_sum": return_sum.sum(),
             "recent_return": jnp.nanmean(s.recent_returns),
-            "epsilon": epsilon_at(self.config, s.steps),
+            "epsilon": self.config.epsilon(s.steps),
             "updates": ts.step,
             "buffer_size": self.replay.size(s.buffer),
             "loss_scale": ts.scaler.loss_scale,
@@ -254,25 +233,14 @@ class DQN(Algorithm):
 
     def summary(self, rows: list[dict], state: DQNState) -> dict:
         return {
-            "env": self.config.env,
-            "env_backend": self.spec.backend,
-            "num_seeds": self.num_seeds,
-            "total_steps": rows[-1]["step"] if rows else 0,
-            **final_return_summary(state.recent_returns, self.num_seeds),
+            **self.returns_summary(rows, state.recent_returns, state.train_state.params),
             "buffer_bytes": self.buffer_bytes,
             "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
         }
 
-    def postfix(self, row: dict) -> dict:
-        self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return
-        return {"eps": f"{row['epsilon']:.2f}", **({"ret": f"{self.last_return:.1f}"} if self.last_return else {})}
-
-    def plot(self, rows: list[dict], file) -> None:
-        plots.plot_curves(rows, "step", ["recent_return"], file, title=self.title(), log_y=False, twin_keys=["loss"])
-
     def describe(self, s: dict) -> str:
         return (
-            f"DQN {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
+            f"DQN {s['env']} [{s['precision']}] {self.describe_returns(s)} "
             f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
             f"buffer={s['buffer_bytes'] / 2**20:.1f}MiB skipped={s['skipped_updates']}/{s['total_updates']}"
         )

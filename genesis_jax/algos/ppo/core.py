@@ -116,7 +116,7 @@ def _flatten_time_env(tree):
 
 def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
     """`update(train_state, traj, last_value, key) -> (train_state, metrics)`: GAE, the
-    mismatch measurement, then epochs x minibatches of `train_step(state, batch, loss_fn)`
+    mismatch measurement, then epochs x minibatches of `train_step(state, loss_fn, batch)`
     (the algorithm's `amp.train_step`)."""
 
     def make_loss(network):
@@ -149,7 +149,7 @@ def make_update_fn(config: PPOConfig, spec: EnvSpec, train_step):
     def step(state, batch):
         """One minibatch step; its scalar metrics leave the loop as one float32 vector (one
         write per step instead of one per metric: on small networks the loop is op-bound)."""
-        state, metrics = train_step(state, batch, loss_fn)
+        state, metrics = train_step(state, loss_fn, batch)
         aux = metrics.pop("aux")
         values = {**metrics, **aux}
         scalars = jnp.stack([jnp.asarray(values[k], jnp.float32) for k in scalar_names])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from genesis_jax.algos.explore import EpsilonGreedyFields
 from genesis_jax.run.config import (
     POSITIVE,
     POSITIVE_INT,
@@ -18,10 +19,10 @@ from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class PQNFields(NetworkFields, SeedFields, RunFields, EnvFields):
-    """PQN's fields: the shared groups it composes (environments, run, seeds, network) and its
-    own (`PQNConfig` adds the shared mixed-precision and data-parallel ones). Each field's text
-    is also its `--help` line."""
+class PQNFields(EpsilonGreedyFields, NetworkFields, SeedFields, RunFields, EnvFields):
+    """PQN's fields: the shared groups it composes (environments, run, seeds, network,
+    epsilon-greedy exploration) and its own (`PQNConfig` adds the shared mixed-precision and
+    data-parallel ones). Each field's text is also its `--help` line."""
 
     env: str = "CartPole-v1"
     """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ...)."""
@@ -43,12 +44,8 @@ class PQNFields(NetworkFields, SeedFields, RunFields, EnvFields):
     """Q(lambda)'s lambda: how far the targets look ahead before bootstrapping."""
     reward_scale: float = 0.1
     """Rewards are multiplied by this before they enter the targets."""
-    epsilon_start: float = 1.0
-    """Exploration's epsilon at the start."""
     epsilon_end: float = 0.2
-    """Exploration's epsilon after epsilon-fraction of the run."""
     epsilon_fraction: float = 0.2
-    """The fraction of total-steps over which epsilon falls linearly from start to end."""
     hidden: tuple[int, ...] = (256, 256)
     """mlp: hidden widths, each layer followed by LayerNorm."""
 
@@ -64,7 +61,7 @@ class PQNConfig(PQNFields, MixedPrecisionConfig, ParallelConfig):
         **{n: POSITIVE_INT for n in ("num_steps", "num_epochs", "num_minibatches")},
         "lr": POSITIVE,
         "reward_scale": POSITIVE,
-        **{n: UNIT_INTERVAL for n in ("gamma", "lam", "epsilon_start", "epsilon_end", "epsilon_fraction")},
+        **{n: UNIT_INTERVAL for n in ("gamma", "lam")},
     }
 
     def check(self):

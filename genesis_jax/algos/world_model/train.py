@@ -213,7 +213,7 @@ class WorldModelTrainer(Algorithm):
             reference = jax.grad(lambda p: self.loss32(p, first)[0])(ts.params)
             half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.scaler.loss_scale)(ts.params)
             underflow = underflow_metrics(reference, half)
-        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, b, self.train_loss_fn), ts, batches)
+        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, self.train_loss_fn, b), ts, batches)
         finite = metrics["grads_finite"]
         applied = jnp.sum(finite)
         applied_loss = jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / config.loss_weight
@@ -259,7 +259,7 @@ class WorldModelTrainer(Algorithm):
         batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
         compiled = getattr(self, "compiled", None)
         memory = compiled.memory_analysis() if compiled is not None else None
-        step = lambda s, b: self.train_step(s, b, self.train_loss_fn)  # noqa: E731
+        step = lambda s, b: self.train_step(s, self.train_loss_fn, b)  # noqa: E731
         return {
             "data": self.dataset["meta"]["source"],
             "width": config.width,

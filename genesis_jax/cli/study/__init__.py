@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import time
 import numpy as np
 
 from genesis_jax.algos.base import MINATAR_GAMES
-from genesis_jax.cli.study import cells, cost, plan, report, stats
+from genesis_jax.cli.study import cells, cluster, cost, plan, report, stats
 from genesis_jax.cli.study.cells import BASELINE, PRECISIONS, TASKS
 from genesis_jax.run.signals import StopSignals, TrainingInterrupted
 
@@ -186,12 +187,20 @@ def _check_stop(stop: StopSignals, out: pathlib.Path, where: str, command: str |
 
 
 def train_cells(
-    out: pathlib.Path, plan: dict, progress: bool, command: str | None, stop: StopSignals | None = None
+    out: pathlib.Path,
+    plan: dict,
+    progress: bool,
+    command: str | None,
+    stop: StopSignals | None = None,
+    executor=None,
+    before_cell=None,
 ) -> tuple[dict, set]:
     """Trains every cell of `plan` that has not finished. Returns ({cell directory: summary},
-    the directories trained now); a stop by a signal is told as the study's (`stopped_message`)."""
+    the directories trained now); a stop by a signal is told as the study's (`stopped_message`).
+    `executor`: a submitit executor the cells run on as jobs (`cluster.run_jobs`), else here,
+    one after another; `before_cell(path)`: called as a cell starts (a plan's record)."""
     stop = stop or StopSignals()
-    summaries, trained = {}, set()
+    summaries, trained, pending = {}, set(), {}
     for path, (task, precision, config) in plan.items():
         _check_stop(stop, out, f"before cell {task} {precision}", command)
         summaries[path] = cells.read_summary(path)
@@ -201,14 +210,27 @@ def train_cells(
         field = TASKS[task].budget_field
         budget = f"{config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}"
         is_cost = path.relative_to(out).parts[0] == "cost"
-        _log(f"{'the cost run (for the report: N seeds against 1): ' if is_cost else ''}{task} {precision}: {budget}")
+        where = " (a job)" if executor is not None else ""
+        cost_run = "the cost run (for the report: N seeds against 1): " if is_cost else ""
+        _log(f"{cost_run}{task} {precision}: {budget}{where}")
         cells.record_planned(out, path, config)
+        if before_cell is not None:
+            before_cell(path)
+        if executor is not None:
+            pending[path] = (task, precision, config)
+            continue
         try:
             summaries[path] = cells.run_cell(path, task, config, progress)
         except TrainingInterrupted as stopped:
             message = stopped_message(stopped, out, task, precision, command)
             raise TrainingInterrupted(message, stopped.signum, stopped.summary) from stopped
         trained.add(path)
+    if pending:
+        done = cluster.run_jobs(executor, pending, stopped=lambda: stop.received is not None)
+        cancelled = f"while {len(pending)} cell jobs ran (cancelled; each resumes from its checkpoint)"
+        _check_stop(stop, out, cancelled, command)
+        summaries.update({path: cells.read_summary(path) or summary for path, summary in done.items()})
+        trained |= set(pending)
     return summaries, trained
 
 
@@ -224,20 +246,29 @@ def task_scores(out: pathlib.Path, summaries: dict, tasks, precisions) -> tuple[
     return final, auc
 
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = plan.PLAN_FILE
+read_plan = plan.read
 
 
-def read_plan(out: pathlib.Path) -> dict | None:
-    try:
-        return json.loads((out / PLAN_FILE).read_text())
-    except FileNotFoundError:
-        return None
-
-
-def plan_header(saved: dict | None, tasks, num_seeds: int) -> list[str]:
-    """The report's statement of the plan it ran under (or that it ran under none)."""
+def plan_header(saved: dict | None, tasks, num_seeds: int, confirmed: str | None = None) -> list[str]:
+    """The report's statement of the plan it ran under: "Confirmatory" with the plan's hash
+    (`confirmed`), else "Exploratory" (with the hash of a plan in --out it did not run under)."""
+    if confirmed is not None:
+        status = (
+            f"Confirmatory: run under plan `{confirmed}` (the first 12 hex digits of the sha256 of plan.json's "
+            "canonical JSON), written before its cells (preregistered.json records each cell's plan): its seeds, "
+            "budgets, margin, statistics and thresholds were fixed before any of its cells ran."
+        )
+    elif saved is None:
+        status = "Exploratory: no plan (`--plan`) fixed this study before its cells ran."
+    else:
+        status = (
+            f"Exploratory: a plan (`{plan.plan_hash(saved)}`) is in this --out, but the study was not run as "
+            "its confirmatory study (`--confirmatory`)."
+        )
     if saved is None:
-        return ["Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."]
+        none = "Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."
+        return [status, "", none]
     asked = {t: saved["tasks"][t]["seeds"] for t in tasks if t in saved["tasks"]}
     short = [t for t, n in asked.items() if num_seeds < n]
     text = ", ".join(f"{t}: {n}" for t, n in asked.items()) or "none of these tasks"
@@ -248,8 +279,10 @@ def plan_header(saved: dict | None, tasks, num_seeds: int) -> list[str]:
         else f"this study ran {num_seeds}, as many or more"
     )
     return [
+        status,
+        "",
         f"Plan (`{saved['command']}`, a pilot of {saved['pilot_seeds']} seeds of fp32 and fp16 per task; "
-        f"plan.md): seeds per cell for a +-{stats.MARGIN:g} equivalence verdict: {text}; {verdict}."
+        f"plan.md): seeds per cell for a +-{stats.MARGIN:g} equivalence verdict: {text}; {verdict}.",
     ]
 
 
@@ -258,6 +291,22 @@ def underflow_lines(out: pathlib.Path, tasks, precisions) -> list[str]:
     from genesis_jax.cli.study import telemetry_report
 
     return telemetry_report.section(out, tasks, precisions)
+
+
+def report_only_lines(out: pathlib.Path, moved: dict[pathlib.Path, list[str]]) -> list[str]:
+    """The report's statement that it read its cells without checking them against today's
+    task settings (`--report-only`), and each setting in which they differ (as ran -> today's)."""
+    text = (
+        "Report only (`--report-only`): nothing trained; the cells were read as they ran, checked against "
+        "this study's seeds, budgets, seed and precisions but not against today's task settings"
+    )
+    if not moved:
+        return [text + ", which they all match."]
+    by_change: dict[str, list[str]] = {}
+    for path, changes in moved.items():
+        by_change.setdefault("; ".join(changes), []).append(path.relative_to(out).as_posix())
+    differ = " ".join(f"{', '.join(paths)}: {change}." for change, paths in by_change.items())
+    return [f"{text}. Where they differ (as the cell ran -> what today's settings give): {differ}"]
 
 
 def announce(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, statistics: bool = False) -> None:
@@ -289,11 +338,15 @@ def run_plan(
     command: str | None = None,
     study_command: str | None = None,
     dry_run: bool = False,
+    num_seeds: int | None = None,
+    reps: int = 2000,
 ) -> pathlib.Path | None:
     """The study's power plan (`plan`): trains fp32 and fp16 cells of `pilot_seeds` seeds per
     task at the study's budgets under `out_dir`/plan, then writes plan.json and plan.md into
-    `out_dir` (read by the study's report). Returns plan.md's path (None with `dry_run`: the
-    pilot's cells and estimate printed, nothing written)."""
+    `out_dir`: the pre-registration of the confirmatory study (`run_study(confirmatory=True)`),
+    at the seeds the plan asks for or `num_seeds` if more, on fresh seeds after the pilot's.
+    Returns plan.md's path (None with `dry_run`: the pilot's cells and estimate printed,
+    nothing written). A plan that differs from one whose cells already started is refused."""
     if isinstance(pilot_seeds, bool) or not isinstance(pilot_seeds, int) or pilot_seeds < plan.MIN_PILOT_SEEDS:
         raise ValueError(f"a pilot needs at least {plan.MIN_PILOT_SEEDS} seeds per cell, got {pilot_seeds!r}")
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
@@ -314,6 +367,11 @@ def run_plan(
     random, reference = [randoms[t] for t in tasks], [r for r, _ in report.references(final, tasks, randoms, known)]
     normalised = {p: stats.normalise(m, random, reference) for p, m in final.items()}
     auc_normalised = {p: stats.normalise(m, random, reference) for p, m in auc.items()}
+    refs = report.references(final, tasks, randoms, known)
+    bounds = {
+        t: (randoms[t], ref, source if known[t] is not None else f"the pilot's fp32 IQM ({pilot_seeds} seeds)")
+        for t, (ref, source) in zip(tasks, refs)
+    }
     steps = {t: "{} {}".format(*cells.budget_of(summaries[t][BASELINE])) for t in tasks}
     # the report's rule for "did not learn": the spread of such runs says nothing of runs that learn
     learnt = report.learned_flags(normalised, stats.per_task(final), tasks, random)
@@ -328,18 +386,54 @@ def run_plan(
         for i, task in enumerate(tasks)
     }
     device = ", ".join(sorted({s["device"] for by in summaries.values() for s in by.values()}))
-    seeds = max(p["seeds"] for p in plans.values())
-    study = study_command or "genesis-jax study"
+    seeds = max([p["seeds"] for p in plans.values()] + [num_seeds or 0])
+    settings = {
+        "tasks": tasks,
+        "precisions": precisions,
+        "total_steps": budgets,
+        "seed": seed + pilot_seeds,  # fresh seeds, after the pilot's
+        "num_seeds": seeds,
+        "reps": reps,
+    }
+    pilot = {"pilot_seeds": pilot_seeds, "pilot_seed_range": [seed, seed + pilot_seeds - 1]}
+    saved = plan.plan_record(plans, pilot, command or "run_plan(...)", device, settings, bounds)
+    digest, before = plan.plan_hash(saved), read_plan(out)
+    if before is not None and plan.plan_hash(before) != digest and plan.read_record(out):
+        raise ValueError(
+            f"{out} holds plan {plan.plan_hash(before)}, under which cells have started: a plan is not changed "
+            "after its study began; plan the new study in another --out"
+        )
+    study = re.sub(r" --(seed|num-seeds|reps) \S+", "", study_command or "genesis-jax study")
+    study += f" --seed {seed + pilot_seeds} --num-seeds {seeds} --reps {reps} --confirmatory"
+    needed = max(p["seeds"] for p in plans.values())
+    floor = f" (--num-seeds {num_seeds}: more than the {needed} the pilot asks for)" if seeds > needed else ""
     lines = [
         "# Study plan",
         "",
         f"Command: `{command or 'run_plan(...)'}`",
         "",
+        f"Plan `{digest}` (the first 12 hex digits of the sha256 of plan.json's canonical JSON: the confirmatory "
+        "study's report quotes it).",
+        "",
         *plan.plan_lines(plans, steps, device),
         "",
-        f"To run the study at the planned seeds (the most any task needs): `{study} --num-seeds {seeds}`",
+        f"The confirmatory study: {seeds} seeds per cell{floor}, "
+        f"seeds {seed + pilot_seeds} to {seed + pilot_seeds + seeds - 1} (fresh: the pilot ran {seed} to "
+        f"{seed + pilot_seeds - 1}), judged on the paired IQM, mean and CVaR{stats.TAIL:.0%} of each score, "
+        f"equivalent only where all three are within +-{stats.MARGIN:g}; learning speed as the time to "
+        f"{stats.THRESHOLD:g} normalised; seeds ending below {stats.FAIL_BELOW:g} counted as failures. "
+        "Per task in raw units:",
+        "",
+        "| task | random | reference (source) | margin (raw) | threshold (raw) | failure below (raw) |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {t} | {v['random']:.4g} | {v['reference']:.4g} ({v['reference_source']}) | {v['margin_raw']:.4g} "
+            f"| {v['threshold_raw']:.4g} | {v['fail_below_raw']:.4g} |"
+            for t, v in saved["tasks"].items()
+        ),
+        "",
+        f"To run it: `{study}`",
     ]
-    saved = {"command": command or "run_plan(...)", "pilot_seeds": pilot_seeds, "device": device, "tasks": plans}
     (out / PLAN_FILE).write_text(json.dumps(saved, indent=1) + "\n")
     (out / "plan.md").write_text("\n".join(lines) + "\n")
     return out / "plan.md"
@@ -358,6 +452,10 @@ def run_study(
     progress: bool = True,
     command: str | None = None,
     dry_run: bool = False,
+    confirmatory: bool = False,
+    executor: str = "inline",
+    executor_options: dict | None = None,
+    report_only: bool = False,
 ) -> pathlib.Path | None:
     """Runs every task x precision cell not yet finished under `out_dir`, then writes
     report.md, stats.json and the plots there. Returns the report's path. Before the first
@@ -377,20 +475,50 @@ def run_study(
         reps: bootstrap replications of every confidence interval (at least `stats.MIN_REPS`).
         cost: the cost run: the first task's fp32 cell once more with 1 seed, for the report's
             wall time of N seeds against 1.
+        confirmatory: run as the study the plan in `out_dir` fixed (`run_plan`), refused in one
+            line where there is none, where it fixed other settings, or where a cell started
+            before it or under another plan; the report quotes the plan's hash and normalises
+            with the plan's random and reference scores and thresholds. Otherwise the report
+            says the study is exploratory.
+        executor: where the cells run: "inline" (here, one after another) or a submitit
+            executor (`cluster.EXECUTORS`: "slurm", "submitit-local"), one job per cell, its
+            logs in `out_dir`/submitit; `executor_options`: its parameters (`timeout_min`, ...).
+        report_only: train nothing: every cell (the cost run's too, unless `cost` is False) must
+            have finished at these study settings (seeds, budgets, seed, precisions); the
+            algorithm's other settings are read as the cells ran them, not checked against
+            today's (a default changed since), and the report lists where they differ
+            (`cells.check_report_cells`). For re-judging committed cells under new statistics.
     """
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps)
     cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
+    saved_plan, digest = read_plan(out), None
+    if confirmatory:
+        settings = {
+            "tasks": tasks,
+            "precisions": precisions,
+            "total_steps": budgets,
+            "seed": seed,
+            "num_seeds": num_seeds,
+            "reps": reps,
+        }
+        digest = plan.check_confirmatory(out, saved_plan, settings, list(cell_plan))
+    cluster.check_executor(executor, executor_options or {})
     cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE)
     if cost:  # the first task's fp32 cell again, with 1 seed
         cell_plan.update(plan_cells(out / "cost", tasks[:1], [BASELINE], 1, seed, budgets))
-    cells.check_kept_cells(out, {path: config for path, (_, _, config) in cell_plan.items()})
+    configs = {path: config for path, (_, _, config) in cell_plan.items()}
+    moved = cells.check_report_cells(out, configs) if report_only else {}
+    if not report_only:
+        cells.check_kept_cells(out, configs)
     announce(out, cell_plan, dry_run, cost_path if cost else None, statistics=True)
     if dry_run:
         return None
     out.mkdir(parents=True, exist_ok=True)
+    jobs = None if executor == "inline" else cluster.make_executor(executor, out / "submitit", executor_options or {})
     with StopSignals() as stop:  # a signal outside a cell's run (compiling, statistics) stops the study too
         started = time.perf_counter()
-        done, trained = train_cells(out, cell_plan, progress, command, stop)
+        record = None if digest is None else (lambda path: plan.record_cell(out, path, digest))
+        done, trained = train_cells(out, cell_plan, progress, command, stop, jobs, record)
         seconds = time.perf_counter() - started
         summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
         cost_lines = (
@@ -398,10 +526,19 @@ def run_study(
         )
         _log("statistics and plots")
         raw, auc = task_scores(out, summaries, tasks, precisions)
-        randoms = {task: cells.random_floor(task, seed) for task in tasks}
-        known = {task: cells.reference_score(task, seed) for task in tasks}
+        fixed = {}
+        if confirmatory:  # the plan's normalisation and thresholds, and no cell under another plan
+            digest = plan.check_confirmatory(out, read_plan(out), settings, [p for p in cell_plan if p != cost_path])
+            fixed = {t: saved_plan["tasks"][t] for t in tasks}
+        randoms = {t: fixed[t]["random"] if fixed else cells.random_floor(t, seed) for t in tasks}
+        known = {t: fixed[t]["reference"] if fixed else cells.reference_score(t, seed) for t in tasks}
+        sources = {t: f"{v['reference_source']}, fixed by plan {digest}" for t, v in fixed.items()}
+        thresholds = {t: v["threshold"] for t, v in fixed.items()}
         _check_stop(stop, out, "while computing its statistics", command)
-        analysis = report.analyse(raw, tasks, randoms, reps, auc=auc, known=known)
+        rows = {p: {t: cells.read_rows(cells.cell_dir(out, t, p)) for t in tasks} for p in precisions}
+        analysis = report.analyse(
+            raw, tasks, randoms, reps, auc=auc, known=known, rows=rows, thresholds=thresholds, sources=sources
+        )
         curves = {
             task: {
                 p: cells.learning_curve(cells.read_rows(cells.cell_dir(out, task, p)), curve_points) for p in precisions
@@ -410,10 +547,11 @@ def run_study(
         }
         curve_files = report.plot_curves(curves, out, reps=min(reps, 500))
         plot_files = report.plot_summary(analysis, out)
-        saved_plan = read_plan(out)
         planned = {t: v["seeds"] for t, v in saved_plan["tasks"].items()} if saved_plan else None
         lines = header(command, summaries, len(trained - {cost_path}), seconds)
-        lines += ["", *plan_header(saved_plan, tasks, num_seeds)]
+        lines += ["", *plan_header(saved_plan, tasks, num_seeds, digest)]
+        if report_only:
+            lines += ["", *report_only_lines(out, moved)]
         underflow = underflow_lines(out, tasks, precisions)
         _check_stop(stop, out, "while computing its statistics", command)
         return report.write_report(

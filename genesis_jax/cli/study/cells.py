@@ -215,6 +215,38 @@ def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> Non
         )
 
 
+# What makes a cell the cell a study asks for: its flags' fields and its precision's. A report
+# (`check_report_cells`) reads cells whose other settings (the algorithm's) may have moved since.
+STUDY_FIELDS = {*FLAGS, *(field for fields in PRECISIONS.values() for field in fields)}
+
+
+def check_report_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> dict[pathlib.Path, list[str]]:
+    """`check_kept_cells` for a report of cells that trains nothing (`run_study(report_only=True)`):
+    refuses, in one line, a cell of `plan` that has not finished, or that ran with other study
+    settings (`STUDY_FIELDS`: seeds, budget, seed, precision) than `plan` asks for. Returns
+    {cell path: changes} of the settings in which a cell differs from what these settings
+    give today (an algorithm's default that changed since it ran): the report states them."""
+    for path in plan:
+        if read_summary(path) is None:
+            raise ValueError(
+                f"{path} has not finished: a report (--report-only) trains nothing; run the study without "
+                "--report-only to train it (or --no-cost where it is the cost run)"
+            )
+    moved = {}
+    for path, config in plan.items():
+        recorded, planned = recorded_settings(out, path), as_json(config)
+        study = {n for n in set(recorded) & set(planned) if n in STUDY_FIELDS and recorded[n] != planned[n]}
+        if study:
+            raise ValueError(
+                f"{path} was trained with other settings than this study asks for "
+                f"({'; '.join(settings_changes({n: recorded[n] for n in study}, planned))}): "
+                "run the study with the settings it was made with"
+            )
+        if changes := settings_changes(recorded, planned):
+            moved[path] = changes
+    return moved
+
+
 def seed_scores(summary: dict, score: str) -> np.ndarray:
     """The final score of each seed of a cell: `score` ("final_return"), or for a world
     model's cell log10 of its final eval loss."""
@@ -270,6 +302,23 @@ def auc_scores(rows: list[dict], points: int = AUC_POINTS) -> np.ndarray:
     finished = np.isfinite(returns)
     totals = np.where(finished, returns, 0.0).sum(1)
     return np.divide(totals, finished.sum(1), out=np.full(len(returns), np.nan), where=finished.sum(1) > 0)
+
+
+# Windows of a learning curve in which the time to a threshold is looked for (2% of the run each).
+SPEED_POINTS = 50
+
+
+def threshold_times(rows: list[dict], reached, points: int = SPEED_POINTS) -> tuple[np.ndarray, np.ndarray, int]:
+    """(each seed's first logged step, or epoch, at which `reached(curve)` holds: the end of
+    the first of `points` equal windows of its learning curve (`learning_curve`) whose mean
+    reaches the threshold; whether it reached it; the run's budget, its last logged step).
+    A seed that never reaches it counts as the budget: its time is at least that (the report
+    says how many seeds reached it)."""
+    steps, returns = learning_curve(rows, points)
+    hit = np.asarray(reached(returns), bool) & np.isfinite(returns)
+    budget = int(steps[-1])
+    times = np.where(hit.any(1), steps[np.argmax(hit, axis=1)], budget)
+    return times.astype(np.float64), hit.any(1), budget
 
 
 def reference_score(task: str, seed: int = 0) -> float | None:

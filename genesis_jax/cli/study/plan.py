@@ -10,9 +10,20 @@ fp16) and power 1 - beta, the seeds per cell are (normal approximation, equal ce
     n = 2 (z_{1 - alpha} + z_{1 - beta / 2})^2 sd^2 / margin^2
 
 (Chow, Shao & Wang, "Sample Size Calculations in Clinical Research", equivalence of two
-means). The study's interval is a bootstrap of the IQM, not a t-interval of the mean: the
-formula is the plan's approximation, and a study that ran the planned seeds but still says
-"not shown" says so.
+means), z_{1 - alpha} = 1.96: the verdict's own two-sided 95%. The study's analysis is paired
+(seed k shared by every precision), so the plan sizes it from the SD of the pilot's paired
+differences fp16 - fp32 (`sd_d`, with n = (z_{1 - alpha} + z_{1 - beta / 2})^2 sd_d^2 /
+margin^2), and conservatively: not the pilot's point estimate but its one-sided `SD_LEVEL`
+chi-square upper confidence bound (Browne 1995, "On the use of a pilot sample for sample
+size determination"), times `TAIL_FACTOR` for the noisiest statistic a verdict needs (the
+CVaR at 25%). The study's intervals are paired bootstraps of the IQM, the mean and the CVaR,
+not t-intervals of the mean: the formula is the plan's approximation, and a study that ran
+the planned seeds but still says "not shown" says so.
+
+The plan is written before the confirmatory cells (`plan_record`): per task the margin (in
+normalised and raw units), the seeds sized as above, the seed range (fresh seeds after the
+pilot's), the statistics, the time-to-threshold threshold and the failure threshold; its
+hash (`plan_hash`) is quoted by the report of the study run under it (`--confirmatory`).
 
 >>> seeds_needed(0.05)  # sd equal to the margin: 2 (1.96 + 1.28)^2 = 21.0
 22
@@ -20,10 +31,13 @@ formula is the plan's approximation, and a study that ran the planned seeds but 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from statistics import NormalDist
 
 import numpy as np
+import scipy.stats
 
 from genesis_jax.cli.study import stats
 
@@ -31,6 +45,11 @@ POWER = 0.8  # the chance of "equivalent" when the precisions truly are alike
 PILOT_PRECISIONS = ("fp32", "fp16")
 MIN_PILOT_SEEDS = 3  # a standard deviation from fewer is a guess
 # The compute precision whose pilot cell stands in for each study precision's time.
+# The one-sided level of the upper confidence bound on the pilot's SD the seeds are sized from.
+SD_LEVEL = 0.8
+# The variance of a 25% CVaR estimate over the mean's (the normal's, asymptotically: 2.03;
+# the IQM's is 1.19): the seeds the mean needs, times this, give the tail the same precision.
+TAIL_FACTOR = 2.03
 TIME_LIKE = {"fp32": "fp32", "bf16": "fp16", "fp16": "fp16", "fp16-unscaled": "fp16"}
 
 
@@ -43,6 +62,32 @@ def seeds_needed(sd: float, margin: float = stats.MARGIN, confidence: float = st
     z = NormalDist().inv_cdf
     n = 2.0 * (z(1.0 - alpha) + z(1.0 - (1.0 - power) / 2.0)) ** 2 * sd**2 / margin**2
     return max(stats.MIN_SEEDS_FOR_VERDICT, math.ceil(n))
+
+
+def sd_upper(sd: float, dof: int, level: float = SD_LEVEL) -> float:
+    """The one-sided `level` upper confidence bound of a standard deviation `sd` estimated
+    with `dof` degrees of freedom (chi-square: sd sqrt(dof / chi2_{1 - level}(dof)))."""
+    if dof < 1 or not math.isfinite(sd):
+        return float("nan")
+    return float(sd * math.sqrt(dof / scipy.stats.chi2.ppf(1.0 - level, dof)))
+
+
+def paired_seeds(x, y) -> tuple[float, float, int]:
+    """(the SD of the paired differences x - y, its `sd_upper`, the seeds per cell a paired
+    verdict needs from it: `seeds_needed` of the bound / sqrt 2, times `TAIL_FACTOR`)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    d = (x - y)[np.isfinite(x - y)]
+    if d.size < 2:
+        return float("nan"), float("nan"), 0
+    sd = float(np.std(d, ddof=1))
+    upper = sd_upper(sd, d.size - 1)
+    return sd, upper, seeds_needed(upper * math.sqrt(TAIL_FACTOR / 2.0))
+
+
+def plan_hash(saved: dict) -> str:
+    """The first 12 hex digits of the sha256 of a plan's canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(saved, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 def pooled_sd(*columns) -> float:
@@ -69,15 +114,20 @@ def estimate_seconds(pilot: dict, seeds: int, precisions) -> float:
 
 def task_plan(normalised: dict, auc: dict, pilot: dict, precisions) -> dict:
     """One task's plan from its pilot: the pooled SD of the normalised final return and AUC,
-    the seeds each needs, the seeds per cell (the larger) and the wall-time estimate."""
-    sd_final = pooled_sd(*normalised.values())
-    sd_auc = pooled_sd(*auc.values())
-    final, area = seeds_needed(sd_final), seeds_needed(sd_auc) if math.isfinite(sd_auc) else 0
+    the SD of their paired differences fp16 - fp32 and its upper bound (`paired_seeds`), the
+    seeds each needs, the seeds per cell (the larger) and the wall-time estimate."""
+    sd_final, sd_auc = pooled_sd(*normalised.values()), pooled_sd(*auc.values())
+    diff_final, upper_final, final = paired_seeds(normalised["fp16"], normalised["fp32"])
+    diff_auc, upper_auc, area = paired_seeds(auc["fp16"], auc["fp32"])
     seeds = max(final, area)
     return {
         "pilot_seeds": min(len(v) for v in normalised.values()),
         "sd_final": sd_final,
         "sd_auc": sd_auc,
+        "sd_diff_final": diff_final,
+        "sd_diff_final_upper": upper_final,
+        "sd_diff_auc": diff_auc,
+        "sd_diff_auc_upper": upper_auc,
         "seeds_final": final,
         "seeds_auc": area,
         "seeds": seeds,
@@ -111,18 +161,128 @@ def plan_lines(plans: dict[str, dict], steps: dict[str, int], device: str) -> li
     """The plan as a markdown table, with the total time."""
     lines = [
         f"Seeds per cell for an equivalence verdict within +-{stats.MARGIN:g} at {stats.CONFIDENCE:.0%} "
-        f"confidence with {POWER:.0%} power (TOST, the pilot's pooled SD of fp32 and fp16; docs/study.md), "
-        f"and the wall time of every precision's cell at those seeds on {device}:",
+        f"confidence (two-sided: z = 1.96) with {POWER:.0%} power (TOST on the paired differences fp16 - fp32: "
+        f"the {SD_LEVEL:.0%} chi-square upper bound of their SD in the pilot, times {TAIL_FACTOR:g} for the "
+        f"CVaR's variance; docs/study.md), and the wall time of every precision's cell at those seeds on {device}:",
         "",
-        "| task | steps per seed | pilot seeds | SD final | SD AUC | seeds (final) | seeds (AUC) | seeds per cell "
-        "| estimated wall time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | steps per seed | pilot seeds | SD final | SD AUC | SD of differences final (upper bound) "
+        "| SD of differences AUC (upper bound) | seeds (final) | seeds (AUC) | seeds per cell | estimated wall time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, p in plans.items():
         lines.append(
             f"| {task} | {steps[task]} | {p['pilot_seeds']} | {p['sd_final']:.3f} | {p['sd_auc']:.3f} "
+            f"| {p['sd_diff_final']:.3f} ({p['sd_diff_final_upper']:.3f}) "
+            f"| {p['sd_diff_auc']:.3f} ({p['sd_diff_auc_upper']:.3f}) "
             f"| {p['seeds_final']} | {p['seeds_auc']} | {p['seeds']} | {p['estimated_seconds'] / 60:.0f} min |"
         )
     total = sum(p["estimated_seconds"] for p in plans.values())
     lines += ["", f"All tasks: {total / 3600:.1f} h at the planned seeds."]
     return lines
+
+
+PLAN_FILE = "plan.json"
+# {cell: the hash of the plan it started under}, written as each confirmatory cell starts.
+RECORD = "preregistered.json"
+
+
+def read(out) -> dict | None:
+    """The plan in `out` (plan.json), or None."""
+    try:
+        return json.loads((out / PLAN_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def read_record(out) -> dict[str, str]:
+    try:
+        return json.loads((out / RECORD).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def record_cell(out, path, digest: str) -> None:
+    """Records that the cell at `path` starts under the plan `digest` (atomically)."""
+    record = {**read_record(out), path.relative_to(out).as_posix(): digest}
+    tmp = out / f"{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / RECORD)
+
+
+def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> str:
+    """The hash of the plan in `out` a confirmatory study of `settings` runs under, or one
+    line refusing it: no plan, a plan that fixed other settings, or a cell in `cell_paths`
+    that started before the plan or under another one (preregistered.json)."""
+    exploratory = "or run it without --confirmatory, whose report says it is exploratory"
+    if saved is None:
+        raise ValueError(
+            f"no plan in {out}: a confirmatory study runs under a plan written before its cells "
+            f"(genesis-jax study --plan, in this --out), {exploratory}"
+        )
+    digest = plan_hash(saved)
+    fixed = saved.get("study")
+    if fixed is None:
+        raise ValueError(
+            f"the plan in {out} ({digest}) fixes no study settings (an earlier version's plan): "
+            f"plan again in a new --out, {exploratory}"
+        )
+    changes = [f"{key}: plan {fixed.get(key)!r}, study {v!r}" for key, v in settings.items() if fixed.get(key) != v]
+    if changes:
+        raise ValueError(
+            f"this study is not the one plan {digest} fixed ({'; '.join(changes)}): run it with the plan's "
+            f"settings (plan.md says the command), {exploratory}"
+        )
+    record = read_record(out)
+    for path in cell_paths:
+        name = path.relative_to(out).as_posix()
+        if path.exists() and record.get(name) != digest:
+            when = f"under plan {record[name]}" if name in record else "before the plan"
+            raise ValueError(
+                f"{path} ran {when}, not under plan {digest}: its cells cannot give a confirmatory verdict; "
+                f"run the plan's study in a fresh --out, {exploratory}"
+            )
+    return digest
+
+
+def plan_record(
+    plans: dict, pilot: dict, command: str, device: str, settings: dict, bounds: dict[str, tuple[float, float, str]]
+) -> dict:
+    """plan.json: the study's settings, the statistics and, per task, its power plan with the
+    margin, the threshold and the failure threshold in normalised and raw units.
+    `bounds`: {task: (random, reference, its source)} the normalisation the study then uses."""
+    raw = lambda task, x: bounds[task][0] + x * (bounds[task][1] - bounds[task][0])  # noqa: E731
+    first, seeds = settings["seed"], settings["num_seeds"]
+    return {
+        "version": 2,
+        "command": command,
+        "device": device,
+        **pilot,
+        "study": settings,
+        "statistics": {
+            "confidence": stats.CONFIDENCE,
+            "z": round(NormalDist().inv_cdf(1.0 - (1.0 - stats.CONFIDENCE) / 2.0), 4),
+            "power": POWER,
+            "sd": f"the {SD_LEVEL:.0%} chi-square upper bound of the SD of the pilot's paired differences fp16 - fp32",
+            "tail_factor": TAIL_FACTOR,
+            "statistics": list(stats.STATISTICS),
+            "tail": stats.TAIL,
+            "bootstrap": "percentile, paired: seed indices drawn once per task for every precision",
+            "verdict": "equivalent only where the IQM, the mean and the CVaR all are",
+        },
+        "tasks": {
+            task: {
+                **p,
+                "margin": stats.MARGIN,
+                "margin_raw": stats.MARGIN * abs(bounds[task][1] - bounds[task][0]),
+                "random": bounds[task][0],
+                "reference": bounds[task][1],
+                "reference_source": bounds[task][2],
+                "threshold": stats.THRESHOLD,
+                "threshold_raw": raw(task, stats.THRESHOLD),
+                "fail_below": stats.FAIL_BELOW,
+                "fail_below_raw": raw(task, stats.FAIL_BELOW),
+                "seed_range": [first, first + seeds - 1],
+            }
+            for task, p in plans.items()
+        },
+    }

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from genesis_jax.cli.study import stats  # noqa: E402
+from genesis_jax.cli.study import cells, stats  # noqa: E402
 from genesis_jax.cli.study.cells import BASELINE, TASKS  # noqa: E402
 
 
@@ -26,15 +26,17 @@ def references(
     tasks: list[str],
     randoms: dict[str, float],
     known: dict[str, float | None] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> list[tuple[float, str]]:
     """Each task's reference score and its source: `known` ({task: score}, default the
-    published returns of `TASKS`), else the study's fp32 IQM (said so in its source)."""
+    published returns of `TASKS`; `sources`: {task: where it came from} where not the
+    task's own), else the study's fp32 IQM (said so in its source)."""
     out = []
     for i, task in enumerate(tasks):
         spec = TASKS[task]
         reference = (known or {}).get(task, spec.reference)
         if reference is not None:
-            out.append((reference, spec.reference_source))
+            out.append((reference, (sources or {}).get(task, spec.reference_source)))
         else:
             out.append((stats.iqm(raw[BASELINE][:, [i]]), spec.reference_source))
     return out
@@ -51,6 +53,29 @@ def learned_flags(normalised: dict, per_task: dict, tasks: list[str], random: li
     return flags
 
 
+def judged(scores: dict[str, np.ndarray], reps: int, seed: int, learnt: dict, lower_is_better=False) -> dict:
+    """A score's verdicts: per statistic ("by_statistic") and combined ("equivalence")."""
+    by_statistic = stats.judge(scores, BASELINE, reps, seed, learnt=learnt, lower_is_better=lower_is_better)
+    return {"by_statistic": by_statistic, "equivalence": stats.equivalence(by_statistic)}
+
+
+def speed(rows: dict, tasks: list[str], random: list, reference: list, thresholds: dict, seeds: int) -> dict:
+    """Each seed's time to its task's threshold (`cells.threshold_times`) as a share of the
+    budget ("share", [seeds, tasks] per precision), and per precision and task the seeds
+    that reached it, the budget and the threshold in normalised and raw units."""
+    share, reached, budgets, levels = {}, {}, [], []
+    for i, task in enumerate(tasks):
+        level = thresholds.get(task, stats.THRESHOLD)
+        levels.append((level, random[i] + level * (reference[i] - random[i])))
+        above = lambda curve, i=i, level=level: (curve - random[i]) / (reference[i] - random[i]) >= level  # noqa: E731
+        for precision, by_task in rows.items():
+            times, hit, budget = cells.threshold_times(by_task[task], above)
+            share.setdefault(precision, np.full((seeds, len(tasks)), np.nan))[:, i] = times / budget
+            reached.setdefault(precision, []).append(int(hit.sum()))
+        budgets.append(budget)
+    return {"share": share, "reached": reached, "budgets": budgets, "thresholds": levels}
+
+
 def analyse(
     raw: dict[str, np.ndarray],
     tasks: list[str],
@@ -59,12 +84,18 @@ def analyse(
     seed: int = 0,
     auc: dict[str, np.ndarray] | None = None,
     known: dict[str, float | None] | None = None,
+    rows: dict[str, dict[str, list[dict]]] | None = None,
+    thresholds: dict[str, float] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> dict:
     """Every statistic of the report from the raw score matrices ([seeds, tasks] per
-    precision): the final return's, and, given `auc` (each seed's mean return over the whole
+    precision): the final return's; given `auc` (each seed's mean return over the whole
     run, same shape), the area under the learning curve's under "auc", normalised with the
-    same random and reference returns and judged with the final return's learned flags."""
-    refs = references(raw, tasks, randoms, known)
+    same random and reference returns and judged with the final return's learned flags;
+    given `rows` ({precision: {task: metric rows}}), the time to `thresholds` ({task:
+    normalised score}, default `stats.THRESHOLD`) under "speed", as a share of the budget
+    (lower is faster). Each score is judged on the paired IQM, mean and CVaR (`judged`)."""
+    refs = references(raw, tasks, randoms, known, sources)
     random = [randoms[t] for t in tasks]
     reference = [r for r, _ in refs]
     normalised = {p: stats.normalise(m, random, reference) for p, m in raw.items()}
@@ -78,8 +109,9 @@ def analyse(
         "per_task": per_task,
         "aggregate": stats.aggregate(normalised, reps, seed),
         "improvement": stats.probability_of_improvement(normalised, BASELINE, reps, seed),
-        "equivalence": stats.equivalence(normalised, BASELINE, reps, seed, learnt=learned),
+        **judged(normalised, reps, seed, learned),
         "learned": learned,
+        "failures": {p: [stats.failure_rate(m[:, i]) for i in range(len(tasks))] for p, m in normalised.items()},
         "profiles": stats.performance_profiles(normalised, np.linspace(0.0, 1.2, 49), reps, seed),
     }
     if auc is not None:
@@ -88,7 +120,16 @@ def analyse(
             "normalised": auc_normalised,
             "per_task": stats.per_task(auc_normalised, reps, seed),
             "aggregate": stats.aggregate(auc_normalised, reps, seed),
-            "equivalence": stats.equivalence(auc_normalised, BASELINE, reps, seed, learnt=learned),
+            **judged(auc_normalised, reps, seed, learned),
+            "learned": learned,
+        }
+    if rows is not None:
+        times = speed(rows, tasks, random, reference, thresholds or {}, raw[BASELINE].shape[0])
+        out["speed"] = {
+            **times,
+            "normalised": times["share"],
+            "per_task": stats.per_task(times["share"], reps, seed),
+            **judged(times["share"], reps, seed, learned, lower_is_better=True),
             "learned": learned,
         }
     return out
@@ -166,14 +207,14 @@ def overflow_table(summaries: dict[str, dict[str, dict]]) -> list[str]:
     lines = ["| precision | updates (all seeds) | skipped | overflow rate | seeds halted | final scales (min-max) |"]
     lines.append("|---|---|---|---|---|---|")
     by_precision: dict[str, list[dict]] = {}
-    for cells in summaries.values():
-        for precision, summary in cells.items():
+    for by_task in summaries.values():
+        for precision, summary in by_task.items():
             by_precision.setdefault(precision, []).append(summary)
-    for precision, cells in by_precision.items():
-        updates = sum(s["total_updates"] for s in cells)
-        skipped = sum(s["skipped_updates"] for s in cells)
-        halted = sum(sum(s.get("halted_per_seed", [False])) for s in cells)
-        scales = [x for s in cells for x in s.get("loss_scale_per_seed", [s["loss_scale"]])]
+    for precision, ran in by_precision.items():
+        updates = sum(s["total_updates"] for s in ran)
+        skipped = sum(s["skipped_updates"] for s in ran)
+        halted = sum(sum(s.get("halted_per_seed", [False])) for s in ran)
+        scales = [x for s in ran for x in s.get("loss_scale_per_seed", [s["loss_scale"]])]
         lines.append(
             f"| {precision} | {updates} | {skipped} | {skipped / updates if updates else 0:.4f} | {halted} "
             f"| {min(scales):g} - {max(scales):g} |"
@@ -181,9 +222,20 @@ def overflow_table(summaries: dict[str, dict[str, dict]]) -> list[str]:
     return lines
 
 
+# The scores judged, by their key in the analysis ("" the final return's, at the top level).
+SCORES = (("", "final"), ("auc", "AUC"), ("speed", "time to threshold"))
+NAMES = {"IQM": "IQM", "Mean": "mean", "CVaR": f"CVaR{stats.TAIL:.0%}".replace("%", "")}
+
+
+def _parts(analysis: dict):
+    """(key, name, part) of each score the analysis judged."""
+    return [(key, name, analysis[key] if key else analysis) for key, name in SCORES if not key or key in analysis]
+
+
 def _verdict_cell(analysis: dict, precision: str, task: int, planned: int | None = None) -> str:
-    """A verdict and its difference; "did not learn" names the precisions that did not; a
-    "not shown" from fewer seeds than the plan asked for says so."""
+    """A verdict and its IQM difference; "did not learn" names the precisions that did not;
+    a "not shown" from fewer seeds than the plan asked for says so; where the statistics do
+    not all agree, each one's verdict."""
     difference, verdict = analysis["equivalence"][precision][task]
     if verdict == "did not learn":
         names = [p for p in (precision, BASELINE) if not analysis["learned"][p][task]]
@@ -191,34 +243,73 @@ def _verdict_cell(analysis: dict, precision: str, task: int, planned: int | None
     seeds = analysis["normalised"][precision].shape[0]
     if verdict == "not shown" and planned is not None and seeds < planned:
         verdict = f"not shown, underpowered ({seeds} of {planned} planned seeds)"
+    by_statistic = analysis.get("by_statistic", {}).get(precision, [{}] * (task + 1))[task]
+    if len({v for _, v in by_statistic.values()}) > 1:
+        each = ", ".join(f"{NAMES[name]} {v}" for name, (_, v) in by_statistic.items())
+        return f"{verdict} ({_fmt(difference)}; {each})"
     return f"{verdict} ({_fmt(difference)})"
 
 
 def verdict_counts(analysis: dict) -> dict[str, dict[str, int]]:
     """Per precision: how many tasks each verdict (its first word: "did not learn", "not
-    shown" and "too few seeds" whole) went to, for the final return and the AUC."""
+    shown" and "too few seeds" whole) went to, for each score (final, auc, speed)."""
     out = {}
-    for score, part in (("final", analysis), ("auc", analysis.get("auc"))):
-        if part is None:
-            continue
+    for key, _, part in _parts(analysis):
         for precision, per_task in part["equivalence"].items():
-            counts = out.setdefault(precision, {}).setdefault(score, {})
+            counts = out.setdefault(precision, {}).setdefault(key or "final", {})
             for _, verdict in per_task:
                 counts[verdict] = counts.get(verdict, 0) + 1
     return out
 
 
 def verdict_table(analysis: dict, planned: dict[str, int] | None = None) -> list[str]:
-    """The verdict table: a row per task and score (final return; AUC where measured)."""
+    """The verdict table: a row per task and score (final return; AUC and time to
+    threshold where measured)."""
     tasks, precisions = analysis["tasks"], [p for p in analysis["aggregate"] if p != BASELINE]
     planned = planned or {}
     lines = ["| task | score | " + " | ".join(precisions) + " |", "|---|---|" + "---|" * len(precisions)]
     for i, task in enumerate(tasks):
         final = "final return" if TASKS[task].score == "return" else "final eval loss"
-        parts = [(final, analysis)] + ([("AUC", analysis["auc"])] if "auc" in analysis else [])
-        for name, part in parts:
-            cells = [_verdict_cell(part, p, i, planned.get(task)) for p in precisions]
-            lines.append(f"| {task} | {name} | " + " | ".join(cells) + " |")
+        for key, name, part in _parts(analysis):
+            cells_ = [_verdict_cell(part, p, i, planned.get(task)) for p in precisions]
+            lines.append(f"| {task} | {final if not key else name} | " + " | ".join(cells_) + " |")
+    return lines
+
+
+def statistic_table(analysis: dict) -> list[str]:
+    """Every statistic's paired difference X - fp32 with its CI and verdict."""
+    lines = ["| task | score | precision | " + " | ".join(NAMES.values()) + " |", "|---|---|---|---|---|---|"]
+    for i, task in enumerate(analysis["tasks"]):
+        for _, name, part in _parts(analysis):
+            for precision, per_task in part.get("by_statistic", {}).items():
+                each = [f"{v} ({_fmt(e)})" for e, v in per_task[i].values()]
+                lines.append(f"| {task} | {name} | {precision} | " + " | ".join(each) + " |")
+    return lines
+
+
+def tail_and_speed_table(analysis: dict) -> list[str]:
+    """Per task and precision: the seeds that end below `stats.FAIL_BELOW`, the final
+    score's CVaR, and the time to the threshold (IQM share of the budget, seeds reaching it)."""
+    lines = [
+        f"| task | precision | seeds ending below {stats.FAIL_BELOW:g} (normalised) | {NAMES['CVaR']} final "
+        "(raw, 95% CI) | time to threshold: IQM share of the budget (95% CI) | seeds reaching it | threshold "
+        "(normalised; raw) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    times = analysis.get("speed")
+    for i, task in enumerate(analysis["tasks"]):
+        for p in analysis["aggregate"]:
+            failed, seeds = analysis["failures"][p][i]
+            row = f"| {task} | {p} | {failed} of {seeds} | {_fmt(analysis['per_task'][p]['CVaR'][i])} |"
+            if times is None:
+                lines.append(row + " - | - | - |")
+                continue
+            level, raw = times["thresholds"][i]
+            reached, budget = times["reached"][p][i], times["budgets"][i]
+            lines.append(
+                row + f" {_fmt(times['per_task'][p]['IQM'][i])} of {budget} | {reached} of {seeds} "
+                f"| {level:g}; {raw:.3g} |"
+            )
     return lines
 
 
@@ -239,11 +330,21 @@ def write_report(
     lines = ["# Precision study", "", *header, ""]
     lines += ["## Verdicts: each precision against fp32, per task", ""]
     lines += [
-        f"The IQM difference of normalised scores (X - {BASELINE}) with its 95% stratified-bootstrap CI, for two "
-        "scores: the final return, and the AUC (each seed's mean normalised return over the whole run: "
-        "does X learn as fast, not only to the same end). "
-        f'"equivalent": the whole CI within +-{stats.MARGIN:g}; "worse"/"better": the whole CI below/above 0 '
-        'and not within the margin; "not shown": neither. No verdict where it would say nothing: '
+        f"Each precision X against {BASELINE}, per task, on three scores: the final return; the AUC (each seed's "
+        "mean normalised return over the whole run: does X learn as fast, not only to the same end); and the "
+        "time to threshold (the first logged step at which a seed's return, in "
+        f"{cells.SPEED_POINTS} windows of its run, reaches the threshold, as a share of the budget; lower is "
+        "faster; a seed that never reaches it counts as the whole budget, a lower bound on its time). Each "
+        f"score is judged on three statistics of its seeds: the IQM, the mean and the {NAMES['CVaR']} (the mean "
+        f"of the worst {stats.TAIL:.0%} of the seeds, where a failure on some seeds shows first). Each "
+        f"difference X - {BASELINE} (normalised scores; times in shares of the budget) has a 95% paired "
+        "bootstrap CI: seed k of every precision starts from the same key, so each resample draws seed "
+        f'indices once for all precisions. A statistic is "equivalent" where its whole CI lies within '
+        f'+-{stats.MARGIN:g}, "worse"/"better" where it lies below/above 0 (a longer/shorter time) and not '
+        'within the margin, "not shown" otherwise. A score is "equivalent" only where all three statistics '
+        'are, "worse" where one is (and none is "better"), "better" where every one that is not equivalent '
+        "is; the IQM difference is in brackets, and each statistic's verdict where they differ (all of them: "
+        '"Verdicts by statistic" below). No verdict where it would say nothing: '
         f'"did not learn" where X or {BASELINE} has an IQM normalised final score below {stats.LEARNED_FROM:g} '
         f"(0 is the random policy; the names in brackets; where {BASELINE} is its own reference, where its "
         "raw IQM's CI does not lie above the random policy's return), "
@@ -252,6 +353,8 @@ def write_report(
         "",
         *verdict_table(analysis, planned),
     ]
+    lines += ["", "## Tail and speed", "", *tail_and_speed_table(analysis)]
+    lines += ["", "## Verdicts by statistic (paired differences X - fp32, 95% CIs)", "", *statistic_table(analysis)]
     lines += ["", "## Aggregate over tasks (normalised scores, 95% CIs)", ""]
     lines += ["| score | precision | " + " | ".join(stats.AGGREGATES) + f" | P(X > {BASELINE}) |"]
     lines += ["|---|---|" + "---|" * (len(stats.AGGREGATES) + 1)]

@@ -1,6 +1,12 @@
-"""The study's statistics, all from rliable (Agarwal et al., 2021): normalised scores,
-per-task and aggregate interval estimates, probability of improvement, performance profiles,
-and an equivalence verdict per task and precision.
+"""The study's statistics: normalised scores, per-task and aggregate interval estimates,
+probability of improvement and performance profiles from rliable (Agarwal et al., 2021), and
+the verdicts: per task and precision, paired differences X - fp32 of three statistics (`IQM`,
+`Mean` and the lower tail `CVaR`), each with its own verdict, and "equivalent" only where all
+three are (`combine`).
+
+Paired: seed k of every precision starts from the same key, so the bootstrap of a
+difference resamples seed indices, one draw for every precision at once (`paired`); rliable
+resamples each precision on its own, which is valid but wastes the seeds' correlation.
 
 A score matrix is `[runs, tasks]` (runs: seeds), one per precision, as rliable takes it.
 Every function here is pure: numbers in, numbers out; the report draws and writes them.
@@ -18,6 +24,7 @@ import dataclasses
 import warnings
 
 import numpy as np
+import scipy.stats
 from rliable import library as rly
 from rliable import metrics
 
@@ -35,6 +42,16 @@ LEARNED_FROM = 0.1
 # The fewest bootstrap replications: each 2.5% tail of a 95% interval then holds a few
 # resamples; with fewer (one, say) an interval can have no width at all.
 MIN_REPS = 100
+# The lower tail: the mean of the worst TAIL share of the seeds (CVaR at 25%), where a
+# precision that fails on some seeds shows first (the IQM leaves that quarter out).
+TAIL = 0.25
+# The statistics a verdict needs to agree on, over a task's seeds (higher is better).
+STATISTICS = ("IQM", "Mean", "CVaR")
+# Learning speed: the first logged step at which a seed's return (its learning curve in
+# `cells.SPEED_POINTS` windows) reaches THRESHOLD in normalised score; a plan fixes its own.
+THRESHOLD = 0.5
+# A seed "fails" where its final normalised score ends below FAIL_BELOW (the failure rate).
+FAIL_BELOW = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +73,63 @@ def normalise(raw, random, reference) -> np.ndarray:
     if np.any(reference == random):
         raise ValueError("a task's reference return equals its random return: it cannot normalise")
     return (raw - random) / (reference - random)
+
+
+def cvar(scores, level: float = TAIL, axis: int = -1) -> np.ndarray:
+    """The lower-tail conditional value at risk along `axis`: the mean of the worst `level`
+    share of the values, a fractional weight on the boundary value where `level` x n is not
+    whole (the empirical distribution's CVaR, Rockafellar & Uryasev 2000).
+
+    >>> float(cvar([4.0, 1.0, 3.0, 2.0]))  # the worst 1 of 4
+    1.0
+    >>> float(cvar([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]))  # the worst 1.5 of 6: (1 + 0.5 x 2) / 1.5
+    1.3333333333333333
+    """
+    values = np.sort(np.asarray(scores, np.float64), axis=axis)
+    values = np.moveaxis(values, axis, -1)
+    k = level * values.shape[-1]
+    weights = np.clip(k - np.arange(values.shape[-1]), 0.0, 1.0)
+    return np.sum(values * weights, axis=-1) / k
+
+
+# Each statistic over the last axis (seeds), for `paired`'s resamples.
+FUNCS = {
+    "IQM": lambda x: scipy.stats.trim_mean(x, 0.25, axis=-1),  # rliable's aggregate_iqm
+    "Mean": lambda x: np.mean(x, axis=-1),
+    "CVaR": cvar,
+}
+
+
+def resample_indices(num_seeds: int, reps: int, seed: int = 0) -> np.ndarray:
+    """[reps, num_seeds] seed indices drawn with replacement: one draw, shared by every
+    precision and statistic of a task (the pairing)."""
+    return np.random.default_rng(seed).integers(0, num_seeds, size=(reps, num_seeds))
+
+
+def paired(x, y, func, indices: np.ndarray) -> Estimate:
+    """func(x) - func(y) over paired seeds (x[k] and y[k] from seed k) with its percentile
+    bootstrap CI: each resample takes the same seed indices from both (`resample_indices`)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"a paired difference needs the same seeds on both sides, got {len(x)} and {len(y)}")
+    differences = func(x[indices]) - func(y[indices])
+    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    low, high = np.percentile(differences, [tail, 100.0 - tail])
+    return Estimate(float(func(x) - func(y)), float(low), float(high))
+
+
+def combine(verdicts) -> str:
+    """One verdict from the statistics' verdicts: "equivalent" only where every one is;
+    "worse" where one is and none is "better" (a deficit on any statistic is a deficit);
+    "better" only where every one that is not "equivalent" is "better"; else "not shown"."""
+    verdicts = list(verdicts)
+    if len(set(verdicts)) == 1:  # all alike ("did not learn", "too few seeds" included)
+        return verdicts[0]
+    if "worse" in verdicts and "better" not in verdicts:
+        return "worse"
+    if all(v in ("equivalent", "better") for v in verdicts):
+        return "better"
+    return "not shown"
 
 
 def iqm(scores) -> float:
@@ -102,12 +176,13 @@ def _estimates(score_dict, func, reps: int, seed: int) -> dict[str, list[Estimat
 
 
 def per_task(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, list[Estimate]]]:
-    """For each precision and each statistic (Mean, Median, IQM over seeds), one `Estimate`
+    """For each precision and each statistic (Mean, Median, IQM, CVaR over seeds), one `Estimate`
     per task: rliable on one task's column at a time (a stratified bootstrap over seeds)."""
     funcs = {
         "Mean": lambda x: np.array([metrics.aggregate_mean(x)]),
         "Median": lambda x: np.array([np.median(x)]),  # over seeds (rliable's median is over task means)
         "IQM": lambda x: np.array([metrics.aggregate_iqm(x)]),
+        "CVaR": lambda x: np.array([cvar(x.ravel())]),
     }
     num_tasks = next(iter(scores.values())).shape[1]
     out = {key: {name: [] for name in funcs} for key in scores}
@@ -172,28 +247,53 @@ def above_floor(raw_iqm_low: float, random: float) -> bool:
     return bool(raw_iqm_low > random)
 
 
-def equivalence(
+def judge(
     scores: dict[str, np.ndarray],
     baseline: str,
     reps: int = 2000,
     seed: int = 0,
     margin: float = MARGIN,
     learnt: dict[str, list[bool]] | None = None,
-) -> dict[str, list[tuple[Estimate, str]]]:
-    """Per precision and task: the IQM difference (X - baseline) of normalised scores, its
-    CI (the two precisions' seeds resampled independently), and the `judged_verdict`.
-    `learnt`: which precision learned which task (default: `learned(scores)`)."""
-    num_tasks = scores[baseline].shape[1]
-    func = lambda x, y: np.array([metrics.aggregate_iqm(x) - metrics.aggregate_iqm(y)])  # noqa: E731
-    out = {key: [] for key in scores if key != baseline}
+    lower_is_better: bool = False,
+) -> dict[str, list[dict[str, tuple[Estimate, str]]]]:
+    """Per precision and task: {statistic: (the paired difference X - baseline with its CI,
+    its `judged_verdict`)} for each of `STATISTICS`, from one draw of seed indices per task
+    shared by every precision (`paired`). `learnt`: which precision learned which task
+    (default: `learned(scores)`). `lower_is_better` (a time): the statistics are taken of the
+    negated scores and the differences told back in the scores' units, so "worse" is a
+    longer time and the tail is the slowest seeds."""
+    num_seeds, num_tasks = scores[baseline].shape
     learnt = learned(scores) if learnt is None else learnt
+    sign = -1.0 if lower_is_better else 1.0
+    out = {key: [] for key in scores if key != baseline}
     for task in range(num_tasks):
-        pairs = {key: [scores[key][:, [task]], scores[baseline][:, [task]]] for key in out}
-        for key, (difference,) in _estimates(pairs, func, reps, seed).items():
-            seeds = min(scores[key].shape[0], scores[baseline].shape[0])
+        indices = resample_indices(num_seeds, reps, seed)
+        for key in out:
+            seeds = min(scores[key].shape[0], num_seeds)
             both_learned = learnt[key][task] and learnt[baseline][task]
-            out[key].append((difference, judged_verdict(difference, seeds, both_learned, margin)))
+            judged = {}
+            for name in STATISTICS:
+                e = paired(sign * scores[key][:, task], sign * scores[baseline][:, task], FUNCS[name], indices)
+                told = e if sign > 0 else Estimate(0.0 - e.point, 0.0 - e.high, 0.0 - e.low)
+                judged[name] = (told, judged_verdict(e, seeds, both_learned, margin))
+            out[key].append(judged)
     return out
+
+
+def equivalence(judged: dict[str, list[dict[str, tuple[Estimate, str]]]]) -> dict[str, list[tuple[Estimate, str]]]:
+    """Per precision and task: (the IQM difference, the verdict all statistics agree on:
+    `combine`; "did not learn" and "too few seeds" as each statistic says them)."""
+    return {
+        key: [(task["IQM"][0], combine(v for _, v in task.values())) for task in per_task]
+        for key, per_task in judged.items()
+    }
+
+
+def failure_rate(scores: np.ndarray, below: float = FAIL_BELOW) -> tuple[int, int]:
+    """(seeds whose normalised score ends below `below`, seeds with a score)."""
+    scores = np.asarray(scores, np.float64)
+    finite = scores[np.isfinite(scores)]
+    return int(np.sum(finite < below)), int(finite.size)
 
 
 def performance_profiles(scores: dict[str, np.ndarray], taus, reps: int = 2000, seed: int = 0):

@@ -1,0 +1,159 @@
+"""What a traced function computes in, read from its jaxpr: `dtype_report`; and `cast_per_op`,
+which runs a function with `torch.autocast`'s rule per operation (matmuls and convolutions in
+half precision; exp, log, pow, sums and cumulative sums in float32), for `amp.autocast`.
+
+>>> import jax.numpy as jnp
+>>> from genesis_jax import amp
+>>> report = amp.dtype_report(lambda w, x: jnp.sum(amp.autocast(lambda w, x: x @ w, "fp16")(w, x)),
+...                           jnp.ones((3, 2)), jnp.ones((4, 3)))
+>>> report.dtypes("matmul"), report.dtypes("reduction"), report.outputs
+({'float16': 1}, {'float32': 1}, ('float32',))
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+
+KINDS = {"dot_general": "matmul", "conv_general_dilated": "conv"}
+KINDS.update({op: "reduction" for op in ("argmax", "argmin", "cumlogsumexp", "cummax", "cummin", "cumprod", "cumsum")})
+KINDS.update({f"reduce_{op}": "reduction" for op in ("sum", "max", "min", "prod", "and", "or")})
+KINDS.update({op: "exp/log" for op in ("exp", "exp2", "expm1", "log", "log1p", "logistic", "pow")})
+# torch.autocast's float32 list, as JAX primitives (softmax and logsumexp are made of them)
+FLOAT32_OPS = frozenset(
+    "exp exp2 expm1 log log1p pow rsqrt erf_inv lgamma digamma tan sinh cosh acos asin "
+    "reduce_sum reduce_prod cumsum cumprod cumlogsumexp".split()
+)
+_INLINED = frozenset({"jit", "pjit"})  # inlined: a jitted function's ops are cast too
+
+
+class OpDtype(NamedTuple):
+    """One operation: its kind ("matmul", "conv", "reduction" or "exp/log"), its primitive,
+    its operands' dtypes, its output dtype, and where it sits ("jit(relu)/scan": the calls
+    and loops around it; "" at the top)."""
+
+    kind: str
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    where: str
+
+
+class DtypeReport(NamedTuple):
+    """`dtype_report`'s result: `ops` in trace order, and the dtypes of the outputs."""
+
+    ops: tuple[OpDtype, ...]
+    outputs: tuple[str, ...]
+
+    def dtypes(self, kind: str) -> dict[str, int]:
+        """How many ops of `kind` compute in each dtype (their first operand's): for
+        `assert report.dtypes("matmul") == {"float16": 4}`."""
+        return dict(collections.Counter(op.inputs[0] for op in self.ops if op.kind == kind))
+
+    def __str__(self) -> str:
+        rows = [f"{o.kind:<10} {o.op:<21} {' x '.join(o.inputs):<20} -> {o.output:<9} {o.where}" for o in self.ops]
+        counts = ", ".join(f"{k} {self.dtypes(k)}" for k in dict.fromkeys(o.kind for o in self.ops))
+        return "\n".join([*rows, f"{counts}; outputs {dict(collections.Counter(self.outputs))}"])
+
+
+def _ops(jaxpr, where: str):
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in KINDS:
+            dtypes = tuple(str(v.aval.dtype) for v in eqn.invars)
+            yield OpDtype(KINDS[name], name, dtypes, str(eqn.outvars[0].aval.dtype), where)
+        inner = f"{where}/{name}" + (f"({eqn.params['name']})" if isinstance(eqn.params.get("name"), str) else "")
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from _ops(sub, inner.lstrip("/"))
+
+
+def dtype_report(fn, *args, **kwargs) -> DtypeReport:
+    """Which dtype every matmul, convolution, reduction, exp and log of `fn(*args, **kwargs)`
+    computes in, read from its jaxpr (`jax.make_jaxpr`) through jit, scan, cond, while, remat
+    and custom_jvp/vjp calls; gradients too when `fn` takes them. Nothing runs.
+
+    Print it for a table; assert on it in a test, e.g. that a whole training step's matmuls
+    run in float16 (a Flax module without `dtype=` leaves them in float32, whatever the
+    `TrainState`'s precision) and its loss in float32:
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, flax.linen as nn
+        >>> from genesis_jax import amp
+        >>> net, x = nn.Dense(2), jnp.ones((4, 3))
+        >>> params = net.init(jax.random.PRNGKey(0), x)
+        >>> amp.dtype_report(net.apply, params, x).dtypes("matmul")   # no dtype=: float32
+        {'float32': 1}
+        >>> amp.dtype_report(amp.autocast(net, "fp16").apply, params, x).dtypes("matmul")
+        {'float16': 1}
+    """
+    closed, shapes, _ = _trace(fn, args, kwargs)
+    outputs = tuple(str(s.dtype) for s in jax.tree.leaves(shapes))
+    return DtypeReport(tuple(_ops(closed.jaxpr, "")), outputs)
+
+
+def _dtype(x):
+    return x.dtype if hasattr(x, "dtype") else np.result_type(x)
+
+
+def _floating(x) -> bool:
+    return jnp.issubdtype(_dtype(x), jnp.floating)
+
+
+def _cast(x, dtype):
+    return jax.lax.convert_element_type(x, dtype) if _floating(x) and _dtype(x) != dtype else x
+
+
+def _eval(jaxpr, consts, args, half):
+    """`jax.core.eval_jaxpr`, casting each op's operands by torch.autocast's rule."""
+    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
+    read = lambda v: v.val if isinstance(v, core.Literal) else env[v]  # noqa: E731
+    for eqn in jaxpr.eqns:
+        name, values, params = eqn.primitive.name, [read(v) for v in eqn.invars], dict(eqn.params)
+        if name in _INLINED:
+            outs = _eval(params["jaxpr"].jaxpr, params["jaxpr"].consts, values, half)
+            env.update(zip(eqn.outvars, outs))
+            continue
+        if name in ("dot_general", "conv_general_dilated") and all(map(_floating, values)):
+            values = [_cast(x, half) for x in values]
+            if params.get("preferred_element_type") == jnp.result_type(*(v.aval.dtype for v in eqn.invars)):
+                params["preferred_element_type"] = half
+        elif name in FLOAT32_OPS:
+            values = [_cast(x, jnp.promote_types(_dtype(x), jnp.float32)) if _floating(x) else x for x in values]
+        elif any(core.jaxprs_in_params(params)) or "callback" in name or name == "bitcast_convert_type":
+            values = [_cast(x, v.aval.dtype) for x, v in zip(values, eqn.invars)]  # as traced
+        else:  # the widest floating operand's dtype, weak-typed constants aside (as jnp promotes)
+            strong = [_dtype(x) for x, v in zip(values, eqn.invars) if _floating(x) and not v.aval.weak_type]
+            if strong:
+                widest = jnp.result_type(*strong)
+                values = [_cast(x, widest) for x in values]
+        with eqn.ctx.manager:
+            outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(params))
+        env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _trace(fn, args, kwargs):
+    """`fn(*args, **kwargs)`'s closed jaxpr, output shapes and inputs: the arrays among the
+    leaves of `fn` (an Equinox module's, say) and its arguments; other leaves are static."""
+    leaves, tree = jax.tree.flatten((fn, args, kwargs))
+    is_array = [isinstance(x, (jax.Array, np.ndarray)) for x in leaves]
+
+    def flat(*arrays):
+        it = iter(arrays)
+        fn, args, kwargs = tree.unflatten([next(it) if a else x for x, a in zip(leaves, is_array)])
+        return fn(*args, **kwargs)
+
+    arrays = [x for x, a in zip(leaves, is_array) if a]
+    return *jax.make_jaxpr(flat, return_shape=True)(*arrays), arrays
+
+
+def cast_per_op(fn, half, *args, **kwargs):
+    """`fn(*args, **kwargs)`, with every matmul and convolution in `half` and the ops of
+    `FLOAT32_OPS` in float32, whatever dtypes it was written with; its outputs as computed."""
+    closed, shapes, arrays = _trace(fn, args, kwargs)
+    return jax.tree.unflatten(jax.tree.structure(shapes), _eval(closed.jaxpr, closed.consts, arrays, half))

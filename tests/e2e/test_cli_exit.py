@@ -1,0 +1,34 @@
+"""The command's end (`genesis_jax.cli._exit_now`): run as `genesis-jax` (or `python -m
+genesis_jax.cli`), it skips Python's teardown of the loaded modules, yet exits with the
+command's status, its output whole and its atexit handlers run; a process with another
+thread still working ends as usual, after that thread."""
+
+import json
+
+from tests.support.processes import run_python
+
+DEMO = ["-m", "genesis_jax.cli", "demo", "--steps", "3"]
+
+
+def test_the_command_exits_with_its_status_and_its_whole_output():
+    done = run_python(DEMO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["training_steps"] == 3
+    refused = run_python(["-m", "genesis_jax.cli", "train", "ppo", "--precision", "fp17"], timeout=300)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_the_atexit_handlers_run_and_a_working_thread_finishes(tmp_path):
+    marker = tmp_path / "thread-finished"
+    script = (
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        f"threading.Thread(target=lambda: (time.sleep(1), open({str(marker)!r}, 'w').close())).start()\n"
+        "sys.argv = ['genesis-jax', 'demo', '--steps', '3']\n"
+        "from genesis_jax.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    done = run_python(["-c", script], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "atexit ran"
+    assert marker.exists()  # the thread was waited for: the usual exit

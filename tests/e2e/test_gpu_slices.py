@@ -1,0 +1,48 @@
+"""The GPU study's slice script (experiments/gpu_slices.py) at smoke size, on the CPU: it runs
+the pending cells in order until its deadline, archives them, the archive unpacks into
+benchmarks/, and nothing is pending after."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "gpu_slices.py"
+
+
+@pytest.fixture
+def slices(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_slices", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tiny = {"tasks": ["wm:synthetic"], "num_seeds": 2, "total_steps": {"wm:synthetic": 1}}
+    monkeypatch.setitem(module.PRESETS, "gpu", tiny)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    return module
+
+
+def test_order_then_run_archive_and_unpack(slices, tmp_path):
+    study, bench = tmp_path / "study-gpu", tmp_path / "bench"
+    pending = slices.pending_slices(study, bench)
+    assert pending == [("bench",)] + [("cell", "wm:synthetic", p) for p in slices.PRECISIONS]
+
+    bench.mkdir()
+    (bench / "results.csv").write_text("workload\n")  # the bench already came back
+    done = slices.run(300.0, tmp_path / "out", study, bench, num_seeds=2)
+    assert done == [("cell", "wm:synthetic", p) for p in slices.PRECISIONS]
+    assert slices.pending_slices(study, bench) == []
+
+    names = slices.unpack(tmp_path / "out" / "slices.tar.gz", root=tmp_path / "repo")
+    cells = [f"benchmarks/study-gpu/cells/wm:synthetic/{p}/summary.json" for p in slices.PRECISIONS]
+    assert names == sorted([*cells, "benchmarks/bench/results.csv"])
+    summary = json.loads((tmp_path / "repo" / cells[0]).read_text())
+    assert len(summary["seeds"]) == 2
+
+
+def test_a_spent_deadline_runs_nothing_but_still_archives(slices, tmp_path):
+    done = slices.run(10.0, tmp_path / "out", tmp_path / "study", tmp_path / "bench")
+    assert done == []
+    assert (tmp_path / "out" / "slices.tar.gz").exists()

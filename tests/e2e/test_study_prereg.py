@@ -1,0 +1,156 @@
+"""Pre-registration: `study --plan` writes a plan (margin in normalised and raw units, seeds
+from an upper bound of the pilot's SD at the verdict's z = 1.96, a fresh seed range, the
+statistics and the thresholds) before the confirmatory cells; `--confirmatory` refuses, in
+one line, a study without that plan, at other settings, or whose cells started before it or
+under another one; the report quotes the plan's hash, or says "exploratory". Cells are
+written by hand (tests/e2e/test_study_honesty.py's `write_cell`), so nothing trains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from genesis_jax.cli import main
+from genesis_jax.cli.study import cells, plan
+from tests.e2e.test_study_honesty import STEPS, files, one_line, write_cell
+
+PILOT = 8
+
+
+def make_plan(out, capsys, *extra) -> dict:
+    """A plan from hand-written pilot cells: fp16 follows fp32 seed by seed (correlated)."""
+    rng = np.random.default_rng(1)
+    fp32 = 400 + 40 * rng.standard_normal(PILOT)
+    for precision, returns in (("fp32", fp32), ("fp16", fp32 + 2 * rng.standard_normal(PILOT))):
+        write_cell(out / "plan", precision, num_seeds=PILOT, returns=returns.tolist())
+    argv = ["study", "--plan", "--out", str(out), "--pilot-seeds", str(PILOT), "--precisions", "fp32,fp16"]
+    assert main([*argv, "--total-steps", str(STEPS), "--reps", "100", "--no-progress", *extra]) == 0
+    capsys.readouterr()
+    return json.loads((out / "plan.json").read_text())
+
+
+def confirmatory_argv(out, saved, *extra):
+    fixed = saved["study"]
+    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--total-steps", str(STEPS), "--reps", "100"]
+    argv += ["--seed", str(fixed["seed"]), "--num-seeds", str(fixed["num_seeds"]), "--no-cost", "--no-progress"]
+    return [*argv, "--confirmatory", *extra]
+
+
+def write_study_cells(out, saved, record: str | None):
+    """The plan's study cells, as if trained (`record`: the plan hash they started under)."""
+    fixed = saved["study"]
+    for precision in ("fp32", "fp16"):
+        returns = [450.0 + 5 * k for k in range(fixed["num_seeds"])]
+        path = write_cell(out, precision, num_seeds=fixed["num_seeds"], seed=fixed["seed"], returns=returns)
+        if record is not None:
+            plan.record_cell(out, path, record)
+
+
+def test_the_plan_fixes_margin_seeds_range_statistics_and_thresholds(tmp_path, capsys):
+    out = tmp_path / "study"
+    saved = make_plan(out, capsys)
+    task = saved["tasks"]["CartPole-v1"]
+    random = cells.random_floor("CartPole-v1")
+    assert task["random"] == pytest.approx(random) and task["reference"] == 500.0
+    assert task["margin"] == 0.05 and task["margin_raw"] == pytest.approx(0.05 * (500 - random))
+    assert task["threshold_raw"] == pytest.approx(random + 0.5 * (500 - random))
+    assert task["fail_below_raw"] == pytest.approx(random + 0.5 * (500 - random))
+    # the seeds: the 80% chi-square upper bound of the SD of the paired differences, z = 1.96
+    pilot = {
+        p: json.loads((out / "plan" / "cells" / "CartPole-v1" / p / "summary.json").read_text())
+        for p in ("fp32", "fp16")
+    }
+    d = (np.asarray(pilot["fp16"]["final_return_per_seed"]) - pilot["fp32"]["final_return_per_seed"]) / (500 - random)
+    upper = d.std(ddof=1) * math.sqrt((PILOT - 1) / scipy.stats.chi2.ppf(0.2, PILOT - 1))
+    z = scipy.stats.norm.ppf
+    n = (z(0.975) + z(0.9)) ** 2 * upper**2 * plan.TAIL_FACTOR / 0.05**2
+    assert task["sd_diff_final_upper"] == pytest.approx(upper)
+    assert task["seeds_final"] == max(5, math.ceil(n - 1e-9)) and saved["statistics"]["z"] == 1.96
+    assert saved["study"]["seed"] == PILOT and task["seed_range"] == [PILOT, PILOT + saved["study"]["num_seeds"] - 1]
+    assert saved["statistics"]["statistics"] == ["IQM", "Mean", "CVaR"]
+    digest = hashlib.sha256(json.dumps(saved, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    assert plan.plan_hash(saved) == digest
+    text = (out / "plan.md").read_text()
+    assert f"Plan `{digest}`" in text and f"--seed {PILOT} --num-seeds {saved['study']['num_seeds']}" in text
+    assert text.rstrip().endswith("--confirmatory`")
+
+
+def test_num_seeds_at_plan_time_is_a_floor(tmp_path, capsys):
+    saved = make_plan(tmp_path / "study", capsys, "--num-seeds", "40")
+    assert saved["study"]["num_seeds"] == 40 > saved["tasks"]["CartPole-v1"]["seeds"]
+
+
+def test_a_confirmatory_study_without_a_plan_is_refused(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "3", "--confirmatory"]) == 2
+    assert one_line(capsys).startswith(f"genesis-jax: error: no plan in {out}: a confirmatory study runs under a plan")
+    assert not out.exists()
+
+
+def test_a_confirmatory_study_at_other_settings_than_its_plan_is_refused(tmp_path, capsys):
+    out = tmp_path / "study"
+    saved = make_plan(out, capsys)
+    before = files(out)
+    assert main([*confirmatory_argv(out, saved), "--seed", "0"]) == 2  # the pilot's seeds again
+    line = one_line(capsys)
+    assert f"is not the one plan {plan.plan_hash(saved)} fixed (seed: plan {PILOT}, study 0)" in line
+    assert files(out) == before
+
+
+def test_cells_that_started_before_the_plan_or_under_another_are_refused(tmp_path, capsys):
+    out = tmp_path / "study"
+    saved = make_plan(out, capsys)
+    write_study_cells(out, saved, record=None)  # the cells ran first, the plan was (re)written after
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert "ran before the plan, not under plan" in one_line(capsys)
+    for precision in ("fp32", "fp16"):
+        plan.record_cell(out, out / "cells" / "CartPole-v1" / precision, "0123456789ab")
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert f"ran under plan 0123456789ab, not under plan {plan.plan_hash(saved)}" in one_line(capsys)
+    assert not (out / "report.md").exists()
+
+
+@pytest.mark.slow  # three reports: about a minute on 2 busy cores
+def test_the_report_quotes_the_plan_or_says_exploratory(tmp_path, capsys):
+    out = tmp_path / "study"
+    saved = make_plan(out, capsys)
+    digest = plan.plan_hash(saved)
+    write_study_cells(out, saved, record=digest)
+    assert main(confirmatory_argv(out, saved)) == 0
+    text = (out / "report.md").read_text()
+    assert f"Confirmatory: run under plan `{digest}`" in text and "fixed by plan" in text
+    # the same cells without --confirmatory: exploratory, the plan's hash quoted
+    assert main(confirmatory_argv(out, saved)[:-1]) == 0
+    text = (out / "report.md").read_text()
+    assert f"Exploratory: a plan (`{digest}`) is in this --out" in text
+    # a plan changed after its cells started: not re-planned, and no confirmatory report from it
+    (out / "plan.json").write_text(json.dumps({**saved, "device": "another"}))
+    capsys.readouterr()
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert f"ran under plan {digest}, not under plan" in one_line(capsys)
+
+
+def test_no_plan_says_exploratory(tmp_path, capsys):
+    out = tmp_path / "study"
+    for precision in ("fp32", "fp16"):
+        write_cell(out, precision)
+    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "3", "--total-steps", str(STEPS)]
+    assert main([*argv, "--reps", "100", "--no-cost", "--no-progress"]) == 0
+    assert "Exploratory: no plan (`--plan`) fixed this study" in (out / "report.md").read_text()
+
+
+def test_a_plan_is_not_changed_after_its_study_began(tmp_path, capsys):
+    out = tmp_path / "study"
+    saved = make_plan(out, capsys)
+    before = (out / "plan.json").read_text()
+    plan.record_cell(out, out / "cells" / "CartPole-v1" / "fp32", plan.plan_hash(saved))  # a confirmatory cell began
+    argv = ["study", "--plan", "--out", str(out), "--pilot-seeds", str(PILOT), "--precisions", "fp32,fp16"]
+    assert main([*argv, "--total-steps", str(STEPS), "--reps", "100", "--no-progress", "--num-seeds", "40"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("genesis-jax: error: ") and f"holds plan {plan.plan_hash(saved)}, under which" in last
+    assert (out / "plan.json").read_text() == before
