@@ -2,8 +2,8 @@
 
 A lent GPU gives a session about 15 minutes of device time, at most 10 a call, on a fresh
 machine each time; the full `--preset gpu` study takes hours. So it runs a slice a call: first
-the bench of the big-network workloads, then one study cell after another (a task's precisions
-in order, fp32 first), each call until its deadline. A cell is the study's own unit of resume:
+the bench of the big-network workloads, then one task after another (its precisions in order,
+fp32 first), each call until its deadline. A cell is the study's own unit of resume:
 the cells a call finished come back as one archive, are unpacked into `benchmarks/study-gpu`
 and committed, and the next call, in this session or a later one, starts after them.
 
@@ -40,24 +40,25 @@ WHEELS = "jmp gymnasium farama-notifications gymnax tyro docstring-parser typegu
 
 def pending_slices(study_dir: pathlib.Path = STUDY_DIR, bench_dir: pathlib.Path = BENCH_DIR) -> list[tuple]:
     """The slices not yet done, in order: ("bench",) while the bench has no results, then
-    ("cell", task, precision) for every cell of the GPU preset with no summary."""
+    ("task", task, precisions) for every task of the GPU preset with cells still to run."""
     todo = [] if (bench_dir / "results.csv").exists() else [("bench",)]
     for task in PRESETS["gpu"]["tasks"]:
-        for precision in PRECISIONS:
-            if not (study_dir / "cells" / task / precision / "summary.json").exists():
-                todo.append(("cell", task, precision))
+        missing = tuple(p for p in PRECISIONS if not (study_dir / "cells" / task / p / "summary.json").exists())
+        if missing:
+            todo.append(("task", task, missing))
     return todo
 
 
-def cell_command(task: str, precision: str, study_dir: pathlib.Path, num_seeds: int | None = None) -> list[str]:
-    """The study command for one cell; fp32 comes along (already done: kept, not rerun)."""
+def task_command(task: str, study_dir: pathlib.Path, num_seeds: int | None = None) -> list[str]:
+    """The study command for a task's cells, in order, fp32 first (cells done before are kept,
+    each cell is kept as it finishes). Its statistics take the fewest replications: the report
+    that counts is made here, from all the cells, once they are in."""
     preset = PRESETS["gpu"]
-    precisions = "fp32" if precision == "fp32" else f"fp32,{precision}"
     steps = preset["total_steps"][task]
     return [
         *(sys.executable, "-m", "genesis_jax.cli", "study", "--preset", "gpu", "--tasks", task),
-        *("--precisions", precisions, "--total-steps", f"{task}={steps}", "--out", str(study_dir)),
-        *("--num-seeds", str(num_seeds or preset["num_seeds"]), "--no-cost", "--no-progress"),
+        *("--precisions", ",".join(PRECISIONS), "--total-steps", f"{task}={steps}", "--out", str(study_dir)),
+        *("--num-seeds", str(num_seeds or preset["num_seeds"]), "--reps", "100", "--no-cost", "--no-progress"),
     ]
 
 
@@ -88,8 +89,8 @@ def run(
             cmd = [sys.executable, "-m", "genesis_jax.cli", "bench", "--workloads", BENCH_WORKLOADS]
             cmd += ["--precisions", "fp32,bf16,fp16", "--out", str(bench_dir)]
         else:
-            cmd = cell_command(item[1], item[2], study_dir, num_seeds)
-        print("slice:", *item, f"({left:.0f} s left)", flush=True)
+            cmd = task_command(item[1], study_dir, num_seeds)
+        print("slice:", *item[:2], *item[2:3], f"({left:.0f} s left)", flush=True)
         try:
             finished = subprocess.run(cmd, timeout=left, check=False).returncode == 0
         except subprocess.TimeoutExpired:
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.verb == "next":
         todo = pending_slices()
-        print("next slice:", *(todo[0] if todo else ("none: the GPU study is complete",)))
+        print("next slice:", *(todo[0][:2] if todo else ("none: the GPU study is complete",)), *todo[0][2:3])
         print(f"{len(todo)} slices left; device command (carry ['.whl']):\n  {device_command()}")
     elif args.verb == "wheels":
         print(
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
         )
     elif args.verb == "run":
         done = run(args.deadline, args.out_dir)
-        print(f"{len(done)} slices finished:", *(" ".join(item) for item in done), sep="\n  ")
+        print(f"{len(done)} slices finished:", *(" ".join(map(str, item[:2])) for item in done), sep="\n  ")
     else:
         print(*unpack(args.archive), sep="\n")
     return 0

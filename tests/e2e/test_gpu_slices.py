@@ -1,6 +1,7 @@
 """The GPU study's slice script (experiments/gpu_slices.py) at smoke size, on the CPU: it runs
 the pending cells in order until its deadline, archives them, the archive unpacks into
-benchmarks/, and nothing is pending after."""
+benchmarks/, and nothing is pending after. In the long lane (pytest --long): each cell is a
+study in a subprocess."""
 
 import importlib.util
 import json
@@ -8,7 +9,6 @@ import pathlib
 
 import pytest
 
-pytestmark = pytest.mark.slow
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "gpu_slices.py"
 
@@ -20,19 +20,22 @@ def slices(monkeypatch):
     spec.loader.exec_module(module)
     tiny = {"tasks": ["wm:synthetic"], "num_seeds": 2, "total_steps": {"wm:synthetic": 1}}
     monkeypatch.setitem(module.PRESETS, "gpu", tiny)
+    monkeypatch.setattr(module, "PRECISIONS", ("fp32", "bf16"))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     return module
 
 
+@pytest.mark.slow
+@pytest.mark.long  # subprocess studies: minutes on 2 busy cores
 def test_order_then_run_archive_and_unpack(slices, tmp_path):
     study, bench = tmp_path / "study-gpu", tmp_path / "bench"
     pending = slices.pending_slices(study, bench)
-    assert pending == [("bench",)] + [("cell", "wm:synthetic", p) for p in slices.PRECISIONS]
+    assert pending == [("bench",), ("task", "wm:synthetic", slices.PRECISIONS)]
 
     bench.mkdir()
     (bench / "results.csv").write_text("workload\n")  # the bench already came back
-    done = slices.run(300.0, tmp_path / "out", study, bench, num_seeds=2)
-    assert done == [("cell", "wm:synthetic", p) for p in slices.PRECISIONS]
+    done = slices.run(600.0, tmp_path / "out", study, bench, num_seeds=2)
+    assert done == [("task", "wm:synthetic", slices.PRECISIONS)]
     assert slices.pending_slices(study, bench) == []
 
     names = slices.unpack(tmp_path / "out" / "slices.tar.gz", root=tmp_path / "repo")
