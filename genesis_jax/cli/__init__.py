@@ -653,9 +653,32 @@ def _parse(argv: list[str]):
 def main(argv: list[str] | None = None) -> int:
     """The `genesis-jax` command: its exit status. Called without `argv` (the command itself,
     or `python -m genesis_jax.cli`), the process ends here (`_exit_now`)."""
+    with _one_line_warnings():
+        status = _command(sys.argv[1:] if argv is None else list(argv))
     if argv is None:
-        _exit_now(_command(sys.argv[1:]))
-    return _command(list(argv))
+        _exit_now(status)
+    return status
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """A deprecated spelling the configs accept (a FutureWarning: `--epsilon-steps`, say) is
+    said in one line, `genesis-jax: warning: ...`, not as Python's two (its source line)."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, FutureWarning):
+            print(f"genesis-jax: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _exit_now(status: int):
@@ -674,7 +697,7 @@ def _exit_now(status: int):
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(status if isinstance(status, int) else 1)
+    os._exit(status if isinstance(status, int) else (0 if status is None else 1))
 
 
 def _command(argv: list[str]) -> int:

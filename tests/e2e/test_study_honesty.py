@@ -227,7 +227,11 @@ def test_a_report_only_reads_cells_whose_algorithm_default_moved(tmp_path, capsy
     ("setup", "flags", "message"),
     [
         ("fp32", [], "cells/CartPole-v1/fp16 has not finished: a report (--report-only) trains nothing"),
-        ("both", ["--num-seeds", "4"], "was trained with other settings than this study asks for (--num-seeds: 3 -> 4)"),
+        (
+            "both",
+            ["--num-seeds", "4"],
+            "was trained with other settings than this study asks for (--num-seeds: 3 -> 4)",
+        ),
         ("both", ["--total-steps", "4096"], "(--total-steps: 2048 -> 4096)"),
         ("both", ["--precisions", "fp32,fp16-unscaled"], "cells/CartPole-v1/fp16-unscaled has not finished"),
     ],
