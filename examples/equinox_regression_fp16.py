@@ -31,7 +31,7 @@ tx = amp.skip_nonfinite(optax.adam(3e-3))  # a step whose gradients are not fini
 
 @eqx.filter_jit
 def update(params, static, opt_state, scaler, x, y):
-    loss, grads, _, _, scaler = amp.scaled_value_and_grad(loss_fn)(scaler, params, static, x, y)
+    loss, grads, _, _, scaler = amp.scaled_value_and_grad(loss_fn)((scaler, opt_state), params, static, x, y)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, scaler, loss
 

@@ -35,8 +35,7 @@ def train_step(model, optimizer, x, y):
     def loss_fn(model):
         return jnp.mean((model(x) - y) ** 2)
 
-    loss, grads, finite, norm, scaler = amp.scaled_value_and_grad(loss_fn)(optimizer.scaler.get_value(), model)
-    optimizer.scaler.set_value(scaler)
+    loss, grads, finite, norm, _ = amp.scaled_value_and_grad(loss_fn)(optimizer, model)  # the scale from optimizer
     optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)  # a non-finite step changes nothing
     return loss
 
@@ -46,8 +45,7 @@ def train(steps, seed=0):
     x = jax.random.normal(jax.random.PRNGKey(seed), (1024, 8))
     y = jnp.sin(x).sum(-1, keepdims=True)
     model = MLP(8, 64, 1, rngs=nnx.Rngs(seed))
-    optimizer = nnx.Optimizer(model, amp.skip_nonfinite(optax.adam(3e-3)), wrt=nnx.Param)
-    optimizer.scaler = nnx.Variable(amp.DynamicLossScale())  # PyTorch GradScaler's scale, as a pytree
+    optimizer = amp.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param, precision="fp16")  # owns a loss scaler, skips
     losses = [float(train_step(model, optimizer, x, y)) for _ in range(steps)]
     return losses, model, optimizer
 

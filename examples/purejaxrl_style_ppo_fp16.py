@@ -125,7 +125,7 @@ def make_train(config):
 
             def _update_epoch(update_state, _):
                 def _update_minibatch(state, batch):
-                    (total_loss, _), grads, finite, norm, scaler = grad_fn(state.scaler, state.params, *batch)
+                    (total_loss, _), grads, finite, norm, scaler = grad_fn(state, state.params, *batch)
                     state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
                     return state, total_loss
 

@@ -38,7 +38,7 @@ tx = amp.skip_nonfinite(optax.adam(3e-3))  # a step whose gradients are not fini
 
 @jax.jit
 def update(params, opt_state, scaler, x, y):
-    loss, grads, _, _, scaler = amp.scaled_value_and_grad(loss_fn)(scaler, params, x, y)
+    loss, grads, _, _, scaler = amp.scaled_value_and_grad(loss_fn)((scaler, opt_state), params, x, y)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, scaler, loss
 

@@ -1,7 +1,8 @@
 """The algorithm template: what one algorithm writes, and what it gets for free.
 
 An algorithm is a subclass of `Algorithm` in its own folder. Its whole contract with the
-template is these 18 names, none looked up by duck typing:
+template is these 22 names (11 declared, 3 set by `setup`, 5 filled in, 3 optional hooks),
+each with a default or a check here, none looked up by duck typing:
 
 - declared (class attributes): `name`, `config_class` (its config: its own fields, the first
   base, + `MixedPrecisionConfig` + `ParallelConfig`), `tiny` (a few-row run, for the generic
@@ -198,11 +199,11 @@ def metric_columns(metrics: dict, declared: dict, num_seeds: int, seconds: float
 # The plot's curves, the progress bar's fields and the one-line report's results, from the rows
 # and the summary: (column or summary field, the bar's or the line's label, format).
 _RETURNS = ("recent_return", "episode_return")  # the first a run has: its training return
-_LOSSES = ("loss", "train_loss", "eval_loss")
+_LOSSES = ("loss", "train_loss", "eval_loss", "critic_loss", "actor_loss")
 _BAR = (("episode_return", "ret", ".1f"), ("recent_return", "ret", ".1f"), ("epsilon", "eps", ".2f"))
 _BAR += (("train_loss", "train", ".4f"), ("eval_loss", "eval", ".4f"))
 _RESULTS = ("final_return", ".1f"), ("eval_return", ".1f"), ("final_train_loss", ".4f"), ("eval_loss", ".4f")
-_RESULTS += (("noise_floor", ".4f"),)
+_RESULTS += ("noise_floor", ".4f"), ("final_loss", ".4f")
 _TELEMETRY = ("underflow", "flushed")  # the opt-in underflow telemetry's columns: their means in the summary
 
 
@@ -263,6 +264,9 @@ class Algorithm:
         if cls.score is None:
             cls.score = "final_return" if cls.act is not None else "final_loss"
         cls.underflow_telemetry = "underflow" in cls.metrics  # whether `update` measures it
+        for metric, how in cls.metrics.items():
+            if how.removesuffix(PER_SEED) not in REDUCTIONS:
+                raise TypeError(f"{cls.__name__}.metrics reduces {metric!r} by {how!r}; accepted: {REDUCTIONS}")
 
     def __init__(self, config, grad_transform: Callable | None = None):
         self.config = config
@@ -385,7 +389,7 @@ class Algorithm:
     def describe(self, s: dict) -> str:
         """The one line the CLI prints at the end of a run."""
         env = f" {s['env']}" if "env" in s else ""
-        if s["total_updates"] and s["skipped_updates"] == s["total_updates"]:  # nothing learned: the model as initialised
+        if s["total_updates"] and s["skipped_updates"] == s["total_updates"]:  # the model as initialised
             results = f"no update was applied (all {s['total_updates']} skipped: gradients not finite)"
         else:
             results = " ".join(f"{k}={s[k]:{fmt}}" for k, fmt in _RESULTS if s.get(k) is not None)
@@ -479,6 +483,7 @@ class Algorithm:
         seeds = self.config.seed + np.arange(len(steps_per_seed))  # seed k's faults are seeded by seed + k
         injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
+        memory = compiled.memory_analysis() if compiled is not None else None
         summary = {
             "precision": self.config.train_precision().name,
             "seed": self.config.seed,
@@ -487,6 +492,8 @@ class Algorithm:
             "compile_seconds": compile_seconds,
             "wall_seconds": session.elapsed(),
             "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
+            "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
+            "peak_device_bytes": probes.peak_device_bytes(),
             "loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))),
             "skipped_updates": skipped,
             "total_updates": total_updates,
@@ -508,7 +515,9 @@ class Algorithm:
             summary["total_steps"] = rows[-1]["step"] if rows else 0
         if "episodes" in self.metrics:  # the mean return of the episodes that ended in the last tenth of the rows
             summary |= final_return_of_rows(rows, self.num_seeds)
-        return summary | {f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in _TELEMETRY if rows and k in rows[0]}
+        return summary | {
+            f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in _TELEMETRY if rows and k in rows[0]
+        }
 
     def _progress(self, session: Session) -> Callable[[dict], dict]:
         counted, shown = {"rows": 0, "skipped": 0}, {}  # the skips so far, added up once per row

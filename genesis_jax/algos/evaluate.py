@@ -40,7 +40,7 @@ MAX_EPISODES = 100_000
 
 def acts(algorithm) -> bool:
     """Whether an `Algorithm` subclass acts in an environment (implements `act`)."""
-    return callable(getattr(algorithm, "act", None))
+    return algorithm.act is not None
 
 
 def acting_algorithms() -> list[str]:

@@ -1,6 +1,6 @@
 """Acting by argmax Q, written once for DQN and PQN: epsilon-greedy exploration (its fields, its
 schedule, the action it picks), the greedy evaluation that gives the summary's `eval_return`,
-and `EpsilonGreedy`, the mixin that gives both algorithms these and the reporting that goes with them.
+and `EpsilonGreedy`, the mixin that gives both algorithms these.
 
 Epsilon falls linearly from `epsilon_start` to `epsilon_end` over the first `epsilon_fraction`
 of the run's environment steps (CleanRL's `exploration_fraction`), then stays there: a short
@@ -22,7 +22,6 @@ import numpy as np
 
 from genesis_jax.envs.episodes import final_return_summary
 from genesis_jax.envs.in_loop import in_loop_env
-from genesis_jax.run import plots
 from genesis_jax.run.config import UNIT_INTERVAL
 
 EVAL_ENVS = 32  # greedy episodes at the end of a run (gymnax): the summary's eval_return
@@ -105,14 +104,15 @@ def greedy_returns(env, max_steps: int, apply, params, key):
 
 
 def greedy_evaluation(algo, params) -> dict:
-    """The summary's `eval_return` (and per seed) of a Q-learning run whose `algo` has `eval_env`
-    (`eval_env`'s), `net` and `spec`: the mean return of EVAL_ENVS greedy episodes after training,
-    seed k's from the key of a 1-seed run with seed + k. Empty where `algo.eval_env` is None."""
-    if algo.eval_env is None:
+    """The summary's `eval_return` (and per seed) of a Q-learning `algo` (its `net` and `spec`):
+    the mean return of EVAL_ENVS greedy episodes after training, seed k's from the key of a
+    1-seed run with seed + k. Empty where `eval_env` gives no environments."""
+    env = eval_env(algo.spec, algo.config.seed)
+    if env is None:
         return {}
 
     def returns(params, key):
-        return greedy_returns(algo.eval_env, algo.spec.max_episode_steps, algo.net.apply, params, key)
+        return greedy_returns(env, algo.spec.max_episode_steps, algo.net.apply, params, key)
 
     evaluate = jax.jit(returns if algo.num_seeds == 1 else jax.vmap(returns))
     per_seed = np.asarray(evaluate(params, algo.seed_keys())).reshape(algo.num_seeds, EVAL_ENVS).mean(1).tolist()
@@ -125,13 +125,9 @@ def greedy_evaluation(algo, params) -> dict:
 
 class EpsilonGreedy:
     """What DQN and PQN share as algorithms that act by argmax Q (a mixin, listed before
-    `Algorithm`): the `act` hook, the summary's returns (training and greedy), the progress
-    bar's postfix and the plot. It reads `config` (with `EpsilonGreedyFields`), `net` (the
-    Q-values), `env` (`envs.in_loop`), `spec` and `eval_env` (`eval_env`), and a state with
-    `train_state`, `obs`, `env_state` and `steps`; the metrics rows carry `epsilon`,
-    `recent_return` and `loss`."""
-
-    last_return = None  # the newest training return the progress bar has shown
+    `Algorithm`): the exploring step, the `act` hook and the summary's returns (training and
+    greedy). It reads `config` (with `EpsilonGreedyFields`), `net` (the Q-values), `env` and
+    `spec`, and a state with `train_state`, `obs`, `env_state` and `steps`."""
 
     def explore_step(self, s, key):
         """One epsilon-greedy vector step from `s.obs` at the epsilon of `s.steps`: (the actions,
@@ -146,26 +142,7 @@ class EpsilonGreedy:
         epsilon-greedy at the epsilon the run reached."""
         return q_policy(self.net.apply, s.train_state.params, None if greedy else self.config.epsilon(s.steps))
 
-    def returns_summary(self, rows: list[dict], recent, params) -> dict:
-        """The summary's head: the environment, the steps run, `final_return` (the last finished
-        training episodes, `recent` [seeds, RECENT]) and `eval_return` (greedy, after training)."""
-        return {
-            "env": self.config.env,
-            "env_backend": self.spec.backend,
-            "num_seeds": self.num_seeds,
-            "total_steps": rows[-1]["step"] if rows else 0,
-            **final_return_summary(recent, self.num_seeds),
-            **greedy_evaluation(self, params),
-        }
-
-    def postfix(self, row: dict) -> dict:
-        self.last_return = row["recent_return"] if row["recent_return"] is not None else self.last_return
-        return {"eps": f"{row['epsilon']:.2f}", **({"ret": f"{self.last_return:.1f}"} if self.last_return else {})}
-
-    def plot(self, rows: list[dict], file) -> None:
-        plots.plot_curves(rows, "step", ["recent_return"], file, title=self.title(), log_y=False, twin_keys=["loss"])
-
-    def describe_returns(self, s: dict) -> str:
-        """'final_return=... eval_return=...' of `describe`'s line."""
-        evaluated = f" eval_return={s['eval_return']:.1f}" if "eval_return" in s else ""
-        return f"final_return={s['final_return']:.1f}{evaluated}"
+    def returns_summary(self, recent, params) -> dict:
+        """The summary's returns: `final_return` (the last finished training episodes, `recent`
+        [seeds, RECENT]) and `eval_return` (greedy, after training)."""
+        return {**final_return_summary(recent, self.num_seeds), **greedy_evaluation(self, params)}

@@ -10,15 +10,19 @@ and several optimizers in separately jitted updates (CleanRL, SBX).
   string; `PRECISION_NAMES` lists the names;
 - loss scalers with PyTorch `GradScaler`'s rule, as pytrees: `DynamicLossScale`,
   `StaticLossScale`, `NoOpLossScale` (`LossScale`: any of them); `scaler.loss_scale` is the scale;
-- `scaled_value_and_grad`: `jax.value_and_grad` with a scaler: scale, differentiate,
-  unscale, decide "all finite" on the global norm, adjust the scaler;
+- `scaled_value_and_grad`: `jax.value_and_grad` given what applies the gradients (an
+  `Optimizer`, a `TrainState` or `(scaler, opt_state)`: it must skip, as `scaler.step` does):
+  scale, differentiate, unscale, decide "all finite" on the global norm, adjust the scaler;
 - `skip_nonfinite`: an optax wrapper that skips non-finite steps (PyTorch's rule), clips,
   counts skips, and halts on divergence (`DivergenceGuard`);
 - `TrainState` (Flax's, with a scaler; subclassable), `train_step` (the whole update), its NNX
   twin `Optimizer` (an `nnx.Optimizer` that owns its scaler and skips), and,
   for several optimizers sharing a scaler, `update_scaler` once per iteration; `stats`;
-- `autocast`: a network without a `dtype` field in half precision, float32 outputs;
-  `precision_rules` / `FLOAT32_RULES` / `PrecisionRule`: chosen Flax modules in float32;
+- `autocast`: any function or module (linen, Equinox) in half precision per operation, read
+  from its jaxpr as `torch.autocast` decides (matmuls and convolutions in half; exp, log and
+  sums in float32), float32 outputs; `dtype_report`: which dtype each matmul, convolution and
+  reduction of a traced step computes in; `precision_rules` / `FLOAT32_RULES` /
+  `PrecisionRule`: chosen Flax modules in float32;
 - `amp.testing.FaultInjection`: seeded non-finite gradients and loss spikes for tests.
 
 >>> import jax.numpy as jnp, optax
@@ -38,34 +42,14 @@ from genesis_jax.amp.policy import PRECISION_NAMES, Precision, get_precision
 from genesis_jax.amp.rules import FLOAT32_RULES, PrecisionRule, precision_rules
 from genesis_jax.amp.state import Optimizer, TrainState, stats, train_step, update_scaler
 
-__all__ = [
-    # precision
-    "PRECISION_NAMES",
-    "Precision",
-    "get_precision",
-    # loss scalers
-    "DynamicLossScale",
-    "LossScale",
-    "NoOpLossScale",
-    "StaticLossScale",
-    # gradients
-    "scaled_value_and_grad",
-    # the optimizer
-    "DivergenceGuard",
-    "skip_nonfinite",
-    # the train state, its step, a shared scaler, counts
-    "TrainState",
-    "Optimizer",
-    "stats",
-    "train_step",
-    "update_scaler",
-    # networks: half precision without a dtype field, float32 islands
-    "FLOAT32_RULES",
-    "PrecisionRule",
-    "autocast",
-    "dtype_report",
-    "precision_rules",
-]
+# One concern a line: precision; loss scalers; gradients; the optimizer; the train state, its
+# step, a shared scaler, counts; networks in half precision without a dtype field, float32 islands.
+__all__ = ["PRECISION_NAMES", "Precision", "get_precision"]
+__all__ += ["DynamicLossScale", "LossScale", "NoOpLossScale", "StaticLossScale"]
+__all__ += ["scaled_value_and_grad"]
+__all__ += ["DivergenceGuard", "skip_nonfinite"]
+__all__ += ["TrainState", "Optimizer", "stats", "train_step", "update_scaler"]
+__all__ += ["FLOAT32_RULES", "PrecisionRule", "autocast", "dtype_report", "precision_rules"]
 # amp.testing (FaultInjection) is a submodule, read as amp.testing: not a name of the surface.
 
 

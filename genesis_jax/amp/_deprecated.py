@@ -30,7 +30,7 @@ from genesis_jax.amp.loss_scale import (
     check_scaler,
     is_bool_flag,
 )
-from genesis_jax.amp.optim import _advance_schedules, _all_finite, _checked_decision, find_skip_state, global_norm
+from genesis_jax.amp.optim import DECISION, _advance_schedules, _scalar, _stays_finite, find_skip_state, global_norm
 from genesis_jax.amp.optim import step_or_skip as _step_or_skip
 from genesis_jax.amp.policy import as_policy, get_precision
 from genesis_jax.amp.rules import FLOAT32_RULES, PrecisionRule, precision_rules
@@ -148,7 +148,7 @@ DEFAULT_GROWTH_INTERVAL = 2000
 DEFAULT_GUARD_MIN_SCALE = 2.0**-14
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 resolve_policy = as_policy
-all_finite = _all_finite
+all_finite = _stays_finite
 skip_state = find_skip_state
 advance_schedules = _advance_schedules
 float32_loss = _float32_loss
@@ -228,7 +228,7 @@ def step_if_finite(inner: optax.GradientTransformation, grads, inner_state, para
         raise TypeError(f"the optimizer must be an optax GradientTransformation, got {inner!r}")
     if finite is None:
         raise TypeError("finite must be a scalar bool (such as value_and_grad's grads_finite), got None")
-    take = _checked_decision("finite", finite)
+    take = _scalar("finite", finite, (jnp.bool_,), DECISION, bool)
     return _step_or_skip(inner, grads, inner_state, params, take, **extra_args)[:2]
 
 

@@ -10,7 +10,7 @@ and `autocast`, for networks without a `dtype` field.
 >>> grad_fn = jax.jit(amp.scaled_value_and_grad(loss_fn, policy="fp16"))   # params and x cast to float16
 >>> tx = amp.skip_nonfinite(optax.adam(1e-3), max_grad_norm=1.0)
 >>> opt_state, scaler = tx.init(params), amp.DynamicLossScale()
->>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x)
+>>> loss, grads, finite, norm, scaler = grad_fn((scaler, opt_state), params, x)
 >>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
 >>> params = optax.apply_updates(params, updates)
 >>> bool(finite), round(float(loss), 3), float(scaler.loss_scale)
@@ -30,7 +30,7 @@ from flax import nnx
 
 from genesis_jax.amp.jaxpr import cast_per_op
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
-from genesis_jax.amp.optim import global_norm
+from genesis_jax.amp.optim import find_skip_state, global_norm
 from genesis_jax.amp.policy import as_policy
 
 AxisName = str | tuple[str, ...] | None
@@ -47,10 +47,11 @@ class ScaledGrads(NamedTuple):
     scaler: the scaler adjusted by `grads_finite`, for the next step.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> grad_fn = amp.scaled_value_and_grad(lambda w, x: jnp.sum(w * x))
-        >>> out = grad_fn(amp.DynamicLossScale(), jnp.float32(2.0), jnp.float32(3.0))
+        >>> opt_state = amp.skip_nonfinite(optax.sgd(0.1)).init(jnp.float32(2.0))
+        >>> out = grad_fn((amp.DynamicLossScale(), opt_state), jnp.float32(2.0), jnp.float32(3.0))
         >>> float(out.value), float(out.grads), bool(out.grads_finite), float(out.grad_norm)
         (6.0, 3.0, True, 3.0)
         >>> loss, grads, finite, norm, scaler = out   # or unpack it
@@ -183,18 +184,46 @@ def _differentiate(scaled, has_aux: bool, argnums, first_arg):
     return jax.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
 
 
+SKIPPING = (
+    "scaled_value_and_grad takes the optimizer that applies the gradients: an amp.Optimizer (NNX), an amp.TrainState, "
+    "or (scaler, opt_state) of an optimizer wrapped in amp.skip_nonfinite"
+)
+
+
 def _scaler_of(source):
-    """The scaler given, or the one an `amp.Optimizer` holds; a plain `nnx.Optimizer` is refused:
-    it would apply a non-finite step (optax ignores `grads_finite=`)."""
+    """The scaler of what applies the gradients, refusing anything that would apply a non-finite
+    step (optax ignores `grads_finite=`): an `amp.Optimizer`, an `amp.TrainState`, or `(scaler,
+    opt_state)` whose state holds `skip_nonfinite`'s. A bare scaler is 0.3's spelling: it still
+    works, with a DeprecationWarning, as amp cannot see the optimizer then."""
     if isinstance(source, nnx.Optimizer):
         if not isinstance(getattr(source, "scaler", None), nnx.Variable) or not hasattr(source, "precision"):
-            raise TypeError(
-                "scaled_value_and_grad takes the optimizer that applies the gradients only as an amp.Optimizer "
-                "(amp.Optimizer(model, tx, precision='fp16')): a plain nnx.Optimizer would apply a non-finite step"
-            )
-        source = source.scaler.get_value()
+            raise TypeError(f"{SKIPPING}: a plain nnx.Optimizer would apply a non-finite step")
+        return source.scaler.get_value()
+    if hasattr(source, "opt_state") and hasattr(source, "scaler"):  # an amp.TrainState, which always skips
+        source = (source.scaler, source.opt_state)
+    if isinstance(source, tuple) and len(source) == 2:
+        try:
+            find_skip_state(source[1])
+        except ValueError:
+            raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step") from None
+        source = source[0]
+    else:
+        check_scaler(source)
+        warnings.warn(f"a bare scaler is deprecated and goes in 0.4: {SKIPPING}", DeprecationWarning, stacklevel=3)
     check_scaler(source)
     return source
+
+
+def _check_arrays(tree, argnums: int) -> None:
+    """Refuses a differentiated argument holding a leaf JAX cannot differentiate (a function, an
+    object: a whole Equinox module), before JAX's generic TypeError, naming the fix."""
+    for leaf in jax.tree.leaves(tree):
+        if not hasattr(leaf, "dtype") and not isinstance(leaf, (int, float, complex)):
+            raise TypeError(
+                f"loss_fn's argument {argnums} holds a {type(leaf).__name__}, not an array (an Equinox module?): "
+                "differentiate its arrays, params, static = eqx.partition(model, eqx.is_array), "
+                "and rebuild the model in loss_fn with eqx.combine(params, static)"
+            )
 
 
 def scaled_value_and_grad(
@@ -209,9 +238,14 @@ def scaled_value_and_grad(
 ) -> Callable[..., ScaledGrads]:
     """`jax.value_and_grad` with a loss scaler: scale, differentiate, unscale, decide.
 
-    `fn = scaled_value_and_grad(loss_fn)` takes the scaler first, then `loss_fn`'s own
-    arguments, any of them: `fn(scaler, *args, **kwargs) -> ScaledGrads(value, grads,
-    grads_finite, grad_norm, scaler)`. The loss is taken in float32 and multiplied by the
+    `fn = scaled_value_and_grad(loss_fn)` takes what applies the gradients first, then
+    `loss_fn`'s own arguments, any of them: `fn(optimizer, *args, **kwargs) -> ScaledGrads(value,
+    grads, grads_finite, grad_norm, scaler)`. `optimizer` holds the scale and must skip a
+    non-finite step, as PyTorch's `scaler.step(optimizer)` does: an `amp.Optimizer` (NNX), an
+    `amp.TrainState`, or `(scaler, opt_state)` for an optax optimizer wrapped in
+    `amp.skip_nonfinite` (pure pytrees, Equinox). A plain `nnx.Optimizer` or optax state, which
+    would apply a non-finite step, is refused before any step; a bare scaler (0.3) still works,
+    with a DeprecationWarning. The loss is taken in float32 and multiplied by the
     scale, the gradients (with respect to argument `argnums`: a params pytree, or a Flax NNX
     module, whose `nnx.Param` state is differentiated) are unscaled in float32, and one scalar,
     their global norm, decides whether all are finite. The scaler comes back adjusted.
@@ -244,11 +278,11 @@ def scaled_value_and_grad(
         >>> grad_fn = jax.jit(amp.scaled_value_and_grad(loss_fn))
         >>> tx = amp.skip_nonfinite(optax.adam(1e-3))
         >>> opt_state, scaler = tx.init(params), amp.DynamicLossScale()
-        >>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x)
+        >>> loss, grads, finite, norm, scaler = grad_fn((scaler, opt_state), params, x)
         >>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
         >>> bool(finite), round(float(loss), 3), float(scaler.loss_scale)
         (True, 0.09, 65536.0)
-        >>> loss, grads, finite, norm, scaler = grad_fn(scaler, params, x * 1e4)   # float16 overflows
+        >>> loss, grads, finite, norm, scaler = grad_fn((scaler, opt_state), params, x * 1e4)   # float16 overflows
         >>> updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
         >>> bool(finite), float(scaler.loss_scale), int(amp.stats(opt_state)["skipped"])   # skipped, backed off
         (False, 32768.0, 1)
@@ -298,6 +332,8 @@ def scaled_value_and_grad(
             raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
         if len(args) <= argnums:
             raise TypeError(f"loss_fn's argument {argnums} (argnums) is missing: got {len(args)} positional arguments")
+        if not _is_nnx_module(args[argnums]):
+            _check_arrays(args[argnums], argnums)
         if accumulate == 1:
             grads, loss, aux = scaled_grads(scaler, args, kwargs)
         else:

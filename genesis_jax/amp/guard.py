@@ -12,13 +12,12 @@ below `min_scale`, or more than `max_consecutive_skips` skips in a row, halts th
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from genesis_jax.amp.loss_scale import INT32_MAX
+from genesis_jax.amp._checks import INT32_MAX, finite_above, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,71 +42,37 @@ class DivergenceGuard:
     min_scale: float | None = 2.0**-14
     max_consecutive_skips: int | None = 100
 
-    def __post_init__(self):
-        _check_guard_args(self.min_scale, self.max_consecutive_skips)
+    def __post_init__(self):  # a floor NaN or inf would halt or never halt at random; None turns either off
+        check = functools.partial(number, type_error=ValueError)
+        if self.min_scale is not None:
+            check("guard-min-scale", self.min_scale, ">= 0 and finite (None: no floor)", finite_above(0, True))
+        if self.max_consecutive_skips is not None:
+            accepted, ok = "a positive integer below 2^31 (None: no limit)", lambda x: 1 <= x <= INT32_MAX
+            check("max-consecutive-skips", self.max_consecutive_skips, accepted, ok, integer=True)
 
     def tripped(self, new_scale, skip_streak) -> jax.Array:
-        out = jnp.asarray(False)
-        if self.min_scale is not None:
-            out = out | (new_scale < self.min_scale)
-        if self.max_consecutive_skips is not None:
-            out = out | (skip_streak > self.max_consecutive_skips)
-        return out
+        low = jnp.asarray(False) if self.min_scale is None else new_scale < self.min_scale
+        return low | (self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips)
 
     def explain(self, scale: float, skip_streak: int, step: int, dynamic_scale: bool = True) -> str:
         """The sentence a user reads when the guard stops a run. The advice depends on
         `dynamic_scale`: only a dynamic loss scale can be tuned out of a skip streak; without
         one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
         if self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips:
-            cause = (  # strict mode (fp16-full's default) also skips a finite gradient's non-finite update
-                f"{skip_streak} consecutive updates were skipped as non-finite (their gradients, or in strict mode "
-                f"the update or new state; limit {self.max_consecutive_skips})"
-            )
+            # strict mode (fp16-full's default) also skips a finite gradient's non-finite update
+            cause = f"{skip_streak} consecutive updates were skipped as non-finite (their gradients, or in strict mode "
+            cause += f"the update or new state; limit {self.max_consecutive_skips})"
         elif self.min_scale is not None:
             cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
         else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)
             cause = (
                 f"the state was halted by the divergence guard before (scale {scale:g}, {skip_streak} skips in a row)"
             )
-        if dynamic_scale:
-            advice = (
-                "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "
-                "(--min-loss-scale 1) or a shorter --growth-interval helps, or train in bf16/fp32"
-            )
-        else:
-            advice = (
-                "No loss scale is being adjusted here, so the loss or its gradients are themselves non-finite: "
-                "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
-            )
-        return f"training diverged at optimizer step {step}: {cause}. {advice}"
-
-
-def _is_int(value) -> bool:
-    """A Python, numpy or 0-d array integer (not a bool)."""
-    if isinstance(value, (np.ndarray, jax.Array)) and value.shape == ():
-        return np.issubdtype(value.dtype, np.integer)
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def _as_float32(value) -> float:
-    """The float32 a number is used as (inf where it overflows, 0 where it underflows)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.float32(value))
-
-
-def _check_guard_args(min_scale, max_consecutive_skips) -> None:
-    """The floor must be a finite float32 >= 0 (NaN or inf would halt or never halt at
-    random), the skip limit an int32 >= 1; None turns either off."""
-    if min_scale is not None and not (_is_real(min_scale) and 0 <= _as_float32(min_scale) < math.inf):
-        raise ValueError(f"guard-min-scale must be >= 0 and finite (None: no floor), got {min_scale!r}")
-    if max_consecutive_skips is not None and not (
-        _is_int(max_consecutive_skips) and 1 <= max_consecutive_skips <= INT32_MAX
-    ):
-        raise ValueError(
-            "max-consecutive-skips must be a positive integer below 2^31 (None: no limit), "
-            f"got {max_consecutive_skips!r}"
+        advice = (
+            "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "
+            "(--min-loss-scale 1) or a shorter --growth-interval helps, or train in bf16/fp32"
+            if dynamic_scale
+            else "No loss scale is being adjusted here, so the loss or its gradients are themselves non-finite: "
+            "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
         )
+        return f"training diverged at optimizer step {step}: {cause}. {advice}"

@@ -14,19 +14,13 @@ whose every field, configuration included, is a leaf: they pass through `jit`,
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from genesis_jax.amp._checks import INT32_MAX, finite_above, number, refuse_unless
 from genesis_jax.amp.restore import register_restore_check
-
-
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
 
 LARGEST_NORMAL_RECIPROCAL = 2.0**126  # the largest scale whose reciprocal is a normal float32
 
@@ -55,8 +49,7 @@ def checked_finite_flag(grads_finite):
     Only booleans are taken: a float such as PyTorch's `found_inf` (1.0 on overflow, the
     opposite sense), nan, or a string would otherwise convert to True and count as finite."""
     if not is_bool_flag(grads_finite):
-        dtype = getattr(grads_finite, "dtype", None)
-        shown = f"dtype {dtype}" if dtype is not None else type(grads_finite).__name__
+        shown = f"dtype {grads_finite.dtype}" if hasattr(grads_finite, "dtype") else type(grads_finite).__name__
         raise TypeError(
             f"adjust takes the step's 'all gradients finite' flag as a bool, got {shown} {grads_finite!r:.40}; "
             "from PyTorch's found_inf (1.0 on overflow) pass found_inf == 0"
@@ -82,6 +75,12 @@ class _LossScaleBase:
     def _replace(self, **changes):
         return self.tree_unflatten(None, [changes.get(f, getattr(self, f)) for f in self._fields])
 
+    def _state_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self._fields}
+
+    def _from_state_dict(self, state: dict):
+        return self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
+
     def __repr__(self):
         inner = ", ".join(f"{f}={getattr(self, f)}" for f in self._fields)
         return f"{type(self).__name__}({inner})"
@@ -102,6 +101,11 @@ class _LossScaleBase:
     def scale(self, tree):
         """Multiplies every leaf by the scale (in float32 for half-precision leaves)."""
         return _scale_tree(tree, self.loss_scale)
+
+    def adjust(self, grads_finite):
+        """The scaler after one step whose gradients were (not) all finite: a fixed one, itself."""
+        checked_finite_flag(grads_finite)
+        return self
 
 
 @jax.tree_util.register_pytree_node_class
@@ -127,10 +131,6 @@ class NoOpLossScale(_LossScaleBase):
     def unscale(self, tree):
         return _scale_tree(tree)  # float32, no multiply
 
-    def adjust(self, grads_finite) -> "NoOpLossScale":
-        checked_finite_flag(grads_finite)
-        return self
-
 
 @jax.tree_util.register_pytree_node_class
 class StaticLossScale(_LossScaleBase):
@@ -147,12 +147,8 @@ class StaticLossScale(_LossScaleBase):
     _fields = ("loss_scale",)
 
     def __init__(self, loss_scale: float):
-        _validate_static(loss_scale)
+        _check_scale("loss_scale", loss_scale)
         self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
-
-    def adjust(self, grads_finite) -> "StaticLossScale":
-        checked_finite_flag(grads_finite)
-        return self
 
 
 SMALLEST_SCALE = float(np.finfo(np.float32).tiny)  # 2^-126, float32's smallest normal number
@@ -186,25 +182,14 @@ class DynamicLossScale(_LossScaleBase):
         (8.0, 0)
     """
 
-    _fields = (
-        "loss_scale",
-        "growth_tracker",
-        "growth_factor",
-        "backoff_factor",
-        "growth_interval",
-        "min_scale",
-        "backoffs",
-    )
+    _fields = ("loss_scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval", "min_scale")
+    _fields += ("backoffs",)
 
-    def __init__(
-        self,
-        init_scale: float = 2.0**16,  # PyTorch GradScaler's defaults
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        min_scale: float | None = None,
-    ):
-        _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=None):
+        """PyTorch GradScaler's defaults. Refused: a scale that could leave [max(min_scale, 2^-126),
+        float32's largest], or a scaler that could not back off or grow (each value checked as the
+        float32 or int32 it is stored as; traced values, under `jit`, are left alone)."""
+        check_loss_scale_args("dynamic", init_scale, growth_interval, min_scale, growth_factor, backoff_factor)
         self.loss_scale = jnp.asarray(init_scale, jnp.float32)
         self.growth_tracker = jnp.asarray(0, jnp.int32)
         self.growth_factor = jnp.asarray(growth_factor, jnp.float32)
@@ -230,168 +215,83 @@ class DynamicLossScale(_LossScaleBase):
         )
 
 
-def _validate_dynamic(init_scale, growth_factor, backoff_factor, growth_interval, min_scale):
-    """Refuses a dynamic scaler whose scale could leave [max(min_scale, 2^-126), float32's
-    largest], or which could not back off or grow. Each value is checked as the float32 or
-    int32 it is stored as; traced values (a scaler built under `jit`) are left alone."""
-    init = _check_scale("init_scale", init_scale)
-    growth = _float32_arg("growth_factor", growth_factor, "a finite number > 1")
-    if growth is not None and not (math.isfinite(growth) and growth > 1):
-        raise ValueError(f"growth_factor must be finite and > 1 (as a float32), got {growth_factor!r}")
-    backoff = _float32_arg("backoff_factor", backoff_factor, "a number in (0, 1)")
-    if backoff is not None and not 0 < backoff < 1:
-        raise ValueError(f"backoff_factor must be in (0, 1) (as a float32), got {backoff_factor!r}")
-    _check_growth_interval(growth_interval)
-    _check_min_scale(min_scale, init)
-
-
-INT32_MAX = 2**31 - 1  # JAX's default integer: step and skip counters, scan lengths
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _is_real_scalar(value) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return True
-    dtype = getattr(value, "dtype", None)
-    return (
-        isinstance(value, (np.ndarray, jax.Array))
-        and value.shape == ()
-        and (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating))
-    )
-
-
-def _float32_arg(name: str, value, accepted: str) -> float | None:
-    """`value` as the float32 it will be stored as (inf where it overflows float32, 0 where
-    it underflows), or None when it is traced and cannot be checked here."""
-    if not _is_concrete(value):
-        return None
-    if not _is_real_scalar(value):
-        raise TypeError(f"{name} must be {accepted}, got {value!r}")
-    with np.errstate(over="ignore", under="ignore"):
-        return float(np.float32(value))
-
-
 def _check_scale(name: str, value) -> float | None:
     """A loss scale: finite in float32 and a normal number, >= 2^-126 (XLA's CPU backend
     flushes denormals to 0, and a scale of 0 would make every later step 0/0)."""
-    scale = _float32_arg(name, value, "a finite number >= 2^-126")
-    if scale is not None and not (math.isfinite(scale) and scale >= SMALLEST_SCALE):
-        raise ValueError(
-            f"{name} must be finite and >= 2^-126 (float32's smallest normal), at most "
-            f"{_FLOAT32_MAX:.4g} (float32's largest), got {value!r}"
-        )
-    return scale
-
-
-def _check_growth_interval(growth_interval) -> None:
-    if not _is_concrete(growth_interval):
-        return
-    integral = isinstance(growth_interval, (int, np.integer)) or (
-        isinstance(growth_interval, (np.ndarray, jax.Array))
-        and growth_interval.shape == ()
-        and np.issubdtype(growth_interval.dtype, np.integer)
-    )
-    if isinstance(growth_interval, (bool, np.bool_)) or not integral or not 1 <= int(growth_interval) <= INT32_MAX:
-        raise ValueError(f"growth_interval must be an integer from 1 to 2^31-1, got {growth_interval!r}")
-
-
-def _check_min_scale(min_scale, init_scale: float | None) -> None:
-    if min_scale is None:
-        return
-    floor = _float32_arg("min_scale", min_scale, "None or a number in (0, init_scale]")
-    if floor is None:
-        return
-    if not (math.isfinite(floor) and floor > 0 and (init_scale is None or floor <= init_scale)):
-        raise ValueError(f"min_scale must be finite, > 0 and <= init_scale (None: no floor), got {min_scale!r}")
+    accepted = "finite and >= 2^-126 (float32's smallest normal), at most 3.403e+38 (float32's largest)"
+    return number(name, value, accepted, finite_above(SMALLEST_SCALE, or_equal=True))
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 """Any of the three scalers (a type alias, for annotations)."""
-SCALER_TYPES = {cls.__name__: cls for cls in (NoOpLossScale, StaticLossScale, DynamicLossScale)}
 
 
-def _scaler_to_state_dict(scaler) -> dict:
-    return {f: getattr(scaler, f) for f in scaler._fields}
-
-
-def _scaler_from_state_dict(target, state: dict):
-    return target._replace(**{f: jnp.asarray(state[f], getattr(target, f).dtype) for f in target._fields})
-
-
-def _dynamic_rules(scaler, read) -> list:
+def _dynamic_rules(s, read) -> list:
     """What a run writes into a `DynamicLossScale` (a bound before what it bounds)."""
-    interval, tracker, backoffs = read(scaler.growth_interval), read(scaler.growth_tracker), read(scaler.backoffs)
+    interval, tracker, backoffs = (read(x) for x in (s.growth_interval, s.growth_tracker, s.backoffs))
     scale, growth, backoff, floor = (
-        read(x).astype(np.float64)
-        for x in (scaler.loss_scale, scaler.growth_factor, scaler.backoff_factor, scaler.min_scale)
+        read(x).astype(np.float64) for x in (s.loss_scale, s.growth_factor, s.backoff_factor, s.min_scale)
     )
+    above_floor, above_smallest = scale >= np.maximum(floor, SMALLEST_SCALE), "finite, >= 2^-126 and >= min_scale"
     return [
         ("growth_interval", interval, interval >= 1, "an integer >= 1"),
         ("growth_factor", growth, np.isfinite(growth) & (growth > 1), "finite and > 1"),
         ("backoff_factor", backoff, (backoff > 0) & (backoff < 1), "in (0, 1)"),
         ("min_scale", floor, np.isfinite(floor) & (floor >= 0), "finite and >= 0 (0: no floor)"),
-        (
-            "loss_scale",
-            scale,
-            np.isfinite(scale) & (scale >= np.maximum(floor, SMALLEST_SCALE)),
-            "finite, >= 2^-126 and >= min_scale",
-        ),
+        ("loss_scale", scale, np.isfinite(scale) & above_floor, above_smallest),
         ("growth_tracker", tracker, (tracker >= 0) & (tracker < interval), "in [0, growth_interval)"),
         ("backoffs", backoffs, backoffs >= 0, ">= 0"),
     ]
 
 
-def _static_rules(scaler, read) -> list:
-    scale = read(scaler.loss_scale).astype(np.float64)
+def _fixed_rules(s, read) -> list:
+    scale = read(s.loss_scale).astype(np.float64)
+    if isinstance(s, NoOpLossScale):
+        return [("loss_scale", scale, scale == 1, "1 (no loss scaling)")]
     return [("loss_scale", scale, np.isfinite(scale) & (scale >= SMALLEST_SCALE), "finite and >= 2^-126")]
-
-
-def _no_op_rules(scaler, read) -> list:
-    scale = read(scaler.loss_scale).astype(np.float64)
-    return [("loss_scale", scale, scale == 1, "1 (no loss scaling)")]
 
 
 # Flax serialization (`serialization.to_bytes`, `to_state_dict`) of a state holding a scaler,
 # such as a `TrainState` or a subclass of it: each scaler is a dict of its fields. And what a
 # restored one must hold.
-for _cls, _rules in (
-    (DynamicLossScale, _dynamic_rules),
-    (StaticLossScale, _static_rules),
-    (NoOpLossScale, _no_op_rules),
-):
-    serialization.register_serialization_state(_cls, _scaler_to_state_dict, _scaler_from_state_dict, override=True)
-    register_restore_check(_cls, _rules)
-
-
-def _validate_static(loss_scale, name: str = "loss_scale") -> None:
-    _check_scale(name, loss_scale)
+for _cls in (DynamicLossScale, StaticLossScale, NoOpLossScale):
+    serialization.register_serialization_state(
+        _cls, _LossScaleBase._state_dict, _LossScaleBase._from_state_dict, override=True
+    )
+    register_restore_check(_cls, _dynamic_rules if _cls is DynamicLossScale else _fixed_rules)
 
 
 def check_scaler(scaler, name: str = "scaler") -> None:
     """Refuses anything but a loss scaler (these three or one with their interface, such as
     jmp's): a bare number would fail later with an AttributeError, far from the cause. `name`
     is the argument's, for the message (0.2's functions called it loss_scale)."""
-    if not all(hasattr(scaler, attr) for attr in ("loss_scale", "scale", "unscale", "adjust")):
-        raise TypeError(f"{name} must be a loss scaler such as amp.DynamicLossScale() (not a number), got {scaler!r}")
+    ok = all(hasattr(scaler, attr) for attr in ("loss_scale", "scale", "unscale", "adjust"))
+    refuse_unless(ok, name, scaler, "a loss scaler such as amp.DynamicLossScale() (not a number)")
 
 
-def check_loss_scale_args(
-    kind: str,
-    init_scale: float = 2.0**16,
-    growth_interval: int = 2000,
-    min_scale: float | None = None,
-) -> None:
+def check_loss_scale_args(kind, init_scale=2.0**16, growth_interval=2000, min_scale=None, growth=2.0, backoff=0.5):
     """`Precision.scaler`'s checks without building a scaler: no arrays, so a config can
-    call it before JAX has started (or joined other processes).
+    call it before JAX has started (or joined other processes). Every argument is checked
+    whatever the kind; only a dynamic scale must start above its floor.
 
     Raises:
         ValueError: naming the bad argument and what is accepted.
     """
-    if kind not in ("dynamic", "static", "none"):
-        raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
-    # Every argument is checked whatever the kind; only a dynamic scale must start above its floor.
+    refuse_unless(
+        kind in ("dynamic", "static", "none"), "the loss scaling", kind, "dynamic, static or none", ValueError
+    )
     init = _check_scale("init_scale", init_scale)
-    _check_growth_interval(growth_interval)
-    _check_min_scale(min_scale, init if kind == "dynamic" else None)
+    number("growth_factor", growth, "finite and > 1 (as a float32)", finite_above(1))
+    number("backoff_factor", backoff, "in (0, 1) (as a float32)", lambda x: 0 < x < 1)
+    interval_ok = lambda x: 1 <= x <= INT32_MAX
+    number(
+        "growth_interval",
+        growth_interval,
+        "an integer from 1 to 2^31-1",
+        interval_ok,
+        integer=True,
+        type_error=ValueError,
+    )
+    floor_ok = lambda x: finite_above(0)(x) and (kind != "dynamic" or init is None or x <= init)
+    if min_scale is not None:
+        number("min_scale", min_scale, "finite, > 0 and <= init_scale (None: no floor)", floor_ok)

@@ -19,7 +19,6 @@ counts, the guard and the schedules (`_counted`).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from genesis_jax.amp._checks import finite_above, flag, number, refuse_unless
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.restore import register_restore_check
 
@@ -78,11 +78,8 @@ def find_skip_state(opt_state) -> SkipNonFiniteState:
         >>> int(find_skip_state(opt.init({"w": jnp.ones(2)})).skipped)
         0
     """
-    found = [
-        node
-        for node in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, SkipNonFiniteState))
-        if isinstance(node, SkipNonFiniteState)
-    ]
+    is_skip = lambda n: isinstance(n, SkipNonFiniteState)
+    found = [node for node in jax.tree.leaves(opt_state, is_leaf=is_skip) if is_skip(node)]
     if not found:
         raise ValueError("no skip_nonfinite state in this optimizer state: wrap the optimizer in amp.skip_nonfinite")
     return found[0]
@@ -97,12 +94,9 @@ def _advance_schedules(opt_state):
     what a skipped step does to PyTorch's LR schedulers, which step once per iteration
     while a skipped `optimizer.step()` leaves Adam's own step count alone."""
 
-    def advance(node):
-        if isinstance(node, _SCHEDULE_STATES):
-            return node._replace(count=optax.safe_increment(node.count))
-        return node
-
-    return jax.tree.map(advance, opt_state, is_leaf=lambda n: isinstance(n, _SCHEDULE_STATES))
+    is_schedule = lambda n: isinstance(n, _SCHEDULE_STATES)
+    advance = lambda n: n._replace(count=optax.safe_increment(n.count)) if is_schedule(n) else n
+    return jax.tree.map(advance, opt_state, is_leaf=is_schedule)
 
 
 def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = False, **extra_args):
@@ -128,22 +122,14 @@ def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = Fals
         updates, new_state = inner.update(grads, inner_state, params, **extra_args)
         if not strict:
             return updates, new_state, jnp.asarray(True)
-        safe = _all_finite(updates) & _stays_finite(new_state, inner_state)
+        safe = _stays_finite(updates) & _stays_finite(new_state, inner_state)
         if params is not None:
             safe = safe & _stays_finite(optax.apply_updates(params, updates), params)
         updates = jax.tree.map(lambda u: jnp.where(safe, u, jnp.full(u.shape, -0.0, u.dtype)), updates)
         return updates, jax.tree.map(lambda n, o: jnp.where(safe, n, o), new_state, inner_state), safe
 
-    updates_shape, _, _ = jax.eval_shape(step)  # at trace time only
-
-    def skip():
-        return _negative_zeros(updates_shape), inner_state, jnp.asarray(False)
-
-    return jax.lax.cond(take, step, skip)
-
-
-def _negative_zeros(shapes):
-    return jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), shapes)
+    zeros = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), jax.eval_shape(step)[0])  # at trace time only
+    return jax.lax.cond(take, step, lambda: (zeros, inner_state, jnp.asarray(False)))
 
 
 def clip_by_norm(grads, norm, max_norm):
@@ -217,73 +203,30 @@ def check_max_grad_norm(max_grad_norm) -> None:
     """Refuses a clipping norm that would break the promise: NaN or inf would make every
     update non-finite after the finite check, 0 or less would stop or reverse every step.
     It is checked as the float32 it is used as (1e-50 would be 0 there, 1e50 inf)."""
-    if max_grad_norm is None:
-        return
-    if isinstance(max_grad_norm, (bool, np.bool_)) or not isinstance(
-        max_grad_norm, (int, float, np.integer, np.floating)
-    ):
-        raise TypeError(f"max_grad_norm must be a number or None, got {max_grad_norm!r}")
-    with np.errstate(over="ignore", under="ignore"):
-        as_float32 = float(np.float32(max_grad_norm))
-    if not (math.isfinite(as_float32) and as_float32 > 0):
-        raise ValueError(f"max_grad_norm must be finite and > 0 (None: no clipping), got {max_grad_norm!r}")
+    if max_grad_norm is not None:
+        number("max_grad_norm", max_grad_norm, "finite and > 0 (None: no clipping)", finite_above(0))
 
 
-def _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard, strict) -> None:
-    if not isinstance(inner, optax.GradientTransformation):
-        raise TypeError(f"the optimizer to wrap must be an optax GradientTransformation, got {inner!r}")
-    check_max_grad_norm(max_grad_norm)
-    if not isinstance(advance_schedule_on_skip, (bool, np.bool_)):
-        raise TypeError(f"advance_schedule_on_skip must be True or False, got {advance_schedule_on_skip!r}")
-    if not isinstance(strict, (bool, np.bool_)):
-        raise TypeError(f"strict must be True or False, got {strict!r}")
-    if guard is not None and not isinstance(guard, DivergenceGuard):
-        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
-
-
-def _is_scalar_of(value, kinds) -> bool:
-    """Whether `value` is a Python, numpy or JAX scalar (traced too) of one of `kinds`."""
-    if not isinstance(value, (bool, int, float, np.generic, np.ndarray, jax.Array)):
-        return False
-    return jnp.shape(value) == () and any(jnp.issubdtype(jnp.result_type(value), kind) for kind in kinds)
-
-
-def _checked_decision(name: str, value):
-    """`value` as a scalar bool array, refusing anything else: a float NaN would read as True."""
+def _scalar(name: str, value, kinds, accepted: str, dtype):
+    """`value` as a scalar array of `dtype`, refusing anything but a scalar of `kinds` (traced
+    too): a float NaN given as a decision would read as True. None stays None."""
     if value is None:
         return None
-    if not _is_scalar_of(value, (jnp.bool_,)):
-        raise TypeError(f"{name} must be a scalar bool (such as value_and_grad's grads_finite), got {value!r}")
-    return jnp.asarray(value, bool)
+    ok = isinstance(value, (bool, int, float, np.generic, np.ndarray, jax.Array)) and jnp.shape(value) == ()
+    refuse_unless(ok and any(jnp.issubdtype(jnp.result_type(value), kind) for kind in kinds), name, value, accepted)
+    return jnp.asarray(value, dtype)
 
 
-def _checked_norm(grad_norm):
-    if grad_norm is None:
-        return None
-    if not _is_scalar_of(grad_norm, (jnp.floating,)):
-        raise TypeError(f"grad_norm must be a scalar float (value_and_grad's global norm), got {grad_norm!r}")
-    return jnp.asarray(grad_norm, jnp.float32)
-
-
-def _checked_scale(loss_scale):
-    if loss_scale is None:
-        return None
-    if not _is_scalar_of(loss_scale, (jnp.floating, jnp.integer)):
-        raise TypeError(f"loss_scale must be a scalar float (the scaler's loss_scale), got {loss_scale!r}")
-    return loss_scale
-
-
-def _stays_finite(new, old) -> jax.Array:
-    """True when no leaf of `new` is non-finite where the same leaf of `old` was finite
-    (a value that was already inf, such as a best-loss-so-far, may stay inf)."""
-    flags = [jnp.all(jnp.isfinite(n) | ~jnp.isfinite(o)) for n, o in zip(jax.tree.leaves(new), jax.tree.leaves(old))]
+def _stays_finite(new, old=None) -> jax.Array:
+    """True when no leaf of `new` is non-finite where the same leaf of `old` was finite (a value
+    that was already inf, such as a best-loss-so-far, may stay inf); no `old`: all finite."""
+    news = jax.tree.leaves(new)
+    olds = [0.0] * len(news) if old is None else jax.tree.leaves(old)
+    flags = [jnp.all(jnp.isfinite(n) | ~jnp.isfinite(o)) for n, o in zip(news, olds)]
     return jnp.stack(flags).all() if flags else jnp.asarray(True)
 
 
-def _all_finite(tree) -> jax.Array:
-    """True when every element of every leaf is finite (a scalar bool)."""
-    leaves = jax.tree.leaves(tree)
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]).all() if leaves else jnp.asarray(True)
+DECISION = "a scalar bool (such as value_and_grad's grads_finite)"
 
 
 def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedule_on_skip) -> SkipNonFiniteState:
@@ -300,14 +243,7 @@ def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedul
     return SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
 
 
-def skip_nonfinite(
-    inner: optax.GradientTransformation,
-    *,
-    max_grad_norm: float | None = None,
-    advance_schedule_on_skip: bool = False,
-    guard: DivergenceGuard | None = None,
-    strict: bool = False,
-) -> optax.GradientTransformationExtraArgs:
+def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False, guard=None, strict=False):
     """Wraps an optax optimizer so that a step whose gradients are not all finite changes
     nothing, PyTorch `GradScaler`'s rule: the params (its updates are -0.0) and the inner
     state stay bit-identical, and the step is counted as skipped.
@@ -370,20 +306,24 @@ def skip_nonfinite(
         >>> updates["w"], int(state.skipped)
         (Array([-0., -0.], dtype=float32), 1)
     """
-    _check_skip_args(inner, max_grad_norm, advance_schedule_on_skip, guard, strict)
+    is_optax = isinstance(inner, optax.GradientTransformation)
+    refuse_unless(is_optax, "the optimizer to wrap", inner, "an optax GradientTransformation")
+    check_max_grad_norm(max_grad_norm)
+    flag("advance_schedule_on_skip", advance_schedule_on_skip)
+    flag("strict", strict)
+    refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
         # Separate arrays, not one zero twice: a donated state may not hold a buffer twice.
-        return SkipNonFiniteState(
-            inner.init(params), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(False)
-        )
+        return SkipNonFiniteState(inner.init(params), *(jnp.zeros((), dtype) for dtype in (jnp.int32, jnp.int32, bool)))
 
     def update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None, **extra_args):
-        finite, norm = _checked_decision("grads_finite", grads_finite), _checked_norm(grad_norm)
-        loss_scale = _checked_scale(loss_scale)
+        finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), DECISION, bool)
+        norm = _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)
+        loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
         if finite is not None:  # taken in float32: a half-precision leaf (fp16-full's cast) may overflow since
-            finite = finite & _all_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
+            finite = finite & _stays_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
         if finite is None or (norm is None and max_grad_norm is not None):
             computed_norm, computed_finite = global_norm(grads)
             norm = computed_norm if norm is None else norm
@@ -405,11 +345,6 @@ def is_skip_nonfinite(tx) -> bool:
     """Whether `tx`'s state holds a `SkipNonFiniteState` anywhere (`skip_nonfinite` is in it,
     outermost or inside `optax.chain`, `inject_hyperparams` and the like)."""
     try:
-        shape = jax.eval_shape(tx.init, {"p": jnp.zeros(1)})
-    except Exception:  # an optimizer that cannot init on a toy tree: wrap it
+        return find_skip_state(jax.eval_shape(tx.init, {"p": jnp.zeros(1)})) is not None
+    except Exception:  # none found (ValueError), or an optimizer that cannot init on a toy tree: wrap it
         return False
-    try:
-        find_skip_state(shape)
-    except ValueError:
-        return False
-    return True

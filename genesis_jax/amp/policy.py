@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import jmp
 
+from genesis_jax.amp._checks import refuse_unless
 from genesis_jax.amp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, check_loss_scale_args
 
 logger = logging.getLogger("genesis_jax")
@@ -61,10 +62,8 @@ class Precision:
     loss_scaling: str
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"a Precision's name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.policy, jmp.Policy):
-            raise TypeError(f"a Precision's policy must be a jmp.Policy, got {self.policy!r}")
+        refuse_unless(isinstance(self.name, str) and self.name, "a Precision's name", self.name, "a non-empty string")
+        refuse_unless(isinstance(self.policy, jmp.Policy), "a Precision's policy", self.policy, "a jmp.Policy")
         _checked_loss_scaling(self.loss_scaling, self.loss_scaling)
 
     @property
@@ -98,25 +97,15 @@ class Precision:
 
 def as_policy(policy) -> jmp.Policy | None:
     """A `jmp.Policy` from one, a `Precision`, a precision name or jmp policy string, or None."""
-    if policy is None or isinstance(policy, jmp.Policy):
-        return policy
-    if isinstance(policy, Precision):
-        return policy.policy
-    if isinstance(policy, str):
-        return get_precision(policy).policy
-    raise TypeError(f"policy must be a jmp.Policy, a Precision, a precision name or None, got {policy!r}")
+    refuse_unless(isinstance(policy, (type(None), jmp.Policy, Precision, str)), "policy", policy, ACCEPTED_POLICIES)
+    policy = get_precision(policy) if isinstance(policy, str) else policy
+    return policy.policy if isinstance(policy, Precision) else policy
 
 
-def _accepted() -> str:
-    return (
-        ", ".join(PRECISION_NAMES) + " or a jmp policy string such as 'params=float32,compute=float16,output=float32'"
-    )
-
-
-def _auto_name() -> str:
-    chosen = "fp16" if jax.default_backend() == "gpu" else "fp32"
-    logger.info("precision 'auto' chose %s on backend %s", chosen, jax.default_backend())
-    return chosen
+ACCEPTED_POLICIES = "a jmp.Policy, a Precision, a precision name or None"
+_ACCEPTED = (
+    ", ".join(PRECISION_NAMES) + " or a jmp policy string such as 'params=float32,compute=float16,output=float32'"
+)
 
 
 def check_precision(name: str, loss_scaling: str | None = None) -> str:
@@ -173,23 +162,23 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         'none'
     """
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_accepted()}")
+        raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_ACCEPTED}")
     key = name.strip().lower()
     if key == "auto":
-        key = _auto_name()
+        key = "fp16" if jax.default_backend() == "gpu" else "fp32"
+        logger.info("precision 'auto' chose %s on backend %s", key, jax.default_backend())
     if key in _NAMED_POLICIES:
-        policy_string, default_scaling = _NAMED_POLICIES[key]
-        policy = jmp.get_policy(policy_string)
+        policy, default_scaling = jmp.get_policy(_NAMED_POLICIES[key][0]), _NAMED_POLICIES[key][1]
         if key == "fp16-full":
             _warn_fp16_full()
     elif "=" in key:
         try:
             policy = jmp.get_policy(key)
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_accepted()}") from None
+            raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_ACCEPTED}") from None
         default_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
     else:
-        raise ValueError(f"unknown precision {name!r}; accepted: {_accepted()}")
+        raise ValueError(f"unknown precision {name!r}; accepted: {_ACCEPTED}")
     scaling = _checked_loss_scaling(default_scaling if loss_scaling is None else loss_scaling, loss_scaling)
     return Precision(name=key, policy=policy, loss_scaling=scaling)
 
@@ -216,24 +205,18 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
         >>> resolve_precision_name(environ={})
         'fp32'
     """
-    if explicit is not None and not isinstance(explicit, str):
-        raise TypeError(f"the precision must be a name such as 'fp16' or None, got {explicit!r}")
-    if environ is not None and not isinstance(environ, Mapping):
-        raise TypeError(f"environ must be a mapping of environment variables or None, got {environ!r}")
-    if explicit is not None:
-        return explicit
+    refuse_unless(
+        explicit is None or isinstance(explicit, str), "the precision", explicit, "a name such as 'fp16' or None"
+    )
+    ok = environ is None or isinstance(environ, Mapping)
+    refuse_unless(ok, "environ", environ, "a mapping of environment variables or None")
     env = os.environ if environ is None else environ
-    named = env.get("GENESIS_PRECISION")
-    if named is not None and named.strip():
-        return named.strip()
-    flag = env.get("ENABLE_FP16_TRAINING")
-    if flag is None or not flag.strip():
-        return "fp32"
+    named, flag = (env.get("GENESIS_PRECISION") or "").strip(), env.get("ENABLE_FP16_TRAINING") or ""
     word = flag.strip().lower()
-    if word in _TRUE_WORDS:
-        return "fp16"
-    if word in _FALSE_WORDS:
-        return "fp32"
+    if explicit is not None or named:
+        return explicit if explicit is not None else named
+    if not word or word in _TRUE_WORDS + _FALSE_WORDS:
+        return "fp16" if word in _TRUE_WORDS else "fp32"
     raise ValueError(
         f"ENABLE_FP16_TRAINING={flag!r} is not understood; use one of "
         f"{', '.join(_TRUE_WORDS)} (fp16) or {', '.join(_FALSE_WORDS)} (fp32)"

@@ -75,15 +75,12 @@ class PrecisionRule:
         return isinstance(module, self.match)
 
 
-def _is_module_class(value) -> bool:
-    return isinstance(value, type) and issubclass(value, nn.Module)
-
-
 def _check_rule(match, dtype) -> None:
     """A rule matches by a non-empty name pattern or by Flax Module classes, and names a
     floating dtype: an integer compute dtype would truncate the matched module's inputs."""
     classes = match if isinstance(match, tuple) else (match,)
-    if not ((isinstance(match, str) and match) or (classes and all(_is_module_class(c) for c in classes))):
+    is_class = lambda c: isinstance(c, type) and issubclass(c, nn.Module)  # noqa: E731
+    if not ((isinstance(match, str) and match) or (classes and all(map(is_class, classes)))):
         raise TypeError(
             f"a precision rule matches a name pattern such as '*head', a Flax Module class or a tuple of them, "
             f"got {match!r}"
@@ -119,51 +116,37 @@ FLOAT32_RULES: tuple[PrecisionRule, ...] = (
 modules named `*head` or `*logits` compute in float32."""
 
 
-def _cast_floating(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x, tree)
-
-
-@contextlib.contextmanager
-def _compute_dtype(module: nn.Module, dtype):
-    # Flax modules are frozen dataclasses; the compute dtype is set for this call only.
-    if not hasattr(module, "dtype"):
-        yield
-        return
-    before = module.dtype
-    object.__setattr__(module, "dtype", dtype)
-    try:
-        yield
-    finally:
-        object.__setattr__(module, "dtype", before)
-
-
 def _interceptor(rules: Sequence[PrecisionRule], seen: dict):
     def intercept(next_fun, args, kwargs, context):
-        if context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
-        seen["called"] = True
-        rule = next((r for r in rules if r.matches(context.module)), None)
+        module = context.module
+        rule = next((r for r in rules if r.matches(module)), None) if context.method_name == "__call__" else None
+        seen["called"] |= context.method_name == "__call__"
         if rule is None:
             return next_fun(*args, **kwargs)
         seen["matched"] = True
-        args, kwargs = _cast_floating((args, kwargs), rule.dtype)
-        with _compute_dtype(context.module, rule.dtype):
+        cast = lambda x: x.astype(rule.dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x  # noqa: E731
+        args, kwargs = jax.tree.map(cast, (args, kwargs))
+        if not hasattr(module, "dtype"):
             return next_fun(*args, **kwargs)
+        before = module.dtype  # Flax modules are frozen dataclasses: the dtype is set for this call only
+        object.__setattr__(module, "dtype", rule.dtype)
+        try:
+            return next_fun(*args, **kwargs)
+        finally:
+            object.__setattr__(module, "dtype", before)
 
     return intercept
 
 
 def _describe(rule: PrecisionRule) -> str:
-    if isinstance(rule.match, str):
-        return repr(rule.match)
     classes = rule.match if isinstance(rule.match, tuple) else (rule.match,)
-    return "/".join(c.__name__ for c in classes)
+    return repr(rule.match) if isinstance(rule.match, str) else "/".join(c.__name__ for c in classes)
 
 
 def _warn_unmatched(rules: Sequence[PrecisionRule], where: str, stacklevel: int) -> None:
     warnings.warn(
         f"precision_rules{where}: Flax modules were called but none matched a rule "
-        f"({', '.join(_describe(r) for r in rules)}), so nothing ran in the rules' dtypes. "
+        f"({', '.join(map(_describe, rules))}), so nothing ran in the rules' dtypes. "
         "Auto-named layers (Dense_0, Dense_1, ...) match no name pattern: name the heads "
         '(e.g. nn.Dense(n, name="actor_head")) or match by class (PrecisionRule(nn.Dense)).',
         UserWarning,

@@ -27,6 +27,7 @@ import functools
 import weakref
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +36,7 @@ from flax import nnx, struct
 from flax.training import train_state
 
 from genesis_jax.amp import _deprecated
+from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
@@ -54,48 +56,72 @@ from genesis_jax.amp.testing import FaultInjection
 LossFn = Callable[..., Any]
 
 
-def _check_create_args(
-    tx, apply_fn, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, shared_scaler
-) -> None:
-    """`TrainState.create`'s arguments, each refused with a sentence naming it, before any array is made."""
-    if not isinstance(tx, optax.GradientTransformation):
-        raise TypeError(f"tx must be an optax GradientTransformation (such as optax.adam(1e-3)), got {tx!r}")
-    if apply_fn is not None and not callable(apply_fn):
-        raise TypeError(f"apply_fn must be callable or None, got {apply_fn!r}")
+def _setup(tx, params, precision, scaler, max_grad_norm, guard, advance_schedule_on_skip, strict):
+    """`TrainState.create`'s and `Optimizer`'s arguments, each refused with a sentence naming it
+    before any array is made; then (params cast, tx wrapped in `skip_nonfinite`, scaler, precision
+    name). `params` is a callable giving them (an NNX model's state), or None: not cast."""
+    refuse_unless(isinstance(tx, optax.GradientTransformation), "tx", tx, "an optax GradientTransformation")
     if scaler is not None:
         check_scaler(scaler)
-    if precision is not None and not isinstance(precision, (str, Precision)):
-        raise TypeError(f"precision must be a precision name, a Precision or None, got {precision!r}")
+    ok = precision is None or isinstance(precision, (str, Precision))
+    refuse_unless(ok, "precision", precision, "a precision name, a Precision or None")
     check_max_grad_norm(max_grad_norm)
-    if guard is not None and not isinstance(guard, DivergenceGuard):
-        raise TypeError(f"guard must be a DivergenceGuard or None, got {guard!r}")
-    for name, value in (("advance_schedule_on_skip", advance_schedule_on_skip), ("shared_scaler", shared_scaler)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-    if strict is not None and not isinstance(strict, bool):
-        raise TypeError(f"strict must be True, False or None, got {strict!r}")
+    refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
+    flag("advance_schedule_on_skip", advance_schedule_on_skip)
+    flag("strict", strict, none=True)
+    prec = get_precision(precision) if isinstance(precision, str) else precision
+    if prec is not None and not callable(params):
+        params = prec.policy.cast_to_param(params)
+    scaler = (prec.scaler() if prec is not None else NoOpLossScale()) if scaler is None else scaler
+    options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
+    if is_skip_nonfinite(tx):
+        if options != (None, None, False, None):
+            raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
+    else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
+        halves = any(
+            jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params() if callable(params) else params)
+        )
+        strict = halves if strict is None else strict
+        tx = skip_nonfinite(
+            tx,
+            max_grad_norm=max_grad_norm,
+            guard=guard,
+            advance_schedule_on_skip=advance_schedule_on_skip,
+            strict=strict,
+        )
+    return params, tx, scaler, "fp32" if prec is None else prec.name
 
 
-def _check_train_step_args(state, loss_fn, has_aux, faults, grad_transform) -> None:
-    if not isinstance(state, TrainState):
-        raise TypeError(f"state must be an amp.TrainState, got {type(state).__name__}")
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
-    if not isinstance(has_aux, bool):
-        raise TypeError(f"has_aux must be True or False, got {has_aux!r}")
-    if faults is not None and not isinstance(faults, FaultInjection):
-        raise TypeError(f"faults must be an amp.testing.FaultInjection or None, got {faults!r}")
-    if grad_transform is not None and not callable(grad_transform):
-        raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
-
-
-def stores_float16(params) -> bool:
-    """Whether any parameter is stored in float16 (fp16-full): where a step can overflow them."""
-    return any(jnp.asarray(leaf).dtype == jnp.float16 for leaf in jax.tree.leaves(params))
+def _check_computes_in_half(apply_fn, precision) -> None:
+    """Mistake 3: a precision computing in half precision over float32 params, with `apply_fn` a
+    linen module's `apply` whose `dtype` (none, None or float32) leaves its matmuls in float32:
+    refused, naming the fix. A function, an autocast module or half-precision params pass."""
+    module = getattr(apply_fn, "__self__", None)
+    if not isinstance(module, nn.Module) or getattr(apply_fn, "__name__", None) != "apply":
+        return
+    prec = get_precision(precision) if isinstance(precision, str) else precision
+    if not isinstance(prec, Precision) or jnp.dtype(prec.param_dtype) != jnp.float32:
+        return
+    half, dtype = jnp.dtype(prec.compute_dtype), getattr(module, "dtype", None)
+    if half.itemsize < 4 and (dtype is None or jnp.dtype(dtype).itemsize >= 4):
+        has = "no dtype field" if not hasattr(module, "dtype") else f"dtype={dtype and jnp.dtype(dtype).name}"
+        raise ValueError(
+            f"precision {prec.name!r} would compute nothing in {half.name}: apply_fn is the apply of "
+            f"{type(module).__name__}, a linen module with {has}, so its matmuls run in float32; pass "
+            f"apply_fn=amp.autocast(module, {prec.name!r}).apply, or build the module with dtype=jnp.{half.name}"
+        )
 
 
 def _keep_if(keep, new, old):
     return jax.tree.map(lambda n, o: jnp.where(keep, n, o).astype(o.dtype), new, old)
+
+
+def _scaler_after(old, new, skipped, halted):
+    """The scaler after a step: `new` (adjusted by the decision), backed off on any skip all the same
+    (float32 gradients that overflow on the cast to float16 params, a strict check: torch backs off
+    on every skipped step), kept where halted. NoOp and Static scalers need no select."""
+    backed_off = old.adjust(jnp.asarray(False))
+    return new if backed_off is new else _keep_if(~halted, _keep_if(skipped, backed_off, new), old)
 
 
 class TrainState(train_state.TrainState):
@@ -150,7 +176,10 @@ class TrainState(train_state.TrainState):
         Args:
             params: the parameters (cast to the precision's param dtype when one is given).
             tx: any optax optimizer.
-            apply_fn: the network's apply function, as in Flax (None: not used).
+            apply_fn: the network's apply function, as in Flax (None: not used). A linen
+                module's `apply` under a half-precision `precision` must compute in it: a
+                module without `dtype=` (or with None or float32) is refused, naming
+                `amp.autocast(module, precision).apply` or `dtype=` as the fix.
             scaler: the loss scaler; None: the precision's own (`DynamicLossScale` for fp16,
                 none for fp32 and bf16), or no scaling without a precision.
             precision: a precision name or `Precision`; None: parameters as given, "fp32".
@@ -166,25 +195,13 @@ class TrainState(train_state.TrainState):
             **kwargs: other fields, as in Flax (a subclass's own fields too).
         """
         scaler = _deprecated.loss_scale_argument("TrainState.create", loss_scale, scaler)
-        _check_create_args(
-            tx, apply_fn, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, shared_scaler
-        )
-        prec = get_precision(precision) if isinstance(precision, str) else precision
-        if prec is not None:
-            params = prec.policy.cast_to_param(params)
-        if scaler is None:
-            scaler = prec.scaler() if prec is not None else NoOpLossScale()
-        if is_skip_nonfinite(tx):
-            if max_grad_norm is not None or guard is not None or advance_schedule_on_skip or strict is not None:
-                raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
-        else:
-            tx = skip_nonfinite(
-                tx,
-                max_grad_norm=max_grad_norm,
-                guard=guard,
-                advance_schedule_on_skip=advance_schedule_on_skip,
-                strict=stores_float16(params) if strict is None else strict,
-            )
+        optional_callable("apply_fn", apply_fn)
+        _check_computes_in_half(apply_fn, precision)
+        flag("shared_scaler", shared_scaler)
+        options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
+        params, tx, scaler, name = _setup(tx, params, precision, scaler, *options)
+        if shared_scaler:
+            kwargs["pending_backoff"] = _unstepped_flag(jnp.asarray(False))
         return cls(
             step=jnp.asarray(0, jnp.int32),
             apply_fn=apply_fn,
@@ -192,9 +209,8 @@ class TrainState(train_state.TrainState):
             tx=tx,
             opt_state=tx.init(params),
             scaler=scaler,
-            precision=prec.name if prec is not None else "fp32",
+            precision=name,
             shared_scaler=shared_scaler,
-            **({"pending_backoff": _unstepped_flag(jnp.asarray(False))} if shared_scaler else {}),
             **kwargs,
         )
 
@@ -222,30 +238,19 @@ class TrainState(train_state.TrainState):
             grad_norm, grads_finite = global_norm(grads)
         new_scaler = self.scaler.adjust(grads_finite) if scaler is None else scaler
         # Any skip backs off; the guard reads the scale only on a skip, so it sees that one.
-        backed_off = self.scaler.adjust(jnp.asarray(False))
-        if backed_off is not new_scaler:  # NoOpLossScale, StaticLossScale: no select
-            backed_off = _keep_if(grads_finite, backed_off, new_scaler)
-        was_halted = self.halted
+        guard_scale = _keep_if(grads_finite, self.scaler.adjust(jnp.asarray(False)), new_scaler).loss_scale
+        before = find_skip_state(self.opt_state)
         updates, opt_state = self.tx.update(
-            grads,
-            self.opt_state,
-            self.params,
-            grads_finite=grads_finite,
-            grad_norm=grad_norm,
-            loss_scale=backed_off.loss_scale,
+            grads, self.opt_state, self.params, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=guard_scale
         )
-        halted = find_skip_state(opt_state).halted
-        # a skip (grads_finite False, fp16-full's cast overflowed, a strict check) while not halted
-        skipped = ~halted & (find_skip_state(opt_state).skipped != find_skip_state(self.opt_state).skipped)
+        after = find_skip_state(opt_state)
+        skipped = ~after.halted & (after.skipped != before.skipped)  # grads_finite False, a cast overflow, strict
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
             kept, pending = self.scaler, self.pending_backoff | skipped
-        else:  # a scaler that did not change (NoOpLossScale, StaticLossScale) needs no select
-            if backed_off is not new_scaler:
-                new_scaler = _keep_if(skipped, backed_off, new_scaler)
-            kept = self.scaler if new_scaler is self.scaler else _keep_if(~halted, new_scaler, self.scaler)
-            pending = self.pending_backoff
+        else:
+            kept, pending = _scaler_after(self.scaler, new_scaler, skipped, after.halted), self.pending_backoff
         return self.replace(
-            step=self.step + (~was_halted).astype(jnp.int32),
+            step=self.step + (~before.halted).astype(jnp.int32),
             params=optax.apply_updates(self.params, updates),
             opt_state=opt_state,
             scaler=kept,
@@ -322,7 +327,12 @@ def train_step(
         (0.0, -0.1, True)
     """
     loss_fn, args, has_aux = _deprecated.train_step_arguments(loss_fn, args, has_aux)
-    _check_train_step_args(state, loss_fn, has_aux, faults, grad_transform)
+    refuse_unless(isinstance(state, TrainState), "state", type(state).__name__, "an amp.TrainState")
+    refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
+    flag("has_aux", has_aux)
+    ok = faults is None or isinstance(faults, FaultInjection)
+    refuse_unless(ok, "faults", faults, "an amp.testing.FaultInjection or None")
+    optional_callable("grad_transform", grad_transform)
 
     def loss_with_faults(params, *args):
         out = loss_fn(params, *args)
@@ -340,17 +350,10 @@ def train_step(
     grad_fn = scaled_value_and_grad(
         loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
     )
-    (loss, aux), grads, finite, grad_norm, scaler = grad_fn(state.scaler, state.params, *args)
+    (loss, aux), grads, finite, grad_norm, scaler = grad_fn(state, state.params, *args)
     new_state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, scaler=scaler)
-    metrics = {
-        "loss": loss,
-        "aux": aux,
-        "grad_norm": grad_norm.astype(jnp.float32),
-        "grads_finite": finite,
-        "loss_scale": new_state.scaler.loss_scale,
-        "halted": new_state.halted,
-    }
-    return new_state, metrics
+    metrics = dict(loss=loss, aux=aux, grad_norm=grad_norm.astype(jnp.float32), grads_finite=finite)
+    return new_state, {**metrics, "loss_scale": new_state.scaler.loss_scale, "halted": new_state.halted}
 
 
 def _is_train_state(node) -> bool:
@@ -368,14 +371,14 @@ def _unstepped_flag(like):
     return flag
 
 
+ONCE = "step the optimizers (train_step or apply_gradients), then call update_scaler once per iteration"
+
+
 def _check_shared(nodes) -> None:
     """Refuses a call with no step since the last (or since create) where that can be seen, and
     states holding different scalers: their types always, their values where not traced."""
     if all(_UNSTEPPED.get(id(node.pending_backoff)) is node.pending_backoff for node in nodes):
-        raise ValueError(
-            "update_scaler was called with no step since its last call (or since create): step the "
-            "optimizers (train_step or apply_gradients), then call update_scaler once per iteration"
-        )
+        raise ValueError(f"update_scaler was called with no step since its last call (or since create): {ONCE}")
     scalers = [node.scaler for node in nodes]
     same = all(jax.tree.structure(s) == jax.tree.structure(scalers[0]) for s in scalers)
     pairs = [(a, b) for s in scalers[1:] for a, b in zip(jax.tree.leaves(scalers[0]), jax.tree.leaves(s)) if a is not b]
@@ -436,52 +439,33 @@ def update_scaler(*states):
     nodes = [node for node in jax.tree.leaves(tree, is_leaf=_is_train_state) if _is_train_state(node)]
     if not nodes:
         raise TypeError(f"update_scaler takes amp.TrainStates, got {type(tree).__name__}")
-    lone = [type(node).__name__ for node in nodes if not node.shared_scaler]
-    if lone:
+    if not all(node.shared_scaler for node in nodes):
         raise ValueError(
             "update_scaler adjusts a scaler shared by several optimizers: create each state with "
             "TrainState.create(..., shared_scaler=True) (a state alone adjusts its own scaler in train_step)"
         )
     _check_shared(nodes)
     scaler = _shared_adjust(nodes[0].scaler, [node.pending_backoff for node in nodes])
-
-    def updated(node):
-        if not _is_train_state(node):
-            return node
-        return node.replace(scaler=scaler, pending_backoff=_unstepped_flag(node.pending_backoff))
-
-    return jax.tree.map(updated, tree, is_leaf=_is_train_state)
+    new = lambda node: node.replace(scaler=scaler, pending_backoff=_unstepped_flag(node.pending_backoff))
+    return jax.tree.map(lambda node: new(node) if _is_train_state(node) else node, tree, is_leaf=_is_train_state)
 
 
 def _count(x) -> int:
-    return int(np.sum(np.asarray(x)))
+    return int(np.sum(np.asarray(x[...] if isinstance(x, nnx.Variable) else x)))
 
 
 def _optimizer_counts(state) -> dict:
     """steps, skipped and skip_rate of a TrainState, an nnx.Optimizer or an optimizer state."""
-    if _is_train_state(state):
-        steps, opt_state = _count(state.step), state.opt_state
-    elif isinstance(state, nnx.Optimizer):
-        steps, opt_state = _count(state.step[...]), state.opt_state
-    else:
-        steps, opt_state = None, state
+    has_steps = isinstance(state, (TrainState, nnx.Optimizer))
     try:
-        skips = find_skip_state(opt_state)
+        skipped = _count(find_skip_state(state.opt_state if has_steps else state).skipped)
     except ValueError:
-        raise TypeError(
-            f"amp.stats reads an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite, "
-            f"got {type(state).__name__}"
-        ) from None
-    skipped = _count(skips.skipped[...] if isinstance(skips.skipped, nnx.Variable) else skips.skipped)
-    counts = {"skipped": skipped}
-    if steps is not None:
-        counts = {"steps": steps, **counts, "skip_rate": skipped / steps if steps else 0.0}
-    return counts
-
-
-def _scaler_counts(scaler) -> dict:
-    scale = np.asarray(scaler.loss_scale)
-    return {"scale": float(scale.mean()), "backoffs": _count(getattr(scaler, "backoffs", 0))}
+        what = "an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite"
+        raise TypeError(f"amp.stats reads {what}, got {type(state).__name__}") from None
+    if not has_steps:
+        return {"skipped": skipped}
+    steps = _count(state.step)
+    return {"steps": steps, "skipped": skipped, "skip_rate": skipped / steps if steps else 0.0}
 
 
 def stats(*states, **named_states) -> dict:
@@ -511,10 +495,15 @@ def stats(*states, **named_states) -> dict:
     if not named:
         raise TypeError("amp.stats needs at least one state")
     first = next(iter(named.values()))
-    scaler = first.scaler if _is_train_state(first) else None
-    if isinstance(first, Optimizer):
-        scaler = first.scaler.get_value()
-    shared = {} if scaler is None else {**_scaler_counts(scaler), "precision": first.precision}
+    shared = {}
+    if isinstance(first, (TrainState, Optimizer)):
+        scaler = first.scaler.get_value() if isinstance(first, Optimizer) else first.scaler
+        backoffs = _count(getattr(scaler, "backoffs", 0))
+        shared = {
+            "scale": float(np.asarray(scaler.loss_scale).mean()),
+            "backoffs": backoffs,
+            "precision": first.precision,
+        }
     if len(named) == 1:
         return _deprecated.Stats({**_optimizer_counts(first), **shared})
     return _deprecated.Stats({"optimizers": {name: _optimizer_counts(s) for name, s in named.items()}, **shared})
@@ -557,36 +546,23 @@ class Optimizer(nnx.Optimizer):
         advance_schedule_on_skip: bool = False,
         strict: bool | None = None,
     ):
-        _check_create_args(tx, None, scaler, precision, max_grad_norm, guard, advance_schedule_on_skip, strict, False)
-        prec = get_precision(precision) if isinstance(precision, str) else precision
-        if scaler is None:
-            scaler = prec.scaler() if prec is not None else NoOpLossScale()
-        if not is_skip_nonfinite(tx):
-            strict = stores_float16(nnx.state(model, wrt)) if strict is None else strict
-            tx = skip_nonfinite(
-                tx,
-                max_grad_norm=max_grad_norm,
-                guard=guard,
-                strict=strict,
-                advance_schedule_on_skip=advance_schedule_on_skip,
-            )
+        options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
+        _, tx, scaler, precision = _setup(tx, lambda: nnx.state(model, wrt), precision, scaler, *options)
         super().__init__(model, tx, wrt=wrt)
-        self.scaler = nnx.Variable(scaler)
-        self.precision = "fp32" if prec is None else prec.name
+        self.scaler, self.precision = nnx.Variable(scaler), precision
 
     def update(self, model, grads, /, *, grads_finite=None, grad_norm=None, **kwargs):
         """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it."""
         scaler = self.scaler.get_value()
         if grads_finite is None:
             grad_norm, grads_finite = global_norm(nnx.state(grads, self.wrt))
-        new_scaler, backed_off = scaler.adjust(grads_finite), scaler.adjust(jnp.asarray(False))
-        was_skipped = find_skip_state(nnx.as_pure(self.opt_state)).skipped
+        backed_off = scaler.adjust(jnp.asarray(False))
+        before = find_skip_state(nnx.as_pure(self.opt_state))
         updates = super().update(
             model, grads, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=backed_off.loss_scale, **kwargs
         )
-        skips = find_skip_state(nnx.as_pure(self.opt_state))
-        if backed_off is not new_scaler:  # as TrainState.apply_gradients; NoOp and Static need no select
-            new_scaler = _keep_if(skips.skipped != was_skipped, backed_off, new_scaler)
-            new_scaler = _keep_if(~skips.halted, new_scaler, scaler)
-        self.scaler.set_value(new_scaler)
+        after = find_skip_state(nnx.as_pure(self.opt_state))
+        self.scaler.set_value(
+            _scaler_after(scaler, scaler.adjust(grads_finite), after.skipped != before.skipped, after.halted)
+        )
         return updates

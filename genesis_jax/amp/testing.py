@@ -18,13 +18,12 @@ straight run does.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from genesis_jax.amp.guard import _as_float32, _is_int, _is_real
-from genesis_jax.amp.loss_scale import INT32_MAX
+from genesis_jax.amp._checks import INT32_MAX, finite_above, number, refuse_unless
 
 __all__ = ["FaultInjection"]
 
@@ -54,8 +53,22 @@ class FaultInjection:
     seed: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "loss_spike_steps", _checked_spike_steps(self.loss_spike_steps))
-        _check_fault_args(self.nonfinite_rate, self.loss_spike_factor, self.seed)
+        """The rate must be a probability, the factor a finite float32 > 0 (an inf or NaN factor
+        would make the spiked loss itself non-finite), the seed an integer a PRNG key takes
+        (unchecked where traced: seed + axis index under the seeds' vmap), each spike step an
+        optimizer step from 0 to 2^31-1."""
+        check = functools.partial(number, type_error=ValueError)
+        steps, accepted = self.loss_spike_steps, "integers >= 0 (and < 2^31, a sequence)"
+        iterable = not isinstance(steps, (str, bytes)) and hasattr(steps, "__iter__")
+        refuse_unless(iterable, "inject-loss-spike steps", steps, accepted, ValueError)
+        in_int32 = lambda x: 0 <= x <= INT32_MAX
+        steps = tuple(check("inject-loss-spike steps", s, accepted, in_int32, integer=True) for s in steps)
+        object.__setattr__(self, "loss_spike_steps", steps)
+        rate = self.nonfinite_rate  # used as it is, not as a float32
+        check("inject-nonfinite", rate, "a rate in [0, 1]", lambda _: 0 <= rate <= 1)
+        check("loss-spike factor", self.loss_spike_factor, "finite and > 0 (as a float32)", finite_above(0))
+        int64 = lambda x: -(2**63) <= x < 2**63
+        check("the fault injection's seed", self.seed, "an integer (int64)", int64, integer=True)
 
     @property
     def active(self) -> bool:
@@ -85,26 +98,3 @@ class FaultInjection:
         """The loss multiplied by `loss_spike_factor` on the chosen steps."""
         spike = jnp.isin(step, jnp.asarray(self.loss_spike_steps, jnp.int32))
         return loss * jnp.where(spike, jnp.float32(self.loss_spike_factor), jnp.float32(1.0))
-
-
-def _check_fault_args(nonfinite_rate, loss_spike_factor, seed) -> None:
-    """The rate must be a probability, the factor a finite float32 > 0 (an inf or NaN factor
-    would make the spiked loss itself non-finite), the seed an integer a PRNG key takes."""
-    if not (_is_real(nonfinite_rate) and 0.0 <= nonfinite_rate <= 1.0):
-        raise ValueError(f"inject-nonfinite must be a rate in [0, 1], got {nonfinite_rate!r}")
-    if not (_is_real(loss_spike_factor) and 0 < _as_float32(loss_spike_factor) < math.inf):
-        raise ValueError(f"loss-spike factor must be finite and > 0 (as a float32), got {loss_spike_factor!r}")
-    if isinstance(seed, jax.core.Tracer):  # seed + axis index under the seeds' vmap: not checkable, nor needed
-        return
-    if not (_is_int(seed) and -(2**63) <= int(seed) < 2**63):
-        raise ValueError(f"the fault injection's seed must be an integer (int64), got {seed!r}")
-
-
-def _checked_spike_steps(steps) -> tuple[int, ...]:
-    """The loss-spike steps as a tuple of ints, each an optimizer step from 0 to 2^31-1."""
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (a sequence), got {steps!r}")
-    steps = tuple(steps)
-    if not all(_is_int(s) and 0 <= s <= INT32_MAX for s in steps):
-        raise ValueError(f"inject-loss-spike steps must be integers >= 0 (and < 2^31), got {steps!r}")
-    return tuple(int(s) for s in steps)

@@ -56,20 +56,6 @@ def plot_curves(
     plt.close(fig)
 
 
-def plot_ppo(rows: list[dict], path, title: str = "PPO") -> None:
-    """Episode return and loss scale against environment steps."""
-    plot_curves(
-        rows,
-        "step",
-        ("episode_return",),
-        path,
-        title,
-        log_y=False,
-        x_label="environment steps",
-        y_label="mean episode return",
-    )
-
-
 UNDERFLOW_PLOT = "underflow.png"
 
 

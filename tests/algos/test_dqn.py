@@ -18,7 +18,7 @@ TINY = dict(
     total_steps=2_000,
     num_envs=2,
     train_frequency=2,
-    row_steps=200,
+    steps_per_row=200,
     learning_starts=500,
     buffer_size=1_000,
     batch_size=32,
@@ -38,7 +38,7 @@ def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_
     iterations = np.arange(1, config.total_steps // config.train_frequency + 1)
     expected_updates = int(np.sum(iterations * config.train_frequency > config.learning_starts))
     assert int(state.train_state.step) == expected_updates == rows[-1]["updates"] == 750
-    assert int(state.steps) == config.total_steps and len(rows) == config.total_steps // config.row_steps
+    assert int(state.steps) == config.total_steps and len(rows) == config.total_steps // config.steps_per_row
     assert [r["buffer_size"] for r in rows] == [min(r["step"], config.buffer_size) for r in rows]
     expected_eps = [1.0 + min(r["step"] / 1_000, 1.0) * (0.05 - 1.0) for r in rows]  # half the run: 1000
     np.testing.assert_allclose([r["epsilon"] for r in rows], expected_eps, rtol=1e-6)
@@ -98,7 +98,7 @@ def test_td_targets_match_a_numpy_reference():
 )
 def test_each_minatar_game_stores_uint8_frames_and_traces_a_whole_update(env, channels, actions):
     # Traced, not compiled: the update's shapes and dtypes on each game's frames and actions.
-    algo = DQN(DQNConfig(env=env, buffer_size=1_000, batch_size=32, num_envs=2, train_frequency=2, row_steps=200))
+    algo = DQN(DQNConfig(env=env, buffer_size=1_000, batch_size=32, num_envs=2, train_frequency=2, steps_per_row=200))
     state = jax.eval_shape(algo.init, jax.random.PRNGKey(0))
     frames = state.buffer.experience["obs"]
     assert frames.dtype == state.buffer.experience["next_obs"].dtype == jnp.uint8
@@ -126,7 +126,7 @@ def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
 def test_atari_frames_stay_uint8_in_the_buffer():
     pytest.importorskip("ale_py")
     config = DQNConfig(
-        env="ALE/Pong-v5", num_envs=1, total_steps=256, row_steps=128, train_frequency=4, learning_starts=64,
+        env="ALE/Pong-v5", num_envs=1, total_steps=256, steps_per_row=128, train_frequency=4, learning_starts=64,
         buffer_size=256, batch_size=32, target_update_interval=64,
     )  # fmt: skip
     result = train(config, progress=False)

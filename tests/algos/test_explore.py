@@ -21,7 +21,7 @@ def cli_config(algo: str, *args: str):
 
 def run_steps(config) -> int:
     """The environment steps (one seed's) a run of `config` takes: whole rows, or whole updates."""
-    per_row = getattr(config, "row_steps", None) or config.batch_size
+    per_row = getattr(config, "steps_per_row", None) or config.batch_size
     return config.total_steps // per_row * per_row
 
 

@@ -20,7 +20,7 @@ from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import make_torso
 
-TINY = dict(total_steps=512, num_envs=4, num_steps=16, num_epochs=1, num_minibatches=2, hidden=(16,))
+TINY = dict(total_steps=512, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
 
 
 def reference_lambda_returns(reward, terminated, truncated, next_q, gamma, lam):
@@ -86,7 +86,7 @@ def test_lambda_zero_is_one_step_td_and_lambda_one_the_return_to_each_end():
 
 @pytest.fixture(scope="module")
 def tiny_pqn():
-    algo = PQN(PQNConfig(**TINY, gamma=0.9, lam=0.7, reward_scale=0.5))
+    algo = PQN(PQNConfig(**TINY, gamma=0.9, gae_lambda=0.7, reward_scale=0.5))
     return algo, algo.init(jax.random.PRNGKey(0))
 
 
@@ -164,4 +164,15 @@ def test_a_tiny_run_counts_its_steps_follows_the_schedule_and_evaluates_greedily
     assert rows[-1]["epsilon"] == pytest.approx(config.epsilon_end)
     summary = result.summary
     assert len(summary["eval_return_per_seed"]) == 1 and 1 <= summary["eval_return"] <= 500
-    assert int(state.train_state.step) == 8 * config.num_epochs * config.num_minibatches
+    assert int(state.train_state.step) == 8 * config.update_epochs * config.num_minibatches
+
+
+def test_the_first_spellings_still_work_for_a_release_and_resume_their_runs():
+    from genesis_jax.algos.pqn import PQNConfig
+
+    with pytest.warns(FutureWarning, match="num-epochs is deprecated"):
+        config = PQNConfig(num_epochs=2, lam=0.5)
+    assert (config.update_epochs, config.gae_lambda, config.num_epochs, config.lam) == (2, 0.5, None, None)
+    config.check_resume({"num_epochs": 2, "lam": 0.5})  # a run recorded under the old names, same values
+    with pytest.raises(ValueError, match="resume with --gae-lambda 0.65"):
+        PQNConfig().check_resume({"num_epochs": 4, "lam": 0.65})

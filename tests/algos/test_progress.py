@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from genesis_jax.algos.base import bar_fields
 from genesis_jax.algos.ppo import PPO, PPOConfig
 from genesis_jax.algos.world_model import WorldModelConfig
 from genesis_jax.algos.world_model import train as train_world_model
@@ -28,12 +29,15 @@ def test_ppo_bar_counts_the_skips_so_far(capsys):
     assert shown and int(shown[-1]) == skipped
 
 
-def test_ppo_bar_keeps_the_newest_known_return():
-    algo = PPO.__new__(PPO)  # the postfix alone: no environment needed
-    algo.last_return = None
-    assert "ret" not in algo.postfix({"episode_return": None})  # nothing finished yet: nothing shown
-    assert algo.postfix({"episode_return": 21.5})["ret"] == "21.5"
-    assert algo.postfix({"episode_return": None})["ret"] == "21.5"  # an update without an episode end keeps it
+def test_the_bar_keeps_the_newest_known_return():
+    shown = {}  # the bar's fields so far
+    assert "ret" not in bar_fields({"episode_return": None}, shown)  # nothing finished yet: nothing shown
+    assert bar_fields({"episode_return": 21.5}, shown)["ret"] == "21.5"
+    assert bar_fields({"episode_return": None}, shown)["ret"] == "21.5"  # an update without an episode end keeps it
+    assert bar_fields({"recent_return": 30.0, "episode_return": 20.0, "epsilon": 0.5}, shown) == {
+        "ret": "30.0",  # DQN's and PQN's recent return before the row's own episodes
+        "eps": "0.50",
+    }
 
 
 @pytest.mark.slow  # a world-model run: 17-24 s

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from genesis_jax import algos
-from genesis_jax.algos.base import chunk_size
+from genesis_jax.algos.base import chunk_size, metric_columns
 from genesis_jax.cli import main
 from tests.algos.toy_algorithm import Toy, ToyConfig
 from tests.support.files import metric_rows
@@ -29,9 +29,9 @@ def test_registration_gives_the_cli_command(registered, tmp_path, capsys):
     assert [r["update"] for r in rows] == list(range(1, 65))
     assert summary["precision"] == "fp16" and summary["total_updates"] == 64 and summary["final_loss"] < 0.05
     assert summary["skipped_updates"] == sum(r["skipped"] for r in rows)
-    assert (out / "checkpoints").is_dir() and (out / "curves.png").is_file()
+    assert (out / "checkpoints").is_dir() and (out / "toy.png").is_file()
     captured = capsys.readouterr()
-    assert captured.out.startswith("toy [fp16]")
+    assert captured.out.startswith("TOY [fp16] final_loss=")
     assert captured.err.count("note: fp16 computes in float16") == 1  # printed as training started
     assert main(["train", "toy", "--help"]) == 0
     assert "--lr" in capsys.readouterr().out
@@ -74,3 +74,41 @@ def test_a_resume_between_chunk_boundaries_stops_at_the_total(tmp_path):
     longer = Toy.train(ToyConfig(total_steps=64), str(tmp_path), resume=True, allow_config_change=True, progress=False)
     assert [r["update"] for r in longer.metrics] == list(range(1, 65))
     assert int(longer.train_state.step) == 64
+
+
+def test_each_metric_is_reduced_over_seeds_as_declared():
+    nan = float("nan")
+    metrics = {
+        "loss": [[1.0, nan], [3.0, 4.0]],  # [seeds, rows]
+        "recent_return": [[10.0, nan], [nan, nan]],
+        "skipped": [[0, 1], [1, 1]],
+        "halted": [[False, True], [False, False]],
+        "episodes": [[1, 0], [3, 1]],
+        "return_sum": [[10.0, 0.0], [60.0, 5.0]],
+        "underflow/dense": [[0.5, 0.5], [0.25, 0.25]],
+        "steps": [[4, 4], [4, 4]],
+    }
+    declared = {
+        "recent_return": "nanmean per seed",
+        "skipped": "sum per seed",
+        "halted": "any",
+        "episodes": "episodes per seed",
+        "steps": "rate",
+    }
+    columns = metric_columns(metrics, declared, num_seeds=2, seconds=4.0)
+    assert columns["loss"][0] == 2.0 and np.isnan(columns["loss"][1])  # undeclared: the mean
+    assert columns["recent_return"] == [10.0, None]  # nanmean: the seeds with a value, None where none has one
+    assert columns["recent_return_per_seed"] == [[10.0, None], [None, None]]
+    assert columns["skipped"] == [1, 2] and columns["skipped_per_seed"] == [[0, 1], [1, 1]]
+    assert columns["halted"] == [False, True] and "halted_per_seed" not in columns
+    assert columns["episode_return"] == [17.5, 5.0] and columns["episodes"] == [4, 1]
+    assert columns["episode_return_per_seed"] == [[10.0, 20.0], [None, 5.0]] and "return_sum" in columns
+    assert columns["underflow/dense"] == [0.375, 0.375]  # "underflow/LAYER" follows "underflow": the mean
+    assert columns["steps"] == [4.0, 4.0]  # 8 a row, 2 rows in 4 s
+    one = metric_columns({k: np.asarray(v)[:1] for k, v in metrics.items()}, declared, num_seeds=1, seconds=4.0)
+    assert not [k for k in one if k.endswith("_per_seed")]  # a 1-seed run's rows have no per-seed columns
+
+
+def test_a_reduction_not_known_is_refused_where_it_is_declared():
+    with pytest.raises(TypeError, match="reduces 'loss' by 'median'"):
+        type("Bad", (Toy,), {"metrics": {"loss": "median"}})

@@ -1,6 +1,6 @@
 """A whole algorithm on the template, as a new one would be written: noisy linear regression
 by minibatch SGD, several seeds at once. Its config, four pure functions and a registration
-line give it the CLI, the Session, checkpoints and resume, and bench rows."""
+line give it the CLI, the Session, checkpoints and resume, its metric rows and plot, and bench rows."""
 
 from __future__ import annotations
 
@@ -51,13 +51,8 @@ def loss_fn(params, batch):
 
 class Toy(Algorithm):
     name = "toy"
-    fields = ToyFields
     config_class = ToyConfig
     tiny = dict(total_steps=32)
-    score = "final_loss"
-
-    def setup(self):
-        self.num_rows = self.config.total_steps
 
     def init(self, key):
         params = {"w": jnp.zeros(3)}
@@ -75,19 +70,6 @@ class Toy(Algorithm):
             "skipped": skipped,
             "halted": m["halted"],
         }
-
-    def rows(self, metrics, done):
-        m = self.by_seed(metrics)  # [seeds, steps]
-        return [
-            {
-                "update": done + i + 1,
-                "loss": float(m["loss"][:, i].mean()),
-                "loss_scale": float(m["loss_scale"][:, i].mean()),
-                "skipped": int(m["skipped"][:, i].sum()),
-                "halted": bool(m["halted"][:, i].any()),
-            }
-            for i in range(m["loss"].shape[1])
-        ]
 
     def summary(self, rows, state):
         return {"final_loss": rows[-1]["loss"]}

@@ -39,6 +39,11 @@ def mse(model):
     return loss_fn
 
 
+def skipping(params, scaler=None):
+    """What applies the gradients, for `scaled_value_and_grad`: a scaler and a skipping optimizer's state."""
+    return (scaler or DynamicLossScale(), amp.skip_nonfinite(optax.sgd(0.1)).init(params))
+
+
 def run_pieces(optimizer, dtype=jnp.float16, steps=150, scaler=None, seed=0, **skip_kwargs):
     """Trains the regression with scaled_value_and_grad + skip_nonfinite; returns (losses, params, opt_state,
     scaler)."""
@@ -50,7 +55,7 @@ def run_pieces(optimizer, dtype=jnp.float16, steps=150, scaler=None, seed=0, **s
     @jax.jit
     def step(carry, _):
         params, opt_state, scaler = carry
-        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
+        loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return (optax.apply_updates(params, updates), opt_state, scaler), loss
 
@@ -141,7 +146,7 @@ def test_clipping_uses_torchs_coefficient_on_the_unscaled_norm():
 def test_scaled_value_and_grad_matches_jax_grad_and_backs_off_on_overflow():
     model, (x, y) = make_model(jnp.float32), regression()
     params = model.init(jax.random.PRNGKey(1), x)
-    loss, grads, finite, _, scaler = amp.scaled_value_and_grad(mse(model))(DynamicLossScale(), params, x, y)
+    loss, grads, finite, _, scaler = amp.scaled_value_and_grad(mse(model))(skipping(params), params, x, y)
     ref_loss, ref_grads = jax.value_and_grad(mse(model))(params, x, y)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
@@ -149,7 +154,7 @@ def test_scaled_value_and_grad_matches_jax_grad_and_backs_off_on_overflow():
     assert bool(finite) and int(scaler.growth_tracker) == 1
     # float16 compute with a loss large enough that 2^16 x its gradient overflows float16
     half = make_model(jnp.float16)
-    _, _, finite, _, scaler = amp.scaled_value_and_grad(mse(half))(DynamicLossScale(), params, x * 100.0, y * 100.0)
+    _, _, finite, _, scaler = amp.scaled_value_and_grad(mse(half))(skipping(params), params, x * 100.0, y * 100.0)
     assert not bool(finite) and float(scaler.loss_scale) == 2.0**15
 
 
@@ -160,8 +165,9 @@ def test_the_policy_casts_plain_functions_to_the_compute_dtype():
         seen.append((params["w"].dtype, x.dtype))
         return jnp.sum((x @ params["w"]).astype(jnp.float32))
 
+    params = {"w": jnp.ones((2, 2))}
     value, grads, _, _, _ = amp.scaled_value_and_grad(loss_fn, policy="fp16")(
-        DynamicLossScale(), {"w": jnp.ones((2, 2))}, jnp.ones((3, 2))
+        skipping(params), params, jnp.ones((3, 2))
     )
     assert seen == [(jnp.float16, jnp.float16)]
     assert grads["w"].dtype == jnp.float32 and value.dtype == jnp.float32
@@ -181,7 +187,7 @@ def test_pieces_work_under_vmap_over_seeds():
     @jax.jit
     @jax.vmap
     def step(params, opt_state, scaler, x):
-        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
+        loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return optax.apply_updates(params, updates), opt_state, scaler, finite
 
@@ -197,8 +203,8 @@ def test_pieces_work_under_vmap_over_seeds():
 def test_accumulated_micro_batches_equal_one_big_batch_in_fp32():
     model, (x, y) = make_model(jnp.float32), regression(n=64)
     params = model.init(jax.random.PRNGKey(1), x)
-    big = amp.scaled_value_and_grad(mse(model))(NoOpLossScale(), params, x, y)
-    small = amp.scaled_value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+    big = amp.scaled_value_and_grad(mse(model))(skipping(params, NoOpLossScale()), params, x, y)
+    small = amp.scaled_value_and_grad(mse(model), accumulate=4)(skipping(params, NoOpLossScale()), params, x, y)
     np.testing.assert_allclose(small.value, big.value, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(small.grads), jax.tree.leaves(big.grads)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7 * float(jnp.abs(b).max()))
@@ -212,7 +218,7 @@ def test_a_nan_in_one_micro_batch_skips_exactly_one_optimizer_step():
     opt_state, scaler, history = tx.init(params), DynamicLossScale(init_scale=2.0**10), []
     for step in range(3):
         batch_y = y.at[40].set(jnp.nan) if step == 1 else y  # row 40: the third of four micro-batches
-        loss, grads, finite, _, scaler = grad_fn(scaler, params, x, batch_y)
+        loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, batch_y)
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         new_params = optax.apply_updates(params, updates)
         history.append((bool(finite), all(jax.tree.leaves(jax.tree.map(jnp.array_equal, params, new_params)))))
@@ -225,7 +231,7 @@ def test_a_batch_that_does_not_split_into_micro_batches_is_refused():
     model, (x, y) = make_model(jnp.float32), regression(n=10)
     params = model.init(jax.random.PRNGKey(1), x)
     with pytest.raises(ValueError, match="does not split into 4 micro-batches"):
-        amp.scaled_value_and_grad(mse(model), accumulate=4)(NoOpLossScale(), params, x, y)
+        amp.scaled_value_and_grad(mse(model), accumulate=4)(skipping(params, NoOpLossScale()), params, x, y)
 
 
 @pytest.mark.parametrize("advance, lr_count", [(False, 1), (True, 2)])
@@ -340,14 +346,14 @@ def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
         grad_fn = amp.scaled_value_and_grad(loss_fn, axis_name="data")
         mesh = Mesh(np.array(jax.devices()), ("data",))
         def step(params, opt_state, scaler, x, y):
-            loss, grads, finite, _, scaler = grad_fn(scaler, params, x, y)
+            loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, y)
             updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
             return optax.apply_updates(params, updates), opt_state, scaler, grads, finite[None]
         sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("data"), P("data")),
                                         out_specs=(P(), P(), P(), P(), P("data")), check_vma=False))
         scaler = DynamicLossScale(init_scale=2.0 ** 10)  # each shard's mean loss: 4x the whole batch's gradients
         out = sharded(params, tx.init(params), scaler, x, y)
-        ref = amp.scaled_value_and_grad(loss_fn)(scaler, params, x, y)
+        ref = amp.scaled_value_and_grad(loss_fn)((scaler, tx.init(params)), params, x, y)
         for a, b in zip(jax.tree.leaves(out[3]), jax.tree.leaves(ref.grads)):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-4)  # float16 forward, 4 shards vs 1
         assert np.asarray(out[4]).tolist() == [True] * 4
@@ -471,7 +477,6 @@ def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
 def test_a_float16_loss_is_warned_about_because_its_gradient_overflows():
     loss_fn = lambda params, x: jnp.mean(x @ params["w"])  # noqa: E731  (float16 mean)
     with pytest.warns(UserWarning, match="the loss is float16"):
-        out = amp.scaled_value_and_grad(loss_fn, policy="fp16")(
-            DynamicLossScale(), {"w": jnp.ones((2, 1))}, jnp.ones((3, 2))
-        )
+        params = {"w": jnp.ones((2, 1))}
+        out = amp.scaled_value_and_grad(loss_fn, policy="fp16")(skipping(params), params, jnp.ones((3, 2)))
     assert not bool(out.grads_finite)  # exactly what the warning predicts

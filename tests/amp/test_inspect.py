@@ -105,20 +105,22 @@ def test_a_step_under_autocast_differentiates_in_float16_with_float32_gradients(
     assert set(report.outputs) == {"float32"}
 
 
-def test_mistake_3_a_train_state_in_fp16_over_a_dtype_less_linen_module_computes_in_float32():
+def test_mistake_3_a_dtype_less_linen_module_computes_in_float32_which_the_report_shows():
+    """What `TrainState.create(apply_fn=net.apply, precision="fp16")` would have trained, had it
+    not been refused (tests/amp/test_misuse.py): every matmul of the step in float32."""
     net, y = Dense2(), jnp.zeros(8)
     params = net.init(jax.random.PRNGKey(0), X)
 
     def matmuls(apply_fn):
-        state = amp.TrainState.create(apply_fn=apply_fn, params=params, tx=optax.adam(1e-3), precision="fp16")
+        state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision="fp16")
 
         def loss_fn(params, x, y):
-            return jnp.mean((state.apply_fn(params, x) - y) ** 2)
+            return jnp.mean((apply_fn(params, x) - y) ** 2)
 
         return amp.dtype_report(amp.train_step, state, loss_fn, X, y).dtypes("matmul")
 
     assert matmuls(net.apply) == {"float32": 5}  # what the user believed was float16
-    assert matmuls(amp.autocast(net, "fp16").apply) == {"float16": 5}  # the fix
+    assert matmuls(amp.autocast(net, "fp16").apply) == {"float16": 5}  # the fix the refusal names
 
 
 def test_autocast_casts_per_operation_closed_over_weights_and_float32_islands():

@@ -1,8 +1,10 @@
 """The misuse table: each mistake a user made with amp, written as they wrote it. Each either
 works (params finite, the skip counted) or stops before any step with one sentence naming the
-fix. (Mistake 3, a precision that changes nothing, and 4, Equinox, are read from the jaxpr:
+fix. (What mistake 3 would have computed, and Equinox under autocast, are read from the jaxpr:
 tests/amp/test_inspect.py.)"""
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -29,15 +31,32 @@ X, OVERFLOW = jnp.ones((4, 3)), jnp.full((4, 3), 1e4)  # 1e4: the float16 forwar
 
 
 def params_finite(model) -> bool:
-    return all(np.isfinite(np.asarray(v)).all() for v in __import__("jax").tree.leaves(nnx.state(model, nnx.Param)))
+    return all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def test_1_a_plain_nnx_optimizer_is_refused_before_any_step():
     model = HalfMLP(nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)  # no skip_nonfinite
-    with pytest.raises(TypeError, match="only as an amp.Optimizer .* a plain nnx.Optimizer would apply a non-finite"):
+    with pytest.raises(TypeError, match="an amp.Optimizer .* a plain nnx.Optimizer would apply a non-finite step"):
         amp.scaled_value_and_grad(loss_fn)(optimizer, model, OVERFLOW)
     assert int(optimizer.step[...]) == 0 and params_finite(model)
+
+
+def test_1_a_plain_optax_state_is_refused_before_any_step_and_a_bare_scaler_warns():
+    params = {"w": jnp.ones(3)}
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
+    plain = optax.adam(1e-3).init(params)  # no skip_nonfinite: it would apply inf
+    with pytest.raises(TypeError, match="amp.skip_nonfinite: a plain optax optimizer would apply a non-finite step"):
+        grad_fn((amp.DynamicLossScale(), plain), params, jnp.full(3, jnp.inf))
+    with pytest.warns(DeprecationWarning, match="a bare scaler is deprecated"):  # 0.3: amp cannot see the optimizer
+        grad_fn(amp.DynamicLossScale(), params, jnp.ones(3))
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    opt_state = tx.init(params)
+    _, grads, finite, norm, scaler = grad_fn((amp.DynamicLossScale(), opt_state), params, jnp.full(3, jnp.inf))
+    updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite, grad_norm=norm)
+    params = optax.apply_updates(params, updates)
+    assert np.isfinite(np.asarray(params["w"])).all() and amp.stats(opt_state)["skipped"] == 1
+    assert float(scaler.loss_scale) == 2.0**15
 
 
 def test_2_and_6_the_nnx_scaler_is_stored_by_the_step_itself_in_one_optimizer():
@@ -63,6 +82,58 @@ def test_2_and_6_the_nnx_scaler_is_stored_by_the_step_itself_in_one_optimizer():
     }
     linen = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
     assert amp.stats(optimizer).keys() == amp.stats(linen).keys()  # the same fields in every style
+
+
+class Dense2(nn.Module):  # a linen network with no dtype field: it computes in its params' float32
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(nn.relu(nn.Dense(8)(x)))[..., 0]
+
+
+class Typed(nn.Module):
+    dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1, dtype=self.dtype)(x)[..., 0]
+
+
+@pytest.mark.parametrize("module", [Dense2(), Typed(), Typed(jnp.float32)], ids=["no-field", "None", "float32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_3_a_half_precision_over_a_linen_module_computing_in_float32_is_refused_at_create(module, precision):
+    params = module.init(jax.random.PRNGKey(0), X)
+    with pytest.raises(ValueError, match=r"would compute nothing in .*amp\.autocast\(module, .*\)\.apply, or build"):
+        amp.TrainState.create(apply_fn=module.apply, params=params, tx=optax.adam(1e-3), precision=precision)
+
+
+@pytest.mark.filterwarnings("ignore:precision 'fp16-full' stores")
+def test_3_what_computes_in_half_precision_or_in_float32_by_choice_is_accepted():
+    params = Dense2().init(jax.random.PRNGKey(0), X)
+    ok = [
+        dict(apply_fn=amp.autocast(Dense2(), "fp16").apply, precision="fp16"),  # the fix
+        dict(apply_fn=Typed(jnp.float16).apply, precision="fp16"),  # the other fix
+        dict(apply_fn=Typed(jnp.bfloat16).apply, precision="fp16"),  # half all the same
+        dict(apply_fn=lambda params, x: x @ params["w"], precision="fp16"),  # a function: its own casts
+        dict(apply_fn=Dense2().apply, precision="fp32"),
+        dict(apply_fn=Dense2().apply, precision=None),
+        dict(apply_fn=Dense2().apply, precision="fp16-full"),  # float16 params: their dtype, not a field, decides
+        dict(apply_fn=None, precision="fp16"),  # the package's algorithms: the loss applies the network
+    ]
+    for kwargs in ok:
+        amp.TrainState.create(params=params, tx=optax.adam(1e-3), **kwargs)
+
+
+def test_4_a_whole_equinox_model_is_refused_with_the_partition_to_use():
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(3, 1, 8, 1, key=jax.random.PRNGKey(0))  # holds its activation functions
+    params, static = eqx.partition(model, eqx.is_array)
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    grad_fn = amp.scaled_value_and_grad(lambda model, x: jnp.mean(jax.vmap(model)(x)))
+    with pytest.raises(TypeError, match=r"argument 0 holds .*not an array \(an Equinox module\?\).*eqx\.partition"):
+        grad_fn((amp.DynamicLossScale(), tx.init(params)), model, X)
+    partitioned = amp.scaled_value_and_grad(lambda params, x: jnp.mean(jax.vmap(eqx.combine(params, static))(x)))
+    out = partitioned((amp.DynamicLossScale(), tx.init(params)), params, X)  # the fix the sentence names
+    assert bool(out.grads_finite)
 
 
 def test_5_stats_leaves_out_an_optimizer_that_is_none():

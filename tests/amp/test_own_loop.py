@@ -140,7 +140,7 @@ def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
 
     @jax.jit
     def step(state, x, y):
-        loss, grads, finite, norm, scaler = grad_fn(state.scaler, state.params, x, y)
+        loss, grads, finite, norm, scaler = grad_fn(state, state.params, x, y)
         return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler), loss
 
     with warnings.catch_warnings():
@@ -158,7 +158,7 @@ def test_autocast_runs_a_dtype_less_network_in_float16_inside_an_own_loop():
     # The alternative docs/own-loop.md warns against: policy= casts the whole loss to float16.
     with pytest.warns(UserWarning, match="the loss is float16"):
         amp.scaled_value_and_grad(lambda p, x, y: jnp.mean((mlp(p, x)[:, 0] - y) ** 2), policy="fp16")(
-            amp.DynamicLossScale(), params, x, y
+            state, params, x, y
         )
 
 

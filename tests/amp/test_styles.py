@@ -1,6 +1,5 @@
 """amp 0.3 in the loop styles it claims: a `TrainState` subclass with a required field (as
-CleanRL and SBX subclass Flax's), and Flax NNX (`nnx.Optimizer` over `skip_nonfinite`,
-`scaled_value_and_grad` of the module)."""
+CleanRL and SBX subclass Flax's), and Flax NNX (`amp.Optimizer`, `scaled_value_and_grad` of the module)."""
 
 from typing import Any
 
@@ -87,30 +86,38 @@ def nnx_view(model, optimizer):
 def test_an_nnx_loop_skips_a_nonfinite_step_bit_identically_and_stats_count_it():
     model = HalfMLP(nnx.Rngs(0))
     assert model.hidden.kernel[...].dtype == jnp.float32  # float32 master params, float16 compute
-    optimizer = nnx.Optimizer(model, amp.skip_nonfinite(optax.adam(1e-2), max_grad_norm=1.0), wrt=nnx.Param)
+    scaler = amp.DynamicLossScale(init_scale=2.0**10)
+    optimizer = amp.Optimizer(model, optax.adam(1e-2), precision="fp16", scaler=scaler, max_grad_norm=1.0)
     grad_fn = amp.scaled_value_and_grad(nnx_loss)
 
     @nnx.jit
-    def step(model, optimizer, scaler, x, y):
-        loss, grads, finite, norm, scaler = grad_fn(scaler, model, x, y)
-        optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)
-        return loss, finite, scaler
+    def step(model, optimizer, x, y):
+        loss, grads, finite, norm, _ = grad_fn(optimizer, model, x, y)  # the scale from the optimizer
+        optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)  # which stores the adjusted one
+        return loss, finite
 
     x = jax.random.normal(jax.random.PRNGKey(1), (32, 3))
     y = jnp.sin(x).sum(-1)
-    scaler = amp.DynamicLossScale(init_scale=2.0**10)
-    first, finite, scaler = step(model, optimizer, scaler, x, y)
+    first, finite = step(model, optimizer, x, y)
     assert bool(finite)
     for _ in range(20):
-        loss, finite, scaler = step(model, optimizer, scaler, x, y)
+        loss, finite = step(model, optimizer, x, y)
         assert bool(finite)
     assert float(loss) < float(first)
 
     before = nnx_view(model, optimizer)
-    _, finite, scaler = step(model, optimizer, scaler, x.at[3, 1].set(jnp.inf), y)
+    _, finite = step(model, optimizer, x.at[3, 1].set(jnp.inf), y)
+    scaler = optimizer.scaler.get_value()
     assert not bool(finite) and float(scaler.loss_scale) == 2.0**9 and int(scaler.backoffs) == 1
     assert nnx_view(model, optimizer) == before  # params and optimizer state bit-identical
     counts = amp.stats(optimizer)
-    assert counts == {"steps": 22, "skipped": 1, "skip_rate": 1 / 22}
-    _, finite, _ = step(model, optimizer, scaler, x, y)
+    assert counts == {
+        "steps": 22,
+        "skipped": 1,
+        "skip_rate": 1 / 22,
+        "scale": 2.0**9,
+        "backoffs": 1,
+        "precision": "fp16",
+    }
+    _, finite = step(model, optimizer, x, y)
     assert bool(finite) and nnx_view(model, optimizer) != before and amp.stats(optimizer)["steps"] == 23

@@ -9,7 +9,6 @@ import pathlib
 
 import pytest
 
-
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "gpu_slices.py"
 
 

@@ -59,8 +59,10 @@ class DQNFields(EpsilonGreedyFields, NetworkFields, ReplayFields, SeedFields, Ru
     replay_dtype: Literal["float32", "compute"] = "float32"
     """How the buffer stores float observations: float32, or the compute dtype (fp16/bf16
     runs: half the memory, rounded once). Frames (MinAtar's 0/1, Atari's pixels) are stored as uint8 either way."""
-    row_steps: int = 5_000
+    steps_per_row: int = 5_000
     """Environment steps per metrics row (the template's step: progress and checkpoints fall on rows)."""
+    row_steps: int | None = None
+    """Deprecated (0.3's name; goes in 0.5): steps-per-row."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,23 +73,31 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
     max_grad_norm: float | None = None  # CleanRL and PureJaxRL's DQN do not clip
 
     FIELD_BOUNDS = {
-        **{n: POSITIVE_INT for n in ("train_frequency", "target_update_interval", "epsilon_steps", "row_steps")},
+        **{n: POSITIVE_INT for n in ("train_frequency", "target_update_interval", "epsilon_steps", "steps_per_row")},
+        "row_steps": POSITIVE_INT,
         "lr": POSITIVE,
         "gamma": UNIT_INTERVAL,
         "tau": RATE,
         "huber_delta": POSITIVE,
     }
-    # 0.3 recorded epsilon-steps in every run: a resume compares the schedule it gives (`check_resume`).
-    RESUMABLE = ("epsilon_steps",)
+    # 0.3 recorded epsilon-steps and row-steps in every run: a resume compares what they give (`check_resume`).
+    RESUMABLE = ("epsilon_steps", "row_steps", "steps_per_row")
     FIELD_MULTIPLES = {  # gradient steps, target updates and rows fall on whole vector steps
         "train_frequency": "num_envs",
         "target_update_interval": "train_frequency",
-        "row_steps": "train_frequency",
+        "steps_per_row": "train_frequency",
     }
 
+    def __post_init__(self):
+        if self.row_steps is not None:  # the old spelling, read for a release
+            warnings.warn("row-steps is deprecated and goes in 0.5: write steps-per-row", FutureWarning, stacklevel=3)
+            object.__setattr__(self, "steps_per_row", self.row_steps)
+            object.__setattr__(self, "row_steps", None)
+        super().__post_init__()
+
     def check(self):
-        if self.total_steps < self.row_steps:
-            raise ValueError(f"total-steps {self.total_steps} is less than one row (row-steps {self.row_steps})")
+        if self.total_steps < self.steps_per_row:
+            raise ValueError(f"total-steps {self.total_steps} is less than one row ({self.steps_per_row} steps)")
         if not self.learning_starts < self.total_steps:  # at or past the end: not one gradient step
             raise ValueError(
                 f"learning-starts must lie in [0, total-steps {self.total_steps}) for any gradient step to be "
@@ -115,8 +125,14 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
         return super().epsilon_horizon if self.epsilon_steps is None else float(self.epsilon_steps)
 
     def check_resume(self, saved: dict) -> None:
-        """A resume keeps the epsilon schedule of the run it continues where either spells it in
-        epsilon-steps (0.3's runs all do); otherwise the fields are compared as settings."""
+        """A resume keeps the rows of the run it continues (0.4 spelled steps-per-row row-steps) and
+        its epsilon schedule where either spells it in epsilon-steps (0.3's runs all do)."""
+        saved_row = saved.get("row_steps") or saved.get("steps_per_row", DQNFields.steps_per_row)
+        if saved_row != self.steps_per_row:
+            raise ValueError(
+                f"this run's rows are {saved_row} environment steps, these settings' {self.steps_per_row}: resume "
+                f"with --steps-per-row {saved_row}"
+            )
         saved_steps = saved.get("epsilon_steps")
         if saved_steps is None and self.epsilon_steps is None:
             return
@@ -129,10 +145,6 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
                 f"over {round(self.epsilon_horizon)}: resume with --epsilon-steps {round(saved_steps)} to keep that "
                 f"schedule (or --epsilon-fraction {saved_steps / self.total_steps:.6g} --allow-config-change)"
             )
-
-    @property
-    def num_rows(self) -> int:
-        return self.total_steps // self.row_steps
 
 
 def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
@@ -155,7 +167,7 @@ def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
         target_update_interval=1_000,
         epsilon_end=0.01,
         epsilon_fraction=0.1,
-        row_steps=20_000,
+        steps_per_row=20_000,
         network="cnn",
         huber_delta=1.0,
     )

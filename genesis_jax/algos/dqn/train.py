@@ -3,7 +3,7 @@ averaging, linear epsilon-greedy exploration, a Huber or squared TD loss and a f
 buffer, the whole loop under jit (PureJaxRL's and CleanRL's DQN). gymnax environments step inside
 it; gymnasium ones (ALE Atari) on the host through `io_callback`, restarted from the seed on resume.
 
-One template row is `row_steps` environment steps, in iterations of `train_frequency` steps
+One template row is `steps_per_row` environment steps, in iterations of `train_frequency` steps
 (vector steps whose transitions enter the buffer), one gradient step once past `learning_starts` (its batch's rows
 split over `devices`), a target update at multiples of `target_update_interval`. The buffer is checkpointed too.
 
@@ -16,25 +16,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import (
-    GYMNAX_README,
-    MINATAR_GAMES,
-    NO_PUBLISHED_REFERENCE,
-    Algorithm,
-    BenchWorkload,
-    StudyTask,
-)
-from genesis_jax.algos.dqn.config import DQNConfig, DQNFields, minatar
-from genesis_jax.algos.explore import EpsilonGreedy, eval_env
+from genesis_jax.algos import base
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.dqn.config import DQNConfig, minatar
+from genesis_jax.algos.explore import EpsilonGreedy
 from genesis_jax.amp import TrainState
 from genesis_jax.data.replay import available_memory_bytes, buffer_bytes, check_replay_sizes, make_replay
-from genesis_jax.envs.episodes import RECENT, Episodes, episode_columns, mean_over_seeds
+from genesis_jax.envs.episodes import RECENT, Episodes
 from genesis_jax.envs.gymnasium_env import observation_dtype
-from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
+from genesis_jax.envs.in_loop import resolve_in_loop
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run.parallel import constrain
@@ -84,28 +77,29 @@ BENCH = (
     ),
 )
 STUDY = {
-    "dqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"),
-    "dqn:Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80"),
+    "dqn:CartPole-v1": StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{base.GYMNAX_README}: R 500 (the maximum)"),
+    "dqn:Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{base.GYMNAX_README}: R -80"),
     **{
         f"dqn:{game}-MinAtar": StudyTask(
             minatar_settings(game),
             5_000_000,
             None,
-            NO_PUBLISHED_REFERENCE,
+            base.NO_PUBLISHED_REFERENCE,
         )
-        for game in MINATAR_GAMES
+        for game in base.MINATAR_GAMES
     },
 }
 
 
 class DQN(EpsilonGreedy, Algorithm):
-    name, fields, config_class, checkpoint_key = "dqn", DQNFields, DQNConfig, "step"
-    score, plot_file, row_key, step_name = "final_return", "dqn.png", "row", "step"  # a row: row_steps env steps
+    name, config_class, row_key, checkpoint_key = "dqn", DQNConfig, "row", "step"  # a row: steps_per_row env steps
+    metrics = {"episodes": "episodes", "recent_return": "nanmean per seed", "loss": "nanmean", "q": "nanmean"}
+    metrics |= {"updates": "sum", "buffer_size": "sum"}
     tiny = dict(
         total_steps=400,
         num_envs=2,
         train_frequency=2,
-        row_steps=200,
+        steps_per_row=200,
         learning_starts=100,
         hidden=(16,),
         buffer_size=400,
@@ -116,7 +110,7 @@ class DQN(EpsilonGreedy, Algorithm):
 
     def setup(self) -> None:
         c, spec = self.config, resolve_in_loop(self.config, "dqn", continuous=False, instead="sac")
-        self.num_rows, self.steps_per_row, self.spec = c.num_rows, c.row_steps, spec
+        self.steps_per_row, self.spec = c.steps_per_row, spec
         precision, network = c.train_precision(), c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, c.activation, precision.compute_dtype)
@@ -127,8 +121,6 @@ class DQN(EpsilonGreedy, Algorithm):
         self.replay = make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
         self.buffer_bytes = buffer_bytes(jax.eval_shape(self.replay.init)) * self.num_seeds
         check_replay_sizes(c.buffer_size, c.batch_size, self.buffer_bytes, available_memory_bytes())
-        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
-        self.eval_env = eval_env(spec, c.seed)
 
     def init(self, key) -> DQNState:
         net_key, env_key, rng = jax.random.split(key, 3)
@@ -197,7 +189,7 @@ class DQN(EpsilonGreedy, Algorithm):
     def update(self, s: DQNState, data):
         rng, key = jax.random.split(s.rng)
         skipped_before = s.train_state.skipped
-        keys = jax.random.split(key, self.config.row_steps // self.config.train_frequency)
+        keys = jax.random.split(key, self.config.steps_per_row // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
         count, ts = learned.sum(), s.train_state
         per_update = lambda x: jnp.where(count > 0, jnp.where(learned, x, 0.0).sum() / count, jnp.nan)  # noqa: E731
@@ -215,35 +207,12 @@ class DQN(EpsilonGreedy, Algorithm):
             "halted": ts.halted,
         }
 
-    def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
-        """The chunk's rows: means over seeds (counts summed), each seed's recent return."""
-        m = self.by_seed(chunk_metrics)
-        columns = {
-            **episode_columns(m["episodes"], m["return_sum"]),
-            **{k: mean_over_seeds(m[k]) for k in ("recent_return", "loss", "q")},
-            **{k: m[k].mean(0).astype(float).tolist() for k in ("epsilon", "loss_scale")},
-            **{k: m[k].sum(0).astype(int).tolist() for k in ("updates", "buffer_size", "skipped")},
-            "halted": m["halted"].any(0).tolist(),
-        }
-        if self.num_seeds > 1:
-            columns["recent_return_per_seed"] = [
-                [None if np.isnan(r) else float(r) for r in c] for c in m["recent_return"].T
-            ]
-        return self.rows_of(done, columns)
-
     def summary(self, rows: list[dict], state: DQNState) -> dict:
         return {
-            **self.returns_summary(rows, state.recent_returns, state.train_state.params),
+            **self.returns_summary(state.recent_returns, state.train_state.params),
             "buffer_bytes": self.buffer_bytes,
             "buffer_dtypes": {k: str(leaf.stored) for k, leaf in self.replay.added.items()},
         }
-
-    def describe(self, s: dict) -> str:
-        return (
-            f"DQN {s['env']} [{s['precision']}] {self.describe_returns(s)} "
-            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
-            f"buffer={s['buffer_bytes'] / 2**20:.1f}MiB skipped={s['skipped_updates']}/{s['total_updates']}"
-        )
 
 
 ALGORITHM = DQN

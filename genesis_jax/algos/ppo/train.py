@@ -17,32 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from genesis_jax.algos.base import (
-    GYMNAX_README,
-    MINATAR_GAMES,
-    NO_PUBLISHED_REFERENCE,
-    Algorithm,
-    BenchWorkload,
-    StudyTask,
-)
-from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
+from genesis_jax.algos import base
+from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.ppo.config import PPOConfig
 from genesis_jax.algos.ppo.core import finish_rollout, init_train_state, make_network, make_update_fn, max_truncations
 from genesis_jax.algos.ppo.loss import Transition
 from genesis_jax.amp import TrainState
-from genesis_jax.envs.episodes import episode_columns, final_return_of_rows, running_returns
+from genesis_jax.envs.episodes import running_returns
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.torsos import check_network
-from genesis_jax.run import plots
 from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.parallel import constrain, replicated, sharded
-
-# Per-update counts and flags, summed (or any) over seeds in the rows; the other metrics: means.
-_SUMMED = ("episodes", "return_sum", "skipped", "halted")
-
-# The opt-in underflow telemetry's metrics (and their per-layer "KIND/LAYER" columns).
-_TELEMETRY = ("underflow", "flushed")
 
 _BIG = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
 BENCH = (
@@ -62,14 +49,14 @@ BENCH = (
 
 # PureJaxRL's MinAtar PPO settings (lr 5e-4, 128 steps, 4 epochs), with 16 envs and 4
 # minibatches instead of 64 and 8: 4x the updates per step, for the budgets of a CPU study.
-_MINATAR = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
-_CARTPOLE = {"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)"
+_MINATAR, _NONE_PUBLISHED = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}, base.NO_PUBLISHED_REFERENCE
+_CARTPOLE = {"env": "CartPole-v1"}, 500_000, 500.0, f"{base.GYMNAX_README}: R 500 (the maximum)"
 STUDY = {
     "CartPole-v1": StudyTask(*_CARTPOLE),
-    "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80"),
+    "Acrobot-v1": StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{base.GYMNAX_README}: R -80"),
     **{
-        f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, NO_PUBLISHED_REFERENCE)
-        for game in MINATAR_GAMES
+        f"{game}-MinAtar": StudyTask({"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000, None, _NONE_PUBLISHED)
+        for game in base.MINATAR_GAMES
     },
     "CartPole-v1-resmlp1024": StudyTask({**_CARTPOLE[0], "network": "resmlp", "width": 1024}, *_CARTPOLE[1:]),
 }
@@ -84,28 +71,21 @@ class RunnerState(struct.PyTreeNode):
 
 
 class PPO(Algorithm):
-    name = "ppo"
-    fields = PPOFields
-    config_class = PPOConfig
-    checkpoint_key = "step"
-    score = "final_return"  # the summary field the bench reports as the learning result
-    plot_file = "ppo.png"
-    step_name = "step"
-    underflow_telemetry = True
+    name, config_class, checkpoint_key = "ppo", PPOConfig, "step"
+    metrics = {"episodes": "episodes per seed", "underflow": "mean"}  # and the opt-in underflow telemetry
     tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         # Imported here: gymnax's import starts JAX's backends, which parsing `train ppo` must not.
-        from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
+        from genesis_jax.envs.in_loop import resolve_in_loop
 
         c = self.config
         # A bad id, an unsupported space or seeds a host environment cannot have: refused
         # here, before anything is written.
         self.spec = spec = resolve_in_loop(c, "ppo")
         check_network(c.network, spec.obs_shape)
-        self.num_rows, self.steps_per_row, self.last_return = c.num_updates, c.batch_size, None
-        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
+        self.steps_per_row = c.batch_size
         self.rollout_net = make_network(c, spec, c.rollout_precision_resolved())
         self.learn = make_update_fn(c, spec, self.train_step)
         self.truncation_bound = max_truncations(c, spec)
@@ -177,52 +157,15 @@ class PPO(Algorithm):
             rng=same,
         )
 
-    def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
-        """One row per update: the metrics' means over minibatch steps and seeds, the counts
-        summed, the episodes' returns pooled (and per seed: `episode_columns`)."""
-        m = self.by_seed(chunk_metrics)
-        return self.rows_of(
-            done,
-            {
-                **episode_columns(m["episodes"], m["return_sum"], per_seed=True),
-                **{k: m[k].mean(0).astype(float).tolist() for k in m if k not in _SUMMED},
-                "skipped": m["skipped"].sum(0).astype(int).tolist(),
-                "halted": m["halted"].any(0).tolist(),
-            },
-        )
-
     def summary(self, rows: list[dict], runner) -> dict:
-        config = self.config
-
         def over_rows(reduce, key):
             return float(reduce([r[key] for r in rows])) if rows else float("nan")
 
         return {
-            "env": config.env,
-            "env_backend": self.spec.backend,
-            "rollout_precision": config.rollout_precision_resolved().name,
-            "num_seeds": config.num_seeds,
-            "total_steps": rows[-1]["step"] if rows else 0,
-            **final_return_of_rows(rows, config.num_seeds),
+            "rollout_precision": self.config.rollout_precision_resolved().name,
             **{k: over_rows(np.mean, k) for k in ("mismatch_kl_v1", "mismatch_kl_v2")},
             "mismatch_max_dp": over_rows(np.max, "mismatch_max_dp"),
-            **{f"{k}_mean": over_rows(np.mean, k) for k in _TELEMETRY if rows and k in rows[0]},
         }
-
-    def postfix(self, row: dict) -> dict:
-        if row["episode_return"] is not None:
-            self.last_return = row["episode_return"]  # the newest finished episodes' mean, kept until the next
-        return {} if self.last_return is None else {"ret": f"{self.last_return:.1f}"}
-
-    def plot(self, rows: list[dict], file) -> None:
-        plots.plot_ppo(rows, file, title=self.title())
-
-    def describe(self, s: dict) -> str:
-        return (
-            f"PPO {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} "
-            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
-            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']}"
-        )
 
 
 def load_policy(run_dir: str):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from genesis_jax.algos.explore import EpsilonGreedyFields
+from genesis_jax.algos.onpolicy import OnPolicyFields
 from genesis_jax.run.config import (
     POSITIVE,
-    POSITIVE_INT,
-    UNIT_INTERVAL,
     EnvFields,
     MixedPrecisionConfig,
     NetworkFields,
@@ -19,35 +19,32 @@ from genesis_jax.run.parallel import ParallelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class PQNFields(EpsilonGreedyFields, NetworkFields, SeedFields, RunFields, EnvFields):
+class PQNFields(OnPolicyFields, EpsilonGreedyFields, NetworkFields, SeedFields, RunFields, EnvFields):
     """PQN's fields: the shared groups it composes (environments, run, seeds, network,
-    epsilon-greedy exploration) and its own (`PQNConfig` adds the shared mixed-precision and
-    data-parallel ones). Each field's text is also its `--help` line."""
+    epsilon-greedy exploration, the on-policy update) and its own (`PQNConfig` adds the shared
+    mixed-precision and data-parallel ones). Each field's text is also its `--help` line."""
 
     env: str = "CartPole-v1"
     """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ...)."""
     num_envs: int = 32
     """Environments stepped in parallel: PQN's decorrelation, in place of a replay buffer."""
     num_steps: int = 64
-    """Steps per environment per update."""
-    num_epochs: int = 4
-    """Passes over each update's transitions."""
     num_minibatches: int = 16
-    """Minibatches per pass."""
     lr: float = 1e-4
-    """Adam's learning rate."""
-    anneal_lr: bool = True
-    """Decay the learning rate linearly to 0 over the run."""
-    gamma: float = 0.99
-    """Discount factor."""
-    lam: float = 0.95
-    """Q(lambda)'s lambda: how far the targets look ahead before bootstrapping."""
     reward_scale: float = 0.1
     """Rewards are multiplied by this before they enter the targets."""
     epsilon_end: float = 0.2
     epsilon_fraction: float = 0.2
     hidden: tuple[int, ...] = (256, 256)
     """mlp: hidden widths, each layer followed by LayerNorm."""
+    num_epochs: int | None = None
+    """Deprecated (goes in 0.5): update-epochs."""
+    lam: float | None = None
+    """Deprecated (goes in 0.5): gae-lambda."""
+
+
+# PQN's first spellings, before it shared PPO's on-policy fields: old name -> today's.
+RENAMED = {"num_epochs": "update_epochs", "lam": "gae_lambda"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,27 +54,27 @@ class PQNConfig(PQNFields, MixedPrecisionConfig, ParallelConfig):
 
     max_grad_norm: float | None = 10.0  # purejaxql's
 
-    FIELD_BOUNDS = {
-        **{n: POSITIVE_INT for n in ("num_steps", "num_epochs", "num_minibatches")},
-        "lr": POSITIVE,
-        "reward_scale": POSITIVE,
-        **{n: UNIT_INTERVAL for n in ("gamma", "lam")},
-    }
+    FIELD_BOUNDS = {"reward_scale": POSITIVE}
+    RESUMABLE = tuple(RENAMED)  # `check_resume` compares what they gave
 
-    def check(self):
-        if self.batch_size % self.num_minibatches:
-            raise ValueError(
-                f"num-envs x num-steps = {self.batch_size} is not divisible into {self.num_minibatches} minibatches"
-            )
-        if self.total_steps < self.batch_size:
-            raise ValueError(f"total-steps {self.total_steps} is less than one update ({self.batch_size} steps)")
-        self.validate_parallel("a minibatch's transitions", self.batch_size // self.num_minibatches)
+    def __post_init__(self):
+        for old, new in RENAMED.items():  # the old spellings, read for a release
+            if getattr(self, old) is not None:
+                flag, new_flag = old.replace("_", "-"), new.replace("_", "-")
+                warnings.warn(f"{flag} is deprecated and goes in 0.5: write {new_flag}", FutureWarning, stacklevel=3)
+                object.__setattr__(self, new, getattr(self, old))
+                object.__setattr__(self, old, None)
+        super().__post_init__()
 
-    @property
-    def batch_size(self) -> int:
-        """Transitions per update: num-envs x num-steps."""
-        return self.num_envs * self.num_steps
+    def check_resume(self, saved: dict) -> None:
+        """A run recorded under the old spellings resumes with the same update-epochs and gae-lambda."""
+        for old, new in RENAMED.items():
+            value = saved.get(old)
+            if value is not None and value != getattr(self, new):
+                flag = new.replace("_", "-")
+                raise ValueError(
+                    f"this run's {flag} is {value}, these settings' {getattr(self, new)}: resume with --{flag} {value}"
+                )
 
-    @property
-    def num_updates(self) -> int:
-        return self.total_steps // self.batch_size
+    def check(self):  # OnPolicyFields checks the rollout and its minibatches
+        self.validate_parallel("a minibatch's transitions", self.minibatch_size)

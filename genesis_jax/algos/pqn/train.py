@@ -20,17 +20,17 @@ import optax
 from flax import struct
 
 from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
-from genesis_jax.algos.explore import EpsilonGreedy, eval_env
-from genesis_jax.algos.pqn.config import PQNConfig, PQNFields
+from genesis_jax.algos.explore import EpsilonGreedy
+from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.amp import TrainState
-from genesis_jax.envs.episodes import Episodes, episode_columns, mean_over_seeds
-from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
+from genesis_jax.envs.episodes import Episodes
+from genesis_jax.envs.in_loop import resolve_in_loop
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run.parallel import constrain
 
 # purejaxql's MinAtar settings (its pqn_minatar.yaml), the CNN torso.
-MINATAR = {"num_envs": 128, "num_steps": 32, "num_epochs": 2, "num_minibatches": 32, "lr": 5e-4, "lam": 0.65}
+MINATAR = {"num_envs": 128, "num_steps": 32, "update_epochs": 2, "num_minibatches": 32, "lr": 5e-4, "gae_lambda": 0.65}
 MINATAR |= {"reward_scale": 1.0, "epsilon_end": 0.05, "epsilon_fraction": 0.1}
 BENCH = (
     BenchWorkload("pqn-cartpole", {"env": "CartPole-v1", "total_steps": 65_536}, quick=True, vmap_seeds=True),
@@ -67,9 +67,9 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 
 
 class PQN(EpsilonGreedy, Algorithm):
-    name, fields, config_class, checkpoint_key = "pqn", PQNFields, PQNConfig, "step"
-    score, plot_file, step_name = "final_return", "pqn.png", "step"
-    tiny = dict(total_steps=256, num_envs=4, num_steps=16, num_epochs=1, num_minibatches=2, hidden=(16,))
+    name, config_class, checkpoint_key = "pqn", PQNConfig, "step"
+    metrics = {"episodes": "episodes", "recent_return": "nanmean"}
+    tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
@@ -80,15 +80,13 @@ class PQN(EpsilonGreedy, Algorithm):
         self.net = QNetwork(  # LayerNorm after each hidden layer: PQN's stabiliser
             spec.action_dim, spec.obs_shape, network, c.hidden, layer_norm=True, dtype=precision.compute_dtype
         )
-        self.num_rows, self.steps_per_row, self.spec = c.num_updates, c.batch_size, spec
-        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
-        self.eval_env = eval_env(spec, c.seed)
+        self.steps_per_row, self.spec = c.batch_size, spec
 
     def init(self, key) -> PQNState:
         c = self.config
         net_key, env_key, rng = jax.random.split(key, 3)
         params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
-        grad_steps = c.num_updates * c.num_epochs * c.num_minibatches
+        grad_steps = c.num_updates * c.update_epochs * c.num_minibatches
         lr = optax.linear_schedule(c.lr, 0.0, grad_steps) if c.anneal_lr else c.lr
         obs, env_state = self.env.reset(env_key)  # host environments restart from the seed
         return PQNState(
@@ -120,7 +118,7 @@ class PQN(EpsilonGreedy, Algorithm):
         c = self.config
         next_q = jnp.max(jax.vmap(lambda o: self.net.apply(params, o))(final_obs), -1)
         reward = reward * c.reward_scale
-        return lambda_returns(reward, terminated, truncated, jax.lax.stop_gradient(next_q), c.gamma, c.lam)
+        return lambda_returns(reward, terminated, truncated, jax.lax.stop_gradient(next_q), c.gamma, c.gae_lambda)
 
     def update(self, s: PQNState, data):
         c = self.config
@@ -143,7 +141,7 @@ class PQN(EpsilonGreedy, Algorithm):
 
             return jax.lax.scan(learn, ts, minibatches)
 
-        ts, (loss, q) = jax.lax.scan(epoch, s.train_state, jax.random.split(shuffle_key, c.num_epochs))
+        ts, (loss, q) = jax.lax.scan(epoch, s.train_state, jax.random.split(shuffle_key, c.update_epochs))
         s = s.replace(train_state=ts)
         return s, {
             "loss": loss.mean(),
@@ -157,27 +155,8 @@ class PQN(EpsilonGreedy, Algorithm):
             "halted": ts.halted,
         }
 
-    def rows(self, chunk_metrics: dict, done: int) -> list[dict]:
-        """One row per update: means over seeds (counts summed)."""
-        m = {k: v.astype(float) for k, v in self.by_seed(chunk_metrics).items()}
-        columns = {
-            **episode_columns(m["episodes"], m["return_sum"]),
-            "recent_return": mean_over_seeds(m["recent_return"]),
-            **{k: m[k].mean(0).tolist() for k in ("loss", "q", "epsilon", "loss_scale")},
-            "skipped": m["skipped"].sum(0).astype(int).tolist(),
-            "halted": (m["halted"] > 0).any(0).tolist(),
-        }
-        return self.rows_of(done, columns)
-
     def summary(self, rows: list[dict], state: PQNState) -> dict:
-        return self.returns_summary(rows, state.episodes.recent, state.train_state.params)
-
-    def describe(self, s: dict) -> str:
-        return (
-            f"PQN {s['env']} [{s['precision']}] {self.describe_returns(s)} "
-            f"steps/s={s['steps_per_second']:.0f} compile={s['compile_seconds']:.1f}s "
-            f"skipped={s['skipped_updates']}/{s['total_updates']}"
-        )
+        return self.returns_summary(state.episodes.recent, state.train_state.params)
 
 
 ALGORITHM = PQN

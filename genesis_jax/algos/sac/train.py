@@ -16,7 +16,7 @@ import optax
 from flax import struct
 
 from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
-from genesis_jax.algos.sac.config import SACConfig, SACFields
+from genesis_jax.algos.sac.config import SACConfig
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import (
     available_memory_bytes,
@@ -26,10 +26,9 @@ from genesis_jax.data.replay import (
     grow,
     make_replay,
 )
-from genesis_jax.envs.episodes import episode_columns, final_return_of_rows, running_returns
-from genesis_jax.envs.in_loop import in_loop_env, resolve_in_loop
+from genesis_jax.envs.episodes import running_returns
+from genesis_jax.envs.in_loop import resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
-from genesis_jax.run import plots
 from genesis_jax.run.parallel import constrain
 
 OPTIMIZERS = ("critic", "actor", "alpha")
@@ -69,8 +68,8 @@ STUDY = {
 
 
 class SAC(Algorithm):
-    name, fields, config_class, score, plot_file = "sac", SACFields, SACConfig, "final_return", "sac.png"
-    row_key, step_name = "row", "step"  # a metrics row: `steps_per_row` environment steps
+    name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
+    metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
     tiny = dict(
         num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, buffer_size=64
     )
@@ -80,7 +79,7 @@ class SAC(Algorithm):
     def setup(self) -> None:
         c = self.config
         spec = resolve_in_loop(c, "sac", continuous=True, instead="dqn or pqn")  # before anything is written
-        self.spec, self.num_rows, self.steps_per_row = spec, c.total_steps // c.steps_per_row, c.steps_per_row
+        self.spec, self.steps_per_row = spec, c.steps_per_row
         dtype = c.train_precision().compute_dtype
         self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)
         self.q = lambda params, obs, act: self.critic.apply(params, obs, act)[..., 0]  # [2, batch] float32
@@ -90,7 +89,6 @@ class SAC(Algorithm):
         self.replay = make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
         needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
         check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
-        self.env = in_loop_env(spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec
@@ -197,44 +195,13 @@ class SAC(Algorithm):
             "halted": state.critic.halted | state.actor.halted | state.alpha.halted,
         }
 
-    def rows(self, metrics: dict, done: int) -> list[dict]:
-        m = self.by_seed(metrics)
-        with np.errstate(invalid="ignore", divide="ignore"):  # every seed learns on the same rows
-            means = {k: m[k].astype(np.float64).mean(0) for k in LOSSES + ("loss_scale",)}
-        return self.rows_of(
-            done,
-            {
-                **{k: m[k].sum(0).astype(int).tolist() for k in COUNTS if k != "episodes"},
-                **episode_columns(m["episodes"], m["return_sum"], per_seed=True),
-                **{k: [float(x) if np.isfinite(x) else None for x in v] for k, v in means.items()},
-                "halted": m["halted"].any(0).tolist(),
-            },
-        )
-
     def summary(self, rows: list[dict], state: SACState) -> dict:
-        """final_return(_per_seed) (`final_return_of_rows`); each optimizer's skips."""
-        skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
+        """Each optimizer's skips (the template's skipped_updates, total_updates and overflow_rate sum all three)."""
         return {
-            "env": self.config.env,
-            "env_backend": self.spec.backend,
-            "total_steps": rows[-1]["step"] if rows else 0,
-            **final_return_of_rows(rows, self.num_seeds),
             "gradient_iterations": int(np.sum(state.critic.step)),
             "buffer_bytes": buffer_bytes(state.buffer),
-            **skips,  # per optimizer; the template's skipped_updates, total_updates and overflow_rate sum all three
+            **{f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS},
         }
-
-    def optimizer_states(self, state: SACState) -> list:
-        return [getattr(state, n) for n in OPTIMIZERS]
-
-    def plot(self, rows: list[dict], file) -> None:
-        plots.plot_curves(rows, "step", ["episode_return", "critic_loss", "actor_loss"], file, title=self.title())
-
-    def describe(self, s: dict) -> str:
-        skips = "/".join(str(s[f"{n}_skipped"]) for n in OPTIMIZERS)
-        return (
-            f"SAC {s['env']} [{s['precision']}] final_return={s['final_return']:.1f} skipped critic/actor/alpha={skips}"
-        )
 
 
 ALGORITHM = SAC

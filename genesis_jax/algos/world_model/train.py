@@ -9,8 +9,6 @@ loss against the data's noise floor, and memory statistics.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,13 +17,13 @@ from flax import struct
 
 from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.world_model import data as wm_data
-from genesis_jax.algos.world_model.config import WorldModelConfig, WorldModelFields
+from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.data import trajectories
 from genesis_jax.nets.world_model import WorldModel
-from genesis_jax.run import plots, probes
+from genesis_jax.run import probes
 from genesis_jax.run.checkpoint import state_digest
 from genesis_jax.run.config import INT32_MAX
 from genesis_jax.run.parallel import constrain
@@ -141,14 +139,9 @@ STUDY = {
 
 
 class WorldModelTrainer(Algorithm):
-    name = "world-model"
-    fields = WorldModelFields
-    config_class = WorldModelConfig
-    row_key = "epoch"
-    score = "eval_loss"  # the summary field the bench reports as the learning result
-    plot_file = "world_model.png"
-    step_name = "epoch"
-    underflow_telemetry = True
+    name, config_class, row_key, score = "world-model", WorldModelConfig, "epoch", "eval_loss"
+    # Each seed's eval loss; optimizer steps per second; and the opt-in underflow telemetry.
+    metrics = {"eval_loss": "mean per seed", "steps_per_second": "rate", "underflow": "mean"}
     tiny = dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1)
     budget_field, bench_workloads, study_tasks = "epochs", BENCH, STUDY
 
@@ -172,7 +165,6 @@ class WorldModelTrainer(Algorithm):
                 f"epochs {config.epochs} x {self.batches_per_epoch} batches per epoch is more optimizer steps than "
                 f"the int32 step counters hold; at most {INT32_MAX // self.batches_per_epoch} epochs with this data"
             )
-        self.num_rows = config.epochs
         self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
         self.loss_fn = make_loss_fn(self.model)  # the loss reported and evaluated
         self.train_loss_fn = make_loss_fn(self.model, config.loss_weight)  # the loss trained on
@@ -181,7 +173,6 @@ class WorldModelTrainer(Algorithm):
             make_loss_fn(make_model(config, meta, obs_dim, get_precision(p)), config.loss_weight)
             for p in ("fp32", "fp16")
         )
-        self.last_row_time = time.perf_counter()
 
     def inputs(self) -> dict[str, str]:
         """The dataset's identity, as its source, size and digest: the same path (a .npz) may hold other data."""
@@ -224,32 +215,9 @@ class WorldModelTrainer(Algorithm):
             "skipped": ts.skipped - skipped_before,
             "loss_scale": ts.scaler.loss_scale,
             "halted": ts.halted,
+            "steps_per_second": jnp.int32(self.batches_per_epoch),  # optimizer steps, "rate": per second
             **underflow,
         }
-
-    def rows(self, m, done: int) -> list[dict]:
-        """One row per epoch: means over seeds (skips summed), each seed's eval loss beside."""
-        now = time.perf_counter()
-        elapsed, self.last_row_time = now - self.last_row_time, now
-        m = self.by_seed(m)  # [seeds, epochs in this chunk]
-        n = m["train_loss"].shape[1]
-        telemetry = [k for k in m if k.split("/")[0] in ("underflow", "flushed")]
-        rows = []
-        for i in range(n):
-            row = {
-                "epoch": done + i + 1,
-                "train_loss": float(np.mean(m["train_loss"][:, i])),
-                "eval_loss": float(np.mean(m["eval_loss"][:, i])),
-                "loss_scale": float(np.mean(m["loss_scale"][:, i])),
-                "skipped": int(np.sum(m["skipped"][:, i])),
-                "steps_per_second": self.batches_per_epoch * n * self.num_seeds / elapsed,
-                "halted": bool(np.any(m["halted"][:, i])),
-                **{k: float(np.mean(m[k][:, i])) for k in telemetry},
-            }
-            if self.num_seeds > 1:
-                row["eval_loss_per_seed"] = m["eval_loss"][:, i].astype(float).tolist()
-            rows.append(row)
-        return rows
 
     def summary(self, rows: list[dict], state: WorldModelState) -> dict:
         config, ts = self.config, state.train_state
@@ -257,8 +225,6 @@ class WorldModelTrainer(Algorithm):
         if self.num_seeds > 1:  # the probes below take one seed's state
             ts = jax.tree.map(lambda x: x[0], ts)
         batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
-        compiled = getattr(self, "compiled", None)
-        memory = compiled.memory_analysis() if compiled is not None else None
         step = lambda s, b: self.train_step(s, self.train_loss_fn, b)  # noqa: E731
         return {
             "data": self.dataset["meta"]["source"],
@@ -269,40 +235,14 @@ class WorldModelTrainer(Algorithm):
             "final_train_loss": rows[-1]["train_loss"],
             "eval_loss": rows[-1]["eval_loss"],
             "eval_loss_per_seed": rows[-1].get("eval_loss_per_seed", [rows[-1]["eval_loss"]]),
-            "num_seeds": self.num_seeds,
-            **{f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in ("underflow", "flushed") if k in rows[-1]},
             "noise_floor": self.noise_floor,
             "epochs": len(rows),
             "applied_updates": int(np.sum(np.asarray(seeds_ts.step)) - np.sum(np.asarray(seeds_ts.skipped))),
             "steps_per_second": self.session.steps_per_second(self.batches_per_epoch * self.num_seeds),
             "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
-            "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
             "flops_per_step": probes.matmul_flops(step, ts, batch0),  # one optimizer step, for the achieved FLOP/s
             "param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params))),
-            "peak_device_bytes": probes.peak_device_bytes(),
         }
-
-    def postfix(self, row: dict) -> dict:
-        return {"train": f"{row['train_loss']:.4f}", "eval": f"{row['eval_loss']:.4f}"}
-
-    def title(self) -> str:
-        return f"world model ({self.precision.name})"
-
-    def plot(self, rows: list[dict], file) -> None:
-        keys = ("train_loss", "eval_loss")
-        plots.plot_curves(rows, "epoch", keys, file, title=self.title(), floor=self.noise_floor)
-
-    def describe(self, s: dict) -> str:
-        floor = f" noise_floor={s['noise_floor']:.4f}" if s["noise_floor"] is not None else ""
-        if s.get("applied_updates") == 0 and s["total_updates"]:  # no loss to show: the model is as initialised
-            losses = f"no update was applied (all {s['total_updates']} skipped: gradients not finite)"
-        else:
-            losses = f"train_loss={s['final_train_loss']:.4f} eval_loss={s['eval_loss']:.4f}{floor}"
-        return (
-            f"world model [{s['precision']}] {losses} steps/s={s['steps_per_second']:.1f} "
-            f"loss_scale={s['loss_scale']:g} skipped={s['skipped_updates']}/{s['total_updates']} "
-            f"activation_bytes={s['activation_bytes']}"
-        )
 
 
 ALGORITHM = WorldModelTrainer

@@ -1,0 +1,66 @@
+"""The argument checks every amp constructor shares: each refuses a value that would break its
+promise in one sentence that names the argument, what it accepts and the value given.
+
+>>> number("growth_factor", 2, "finite and > 1", lambda x: x > 1)
+2.0
+>>> number("growth_interval", 2.5, "an integer from 1 to 2^31-1", integer=True)
+Traceback (most recent call last):
+TypeError: growth_interval must be an integer from 1 to 2^31-1, got 2.5
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+INT32_MAX = 2**31 - 1  # JAX's default integer: step and skip counters, scan lengths
+
+
+def refuse_unless(ok, name: str, value, accepted: str, error: type = TypeError) -> None:
+    """`error("<name> must be <accepted>, got <value>")` unless `ok`."""
+    if not ok:
+        raise error(f"{name} must be {accepted}, got {value!r}")
+
+
+def _kind(value) -> str | None:
+    """'int' or 'float' for a real number (Python, numpy or a 0-d array; a bool is neither), else None."""
+    if isinstance(value, (np.ndarray, jax.Array)):
+        value = value.dtype.type(0) if value.shape == () else None
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    return (
+        "int" if isinstance(value, (int, np.integer)) else "float" if isinstance(value, (float, np.floating)) else None
+    )
+
+
+def number(name, value, accepted, ok=lambda x: True, *, integer=False, type_error=TypeError):
+    """`value` as the int, or the float32 (inf where it overflows, 0 where it underflows), it is
+    used as, refused unless it is such a number and `ok(it)`; None where it is traced (unchecked)."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    kind = _kind(value)
+    refuse_unless(kind == "int" or (kind == "float" and not integer), name, value, accepted, type_error)
+    if integer:
+        x = int(value)
+    else:
+        with np.errstate(over="ignore", under="ignore"):
+            x = float(np.float32(value))
+    refuse_unless(ok(x), name, value, accepted, ValueError)
+    return x
+
+
+def finite_above(low: float, or_equal: bool = False):
+    """A predicate: finite and > `low` (>= with `or_equal`)."""
+    return lambda x: math.isfinite(x) and (x >= low if or_equal else x > low)
+
+
+def flag(name, value, none: bool = False) -> None:
+    """Refuses anything but True or False (and None where `none`)."""
+    ok = isinstance(value, (bool, np.bool_)) or (none and value is None)
+    refuse_unless(ok, name, value, "True, False or None" if none else "True or False")
+
+
+def optional_callable(name, value) -> None:
+    refuse_unless(value is None or callable(value), name, value, "callable or None")
