@@ -238,7 +238,10 @@ class TrainState(train_state.TrainState):
             grad_norm, grads_finite = global_norm(grads)
         new_scaler = self.scaler.adjust(grads_finite) if scaler is None else scaler
         # Any skip backs off; the guard reads the scale only on a skip, so it sees that one.
-        guard_scale = _keep_if(grads_finite, self.scaler.adjust(jnp.asarray(False)), new_scaler).loss_scale
+        backed_off = self.scaler.adjust(jnp.asarray(False))  # NoOp and Static scalers: itself, no select
+        guard_scale = (
+            new_scaler if backed_off is new_scaler else _keep_if(grads_finite, backed_off, new_scaler)
+        ).loss_scale
         before = find_skip_state(self.opt_state)
         updates, opt_state = self.tx.update(
             grads, self.opt_state, self.params, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=guard_scale

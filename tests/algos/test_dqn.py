@@ -157,6 +157,7 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, capsys, args
 
 
 @pytest.mark.slow  # about 40-60 s on 2 cores
+@pytest.mark.long  # a learning run (benchmarks/dqn-cartpole-cpu.md)
 @pytest.mark.run_bound
 def test_dqn_learns_cartpole_on_a_cpu_budget():
     config = DQNConfig(

@@ -79,6 +79,7 @@ def test_same_seed_same_result():
 
 
 @pytest.mark.slow  # learning run on host (gymnasium) environments: 19 s
+@pytest.mark.long  # (the gymnax path learns in this file's gymnax_run, every run)
 def test_gymnasium_path_improves_cartpole():
     config = PPOConfig(
         env="CartPole-v1", env_backend="gymnasium", precision="fp16", total_steps=30_720, lr=1e-3, seed=0

@@ -86,6 +86,7 @@ def fp32_and_fp16():
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture trains twice: 44 s
+@pytest.mark.long  # a learning run (benchmarks/world_model_cpu.md holds its figures)
 @pytest.mark.run_bound  # the fixture's runs, whichever test sets it up
 def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
     for precision, s in fp32_and_fp16.items():
@@ -95,6 +96,7 @@ def test_eval_loss_reaches_noise_floor(fp32_and_fp16):
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
+@pytest.mark.long
 @pytest.mark.run_bound
 def test_fp16_within_2_percent_of_fp32(fp32_and_fp16):
     e32, e16 = fp32_and_fp16["fp32"]["eval_loss"], fp32_and_fp16["fp16"]["eval_loss"]
@@ -102,6 +104,7 @@ def test_fp16_within_2_percent_of_fp32(fp32_and_fp16):
 
 
 @pytest.mark.slow  # fp32_and_fp16 fixture (44 s)
+@pytest.mark.long
 @pytest.mark.run_bound
 def test_fp16_halves_saved_activations(fp32_and_fp16):
     ratio = fp32_and_fp16["fp16"]["activation_bytes"] / fp32_and_fp16["fp32"]["activation_bytes"]

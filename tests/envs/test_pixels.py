@@ -34,6 +34,7 @@ def random_policy_return(env_id: str, num_envs: int = 64, steps: int = 2000) -> 
 
 
 @pytest.mark.slow  # learns Breakout: 120 s
+@pytest.mark.long  # a learning run (benchmarks/minatar-cnn-cpu)
 @pytest.mark.run_bound
 def test_cnn_ppo_on_minatar_breakout_beats_a_random_policy_in_fp16():
     random_return = random_policy_return("Breakout-MinAtar")

@@ -24,7 +24,7 @@ from tests.algos.test_dqn import TINY as DQN_TEST_TINY
 from tests.support.files import snapshot
 
 # tests/algos/test_dqn.py's and test_sac.py's TINY, smaller still: 300 transitions a buffer.
-DQN_TINY = {**DQN_TEST_TINY, "total_steps": 400, "learning_starts": 100, "buffer_size": 300, "epsilon_steps": 400}
+DQN_TINY = {**DQN_TEST_TINY, "total_steps": 400, "learning_starts": 100, "buffer_size": 300, "epsilon_fraction": 1.0}
 SAC_TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16, 16), buffer_size=256)
 DQN_PATH, SAC_PATH = ("train_state",), ("critic",)
 
