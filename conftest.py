@@ -108,20 +108,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if skip_long and item.get_closest_marker("long"):
             item.add_marker(skip_long)
-    items[:] = heaviest_files_first(items, skipped=skip_long is not None)
-
-
-def heaviest_files_first(items, skipped: bool) -> list:
-    """`items` with their files ordered by how many slow tests each runs, most first (each file's
-    own order kept). xdist's `--dist loadfile` hands files to the two workers in this order, so
-    the long files start first and the short ones fill the gaps, instead of one long file
-    running alone at the end while the other worker idles."""
-    weight: dict = {}
-    for item in items:
-        runs = not (skipped and item.get_closest_marker("long"))
-        weight[item.path] = weight.get(item.path, 0) + (runs and item.get_closest_marker("slow") is not None)
-    order = {path: rank for rank, path in enumerate(sorted(weight, key=lambda path: -weight[path]))}
-    return sorted(items, key=lambda item: order[item.path])
 
 
 def _compiles_for(item):
