@@ -116,11 +116,11 @@ def _keep_if(keep, new, old):
     return jax.tree.map(lambda n, o: jnp.where(keep, n, o).astype(o.dtype), new, old)
 
 
-def _scaler_after(old, new, skipped, halted):
+def _scaler_after(old, new, backed_off, skipped, halted):
     """The scaler after a step: `new` (adjusted by the decision), backed off on any skip all the same
     (float32 gradients that overflow on the cast to float16 params, a strict check: torch backs off
-    on every skipped step), kept where halted. NoOp and Static scalers need no select."""
-    backed_off = old.adjust(jnp.asarray(False))
+    on every skipped step: `backed_off`, `old.adjust(False)`, which the caller has taken for the
+    guard), kept where halted. NoOp and Static scalers need no select."""
     return new if backed_off is new else _keep_if(~halted, _keep_if(skipped, backed_off, new), old)
 
 
@@ -251,7 +251,8 @@ class TrainState(train_state.TrainState):
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
             kept, pending = self.scaler, self.pending_backoff | skipped
         else:
-            kept, pending = _scaler_after(self.scaler, new_scaler, skipped, after.halted), self.pending_backoff
+            kept = _scaler_after(self.scaler, new_scaler, backed_off, skipped, after.halted)
+            pending = self.pending_backoff
         return self.replace(
             step=self.step + (~before.halted).astype(jnp.int32),
             params=optax.apply_updates(self.params, updates),
@@ -565,7 +566,6 @@ class Optimizer(nnx.Optimizer):
             model, grads, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=backed_off.loss_scale, **kwargs
         )
         after = find_skip_state(nnx.as_pure(self.opt_state))
-        self.scaler.set_value(
-            _scaler_after(scaler, scaler.adjust(grads_finite), after.skipped != before.skipped, after.halted)
-        )
+        skipped = after.skipped != before.skipped
+        self.scaler.set_value(_scaler_after(scaler, scaler.adjust(grads_finite), backed_off, skipped, after.halted))
         return updates
