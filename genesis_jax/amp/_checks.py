@@ -24,29 +24,17 @@ def refuse_unless(ok, name: str, value, accepted: str, error: type = TypeError) 
         raise error(f"{name} must be {accepted}, got {value!r}")
 
 
-def _kind(value) -> str | None:
-    """'int' or 'float' for a real number (Python, numpy or a 0-d array; a bool is neither), else None."""
-    if isinstance(value, (np.ndarray, jax.Array)):
-        value = value.dtype.type(0) if value.shape == () else None
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    return (
-        "int" if isinstance(value, (int, np.integer)) else "float" if isinstance(value, (float, np.floating)) else None
-    )
-
-
 def number(name, value, accepted, ok=lambda x: True, *, integer=False, type_error=TypeError):
     """`value` as the int, or the float32 (inf where it overflows, 0 where it underflows), it is
-    used as, refused unless it is such a number and `ok(it)`; None where it is traced (unchecked)."""
+    used as, refused unless it is such a number (Python, numpy or a 0-d array; a bool is
+    neither) and `ok(it)`; None where it is traced (unchecked)."""
     if isinstance(value, jax.core.Tracer):
         return None
-    kind = _kind(value)
-    refuse_unless(kind == "int" or (kind == "float" and not integer), name, value, accepted, type_error)
-    if integer:
-        x = int(value)
-    else:
-        with np.errstate(over="ignore", under="ignore"):
-            x = float(np.float32(value))
+    x = value.item() if isinstance(value, (np.ndarray, jax.Array)) and value.shape == () else value
+    is_int = isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    refuse_unless(is_int or (isinstance(x, (float, np.floating)) and not integer), name, value, accepted, type_error)
+    with np.errstate(over="ignore", under="ignore"):
+        x = int(x) if integer else float(np.float32(x))
     refuse_unless(ok(x), name, value, accepted, ValueError)
     return x
 

@@ -28,12 +28,11 @@ import jax.numpy as jnp
 import jmp
 from flax import nnx
 
+from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.jaxpr import cast_per_op
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
 from genesis_jax.amp.optim import find_skip_state, global_norm
 from genesis_jax.amp.policy import as_policy
-
-AxisName = str | tuple[str, ...] | None
 
 
 class ScaledGrads(NamedTuple):
@@ -62,24 +61,6 @@ class ScaledGrads(NamedTuple):
     grads_finite: jax.Array
     grad_norm: jax.Array
     scaler: LossScale
-
-
-def _check_loss_fn(loss_fn, has_aux) -> None:
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {loss_fn!r}")
-    if not isinstance(has_aux, bool):
-        raise TypeError(f"has_aux must be True or False, got {has_aux!r}")
-
-
-def _check_grad_args(axis_name, accumulate, grad_transform) -> None:
-    """`scaled_value_and_grad`'s other arguments: one sentence naming the bad value."""
-    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-    if axis_name is not None and not (names and all(isinstance(n, str) for n in names)):
-        raise TypeError(f"axis_name must be None, an axis name or a tuple of axis names, got {axis_name!r}")
-    if isinstance(accumulate, bool) or not (isinstance(accumulate, int) and accumulate >= 1):
-        raise ValueError(f"accumulate must be an integer >= 1, got {accumulate!r}")
-    if grad_transform is not None and not callable(grad_transform):
-        raise TypeError(f"grad_transform must be callable or None, got {grad_transform!r}")
 
 
 def autocast(fn, policy):
@@ -136,8 +117,7 @@ class AutocastModule:
     calling it) in the policy's compute dtype; any other attribute is the module's."""
 
     def __init__(self, module: nn.Module, policy: jmp.Policy):
-        self.module, self.policy = module, policy
-        self.apply = autocast(module.apply, policy)
+        self.module, self.policy, self.apply = module, policy, autocast(module.apply, policy)
 
     def init(self, *args, **kwargs):
         return self.module.init(*args, **kwargs)
@@ -161,27 +141,6 @@ def _float32_loss(loss) -> jax.Array:
             stacklevel=3,
         )
     return loss.astype(jnp.float32)
-
-
-def _split_micro_batches(args, num: int):
-    def split(x):
-        if x.shape[0] % num:
-            raise ValueError(f"a batch of {x.shape[0]} does not split into {num} micro-batches")
-        return x.reshape(num, x.shape[0] // num, *x.shape[1:])
-
-    return jax.tree.map(split, args)
-
-
-def _is_nnx_module(x) -> bool:
-    return isinstance(x, nnx.Module)
-
-
-def _differentiate(scaled, has_aux: bool, argnums, first_arg):
-    """`jax.value_and_grad`, or `nnx.value_and_grad` for a Flax NNX module (its `nnx.Param`
-    state is what is differentiated, as `nnx.Optimizer(wrt=nnx.Param)` expects)."""
-    if _is_nnx_module(first_arg):
-        return nnx.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
-    return jax.value_and_grad(scaled, argnums=argnums, has_aux=has_aux)
 
 
 SKIPPING = (
@@ -232,7 +191,7 @@ def scaled_value_and_grad(
     has_aux: bool = False,
     argnums: int = 0,
     policy=None,
-    axis_name: AxisName = None,
+    axis_name: str | tuple[str, ...] | None = None,
     accumulate: int = 1,
     grad_transform: Callable[[Any], Any] | None = None,
 ) -> Callable[..., ScaledGrads]:
@@ -287,64 +246,65 @@ def scaled_value_and_grad(
         >>> bool(finite), float(scaler.loss_scale), int(amp.stats(opt_state)["skipped"])   # skipped, backed off
         (False, 32768.0, 1)
     """
-    _check_loss_fn(loss_fn, has_aux)
-    _check_grad_args(axis_name, accumulate, grad_transform)
-    if isinstance(argnums, bool) or not isinstance(argnums, int) or argnums < 0:
-        raise TypeError(f"argnums must be a non-negative int (one differentiated argument), got {argnums!r}")
+    refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
+    flag("has_aux", has_aux)
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    ok = axis_name is None or (names and all(isinstance(n, str) for n in names))
+    refuse_unless(ok, "axis_name", axis_name, "None, an axis name or a tuple of axis names")
+    ok = isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate >= 1
+    refuse_unless(ok, "accumulate", accumulate, "an integer >= 1", ValueError)
+    optional_callable("grad_transform", grad_transform)
+    ok = isinstance(argnums, int) and not isinstance(argnums, bool) and argnums >= 0
+    refuse_unless(ok, "argnums", argnums, "a non-negative int (one differentiated argument)")
     policy = as_policy(policy)
 
-    def scaled_loss(scaler, args, kwargs):
+    def scaled_grads(scaler, args, kwargs):  # (scaled gradients, the float32 loss, aux)
         def scaled(*args):
             out = loss_fn(*args, **kwargs)
             loss, aux = out if has_aux else (out, None)
             loss = _float32_loss(loss)
             return scaler.scale(loss), (loss, aux)
 
-        return scaled
-
-    def scaled_grads(scaler, args, kwargs):
         if policy is not None:
-            if _is_nnx_module(args[argnums]):
+            if isinstance(args[argnums], nnx.Module):
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
-        grad_fn = _differentiate(scaled_loss(scaler, args, kwargs), True, argnums, args[argnums])
-        (_, (loss, aux)), grads = grad_fn(*args)
+        # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
+        value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
+        (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)
         return grads, loss, aux
 
-    def accumulated(scaler, args, kwargs):
-        batched = tuple(i for i in range(len(args)) if i != argnums)
-        micro = _split_micro_batches(tuple(args[i] for i in batched), accumulate)
+    def split(x):
+        if x.shape[0] % accumulate:
+            raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulate} micro-batches")
+        return x.reshape(accumulate, x.shape[0] // accumulate, *x.shape[1:])
 
+    def accumulated(scaler, args, kwargs):  # the differentiated argument whole, the others split
         def micro_step(total, micro_args):
-            whole = list(args)
-            for i, x in zip(batched, micro_args):
-                whole[i] = x
-            grads, loss, aux = scaled_grads(scaler, tuple(whole), kwargs)
+            micro_args[argnums] = args[argnums]
+            grads, loss, aux = scaled_grads(scaler, tuple(micro_args), kwargs)
             return jax.tree.map(jnp.add, total, grads), (loss, aux)
 
+        micro = jax.tree.map(split, [None if i == argnums else x for i, x in enumerate(args)])
         zeros = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.promote_types(g.dtype, jnp.float32)), args[argnums])
         total, (losses, aux) = jax.lax.scan(micro_step, zeros, micro)
         return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux
 
     def fn(scaler, *args, **kwargs) -> ScaledGrads:
         scaler = _scaler_of(scaler)
-        if accumulate > 1 and _is_nnx_module(args[argnums] if len(args) > argnums else None):
-            raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
         if len(args) <= argnums:
             raise TypeError(f"loss_fn's argument {argnums} (argnums) is missing: got {len(args)} positional arguments")
-        if not _is_nnx_module(args[argnums]):
+        if isinstance(args[argnums], nnx.Module) and accumulate > 1:
+            raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
+        if not isinstance(args[argnums], nnx.Module):
             _check_arrays(args[argnums], argnums)
-        if accumulate == 1:
-            grads, loss, aux = scaled_grads(scaler, args, kwargs)
-        else:
-            grads, loss, aux = accumulated(scaler, args, kwargs)
+        grads, loss, aux = (scaled_grads if accumulate == 1 else accumulated)(scaler, args, kwargs)
         if axis_name is not None:
             grads, loss = jax.lax.pmean((grads, loss), axis_name)
         if grad_transform is not None:
             grads = grad_transform(grads)
         grads = scaler.unscale(grads)  # in float32; one scalar, the global norm, decides
         norm, finite = global_norm(grads)
-        value = (loss, aux) if has_aux else loss
-        return ScaledGrads(value, grads, finite, norm, scaler.adjust(finite))
+        return ScaledGrads((loss, aux) if has_aux else loss, grads, finite, norm, scaler.adjust(finite))
 
     return fn

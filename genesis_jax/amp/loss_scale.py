@@ -14,6 +14,8 @@ whose every field, configuration included, is a leaf: they pass through `jit`,
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,14 +30,9 @@ LARGEST_NORMAL_RECIPROCAL = 2.0**126  # the largest scale whose reciprocal is a 
 def _scale_tree(tree, *factors):
     """Every leaf in float32 (or wider), times each factor in turn: a scaled float32 loss never
     rounds through half, and no factor is folded into another (see `unscale`)."""
-
-    def scaled(x):
-        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        for factor in factors:
-            x = x * factor
-        return x
-
-    return jax.tree.map(scaled, tree)
+    return jax.tree.map(
+        lambda x: functools.reduce(jnp.multiply, factors, x.astype(jnp.promote_types(x.dtype, jnp.float32))), tree
+    )
 
 
 def is_bool_flag(flag) -> bool:
@@ -68,8 +65,7 @@ class _LossScaleBase:
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)  # skip validation: leaves may be tracers or shape structs
-        for name, value in zip(cls._fields, children):
-            object.__setattr__(obj, name, value)
+        obj.__dict__.update(zip(cls._fields, children))
         return obj
 
     def _replace(self, **changes):
@@ -82,8 +78,7 @@ class _LossScaleBase:
         return self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
 
     def __repr__(self):
-        inner = ", ".join(f"{f}={getattr(self, f)}" for f in self._fields)
-        return f"{type(self).__name__}({inner})"
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)}' for f in self._fields)})"
 
     def unscale(self, tree):
         """Divides every leaf by the scale, in float32, as `x * (1 / scale)` like PyTorch.
@@ -229,9 +224,8 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 def _dynamic_rules(s, read) -> list:
     """What a run writes into a `DynamicLossScale` (a bound before what it bounds)."""
     interval, tracker, backoffs = (read(x) for x in (s.growth_interval, s.growth_tracker, s.backoffs))
-    scale, growth, backoff, floor = (
-        read(x).astype(np.float64) for x in (s.loss_scale, s.growth_factor, s.backoff_factor, s.min_scale)
-    )
+    fields = (s.loss_scale, s.growth_factor, s.backoff_factor, s.min_scale)
+    scale, growth, backoff, floor = (read(x).astype(np.float64) for x in fields)
     above_floor, above_smallest = scale >= np.maximum(floor, SMALLEST_SCALE), "finite, >= 2^-126 and >= min_scale"
     return [
         ("growth_interval", interval, interval >= 1, "an integer >= 1"),
@@ -255,9 +249,7 @@ def _fixed_rules(s, read) -> list:
 # such as a `TrainState` or a subclass of it: each scaler is a dict of its fields. And what a
 # restored one must hold.
 for _cls in (DynamicLossScale, StaticLossScale, NoOpLossScale):
-    serialization.register_serialization_state(
-        _cls, _LossScaleBase._state_dict, _LossScaleBase._from_state_dict, override=True
-    )
+    serialization.register_serialization_state(_cls, _cls._state_dict, _cls._from_state_dict, override=True)
     register_restore_check(_cls, _dynamic_rules if _cls is DynamicLossScale else _fixed_rules)
 
 
@@ -277,21 +269,13 @@ def check_loss_scale_args(kind, init_scale=2.0**16, growth_interval=2000, min_sc
     Raises:
         ValueError: naming the bad argument and what is accepted.
     """
-    refuse_unless(
-        kind in ("dynamic", "static", "none"), "the loss scaling", kind, "dynamic, static or none", ValueError
-    )
+    if not isinstance(kind, str) or kind not in ("dynamic", "static", "none"):
+        raise ValueError(f"unknown loss scaling {kind!r}; accepted: dynamic, static, none")
     init = _check_scale("init_scale", init_scale)
     number("growth_factor", growth, "finite and > 1 (as a float32)", finite_above(1))
     number("backoff_factor", backoff, "in (0, 1) (as a float32)", lambda x: 0 < x < 1)
-    interval_ok = lambda x: 1 <= x <= INT32_MAX
-    number(
-        "growth_interval",
-        growth_interval,
-        "an integer from 1 to 2^31-1",
-        interval_ok,
-        integer=True,
-        type_error=ValueError,
-    )
+    interval_ok, accepted = lambda x: 1 <= x <= INT32_MAX, "an integer from 1 to 2^31-1"
+    number("growth_interval", growth_interval, accepted, interval_ok, integer=True, type_error=ValueError)
     floor_ok = lambda x: finite_above(0)(x) and (kind != "dynamic" or init is None or x <= init)
     if min_scale is not None:
         number("min_scale", min_scale, "finite, > 0 and <= init_scale (None: no floor)", floor_ok)

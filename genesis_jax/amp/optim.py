@@ -199,12 +199,16 @@ def _power_of_two(k):
     return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
-def check_max_grad_norm(max_grad_norm) -> None:
-    """Refuses a clipping norm that would break the promise: NaN or inf would make every
-    update non-finite after the finite check, 0 or less would stop or reverse every step.
-    It is checked as the float32 it is used as (1e-50 would be 0 there, 1e50 inf)."""
+def check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict_none=False) -> None:
+    """`skip_nonfinite`'s options (`TrainState.create`'s and `Optimizer`'s, where a `strict` of
+    None decides by the params' dtype), each refused in a sentence naming it. A clipping norm
+    that is NaN or inf would make every update non-finite after the finite check, 0 or less would
+    stop or reverse every step: it is checked as the float32 it is used as (1e-50 is 0 there)."""
     if max_grad_norm is not None:
         number("max_grad_norm", max_grad_norm, "finite and > 0 (None: no clipping)", finite_above(0))
+    refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
+    flag("advance_schedule_on_skip", advance_schedule_on_skip)
+    flag("strict", strict, none=strict_none)
 
 
 def _scalar(name: str, value, kinds, accepted: str, dtype):
@@ -264,9 +268,10 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
     **extra_args)`: `grads_finite` is the decision (from `value_and_grad`; pass it so every
     replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
-    (clipping reuses it); without them the wrapper computes both from `grads`. A given
-    decision is taken on `grads` as they are applied: a float16 or bfloat16 leaf is checked
-    too (float32 gradients cast to fp16-full's params overflow above 65504). Unlike
+    (clipping reuses it); without them the wrapper computes both from `grads`. Where `params`
+    are given, `grads` are cast to their dtypes first, as `TrainState` and `amp.Optimizer` apply
+    them, and decided on as cast: a float16 or bfloat16 leaf is checked on a given decision too
+    (float32 gradients cast to fp16-full's params overflow above 65504). Unlike
     `optax.apply_if_finite`, a non-finite update is never applied, however many come in a
     row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
 
@@ -308,10 +313,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     """
     is_optax = isinstance(inner, optax.GradientTransformation)
     refuse_unless(is_optax, "the optimizer to wrap", inner, "an optax GradientTransformation")
-    check_max_grad_norm(max_grad_norm)
-    flag("advance_schedule_on_skip", advance_schedule_on_skip)
-    flag("strict", strict)
-    refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
+    check_options(max_grad_norm, guard, advance_schedule_on_skip, strict)
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
@@ -322,6 +324,8 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), DECISION, bool)
         norm = _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)
         loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
+        if params is not None:  # decided on as applied: in the params' dtypes
+            grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.result_type(p)), grads, params)
         if finite is not None:  # taken in float32: a half-precision leaf (fp16-full's cast) may overflow since
             finite = finite & _stays_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
         if finite is None or (norm is None and max_grad_norm is not None):

@@ -29,14 +29,12 @@ from genesis_jax.amp.loss_scale import DynamicLossScale, NoOpLossScale, StaticLo
 
 logger = logging.getLogger("genesis_jax")
 
-LOSS_SCALINGS = ("dynamic", "static", "none")
-
 _NAMED_POLICIES = {
-    "fp32": ("params=float32,compute=float32,output=float32", "none"),
-    "bf16": ("params=float32,compute=bfloat16,output=float32", "none"),
-    "fp16": ("params=float32,compute=float16,output=float32", "dynamic"),
+    "fp32": "params=float32,compute=float32,output=float32",
+    "bf16": "params=float32,compute=bfloat16,output=float32",
+    "fp16": "params=float32,compute=float16,output=float32",
     # The whole model stored and run in half precision (the ".half()" mode).
-    "fp16-full": ("params=float16,compute=float16,output=float32", "dynamic"),
+    "fp16-full": "params=float16,compute=float16,output=float32",
 }
 PRECISION_NAMES = ("fp32", "bf16", "fp16", "fp16-full", "auto")  # spelled out: the API page shows the value
 """The precision names `get_precision` accepts: fp32, bf16, fp16, fp16-full and auto (fp16 on a
@@ -64,7 +62,7 @@ class Precision:
     def __post_init__(self):
         refuse_unless(isinstance(self.name, str) and self.name, "a Precision's name", self.name, "a non-empty string")
         refuse_unless(isinstance(self.policy, jmp.Policy), "a Precision's policy", self.policy, "a jmp.Policy")
-        _checked_loss_scaling(self.loss_scaling, self.loss_scaling)
+        check_loss_scale_args(self.loss_scaling)
 
     @property
     def compute_dtype(self):
@@ -117,7 +115,8 @@ def check_precision(name: str, loss_scaling: str | None = None) -> str:
         strictest to check its settings against).
     """
     if isinstance(name, str) and name.strip().lower() == "auto":
-        return _checked_loss_scaling(loss_scaling or "dynamic", loss_scaling)
+        check_loss_scale_args(loss_scaling or "dynamic")
+        return loss_scaling or "dynamic"
     return get_precision(name, loss_scaling).loss_scaling
 
 
@@ -128,15 +127,9 @@ _FP16_FULL_REGISTRY: dict = {}
 
 
 def _warn_fp16_full() -> None:
-    warnings.warn_explicit(
-        "precision 'fp16-full' stores parameters and optimizer moments in float16; "
-        "it is less stable than 'fp16' (float32 master weights)",
-        UserWarning,
-        filename=__file__,
-        lineno=_warn_fp16_full.__code__.co_firstlineno,
-        module=__name__,
-        registry=_FP16_FULL_REGISTRY,
-    )
+    text = "precision 'fp16-full' stores parameters and optimizer moments in float16; it is less stable than 'fp16'"
+    line, registry = _warn_fp16_full.__code__.co_firstlineno, _FP16_FULL_REGISTRY
+    warnings.warn_explicit(f"{text} (float32 master weights)", UserWarning, __file__, line, __name__, registry)
 
 
 def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
@@ -168,7 +161,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         key = "fp16" if jax.default_backend() == "gpu" else "fp32"
         logger.info("precision 'auto' chose %s on backend %s", key, jax.default_backend())
     if key in _NAMED_POLICIES:
-        policy, default_scaling = jmp.get_policy(_NAMED_POLICIES[key][0]), _NAMED_POLICIES[key][1]
+        policy = jmp.get_policy(_NAMED_POLICIES[key])
         if key == "fp16-full":
             _warn_fp16_full()
     elif "=" in key:
@@ -176,18 +169,11 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
             policy = jmp.get_policy(key)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_ACCEPTED}") from None
-        default_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
     else:
         raise ValueError(f"unknown precision {name!r}; accepted: {_ACCEPTED}")
-    scaling = _checked_loss_scaling(default_scaling if loss_scaling is None else loss_scaling, loss_scaling)
-    return Precision(name=key, policy=policy, loss_scaling=scaling)
-
-
-def _checked_loss_scaling(scaling: str, given: str | None) -> str:
-    """`scaling` if it is one of LOSS_SCALINGS; else an error naming the value `given`."""
-    if not isinstance(scaling, str) or scaling not in LOSS_SCALINGS:
-        raise ValueError(f"unknown loss scaling {given!r}; accepted: {', '.join(LOSS_SCALINGS)}")
-    return scaling
+    if loss_scaling is None:  # float16 needs loss scaling: its range ends at 6e-8, bfloat16's at float32's
+        loss_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
+    return Precision(name=key, policy=policy, loss_scaling=loss_scaling)
 
 
 def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
@@ -205,9 +191,8 @@ def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, st
         >>> resolve_precision_name(environ={})
         'fp32'
     """
-    refuse_unless(
-        explicit is None or isinstance(explicit, str), "the precision", explicit, "a name such as 'fp16' or None"
-    )
+    ok = explicit is None or isinstance(explicit, str)
+    refuse_unless(ok, "the precision", explicit, "a name such as 'fp16' or None")
     ok = environ is None or isinstance(environ, Mapping)
     refuse_unless(ok, "environ", environ, "a mapping of environment variables or None")
     env = os.environ if environ is None else environ

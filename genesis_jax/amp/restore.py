@@ -47,11 +47,12 @@ def restore_rules(tree, read: Callable) -> Iterator[tuple[str, Rule]]:
     registered node's check answers for what it holds (a train state for its scaler)."""
     is_checked = lambda node: _check_of(node) is not None  # noqa: E731
     for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_checked)[0]:
-        where = "".join(f"{_key_name(key)}." for key in path)
+        where = "".join(f"{key_name(key)}." for key in path)
         yield from ((where, rule) for rule in rules_of(node, read))
 
 
-def _key_name(key) -> str:
+def key_name(key) -> str:
+    """A path key's name: an attribute's, a dict key, a sequence index."""
     for attr in ("name", "key", "idx"):  # an attribute, a dict key, a sequence index
         if hasattr(key, attr):
             return str(getattr(key, attr))

@@ -48,6 +48,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from genesis_jax.amp._checks import refuse_unless
+
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionRule:
@@ -80,27 +82,22 @@ def _check_rule(match, dtype) -> None:
     floating dtype: an integer compute dtype would truncate the matched module's inputs."""
     classes = match if isinstance(match, tuple) else (match,)
     is_class = lambda c: isinstance(c, type) and issubclass(c, nn.Module)  # noqa: E731
-    if not ((isinstance(match, str) and match) or (classes and all(map(is_class, classes)))):
-        raise TypeError(
-            f"a precision rule matches a name pattern such as '*head', a Flax Module class or a tuple of them, "
-            f"got {match!r}"
-        )
+    ok = (isinstance(match, str) and match) or (classes and all(map(is_class, classes)))
+    accepted = "a name pattern such as '*head', a Flax Module class or a tuple of them"
+    refuse_unless(ok, "a precision rule's match", match, accepted)
     try:
         floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
     except TypeError:
         floating = False
-    if not floating:
-        raise TypeError(f"a precision rule's dtype must be a floating dtype such as jnp.float32, got {dtype!r}")
+    refuse_unless(floating, "a precision rule's dtype", dtype, "a floating dtype such as jnp.float32")
 
 
 def _checked_rules(rules) -> tuple[PrecisionRule, ...]:
     """`rules` as a tuple of `PrecisionRule`s; a single rule or a string is refused by name."""
-    if isinstance(rules, (PrecisionRule, str)) or not hasattr(rules, "__iter__"):
-        raise TypeError(f"precision rules must be a sequence of PrecisionRule objects, got {rules!r}")
-    rules = tuple(rules)
-    for rule in rules:
-        if not isinstance(rule, PrecisionRule):
-            raise TypeError(f"precision rules must be PrecisionRule objects, got {rule!r}")
+    ok = not isinstance(rules, (PrecisionRule, str)) and hasattr(rules, "__iter__")
+    refuse_unless(ok, "precision rules", rules, "a sequence of PrecisionRule objects")
+    for rule in (rules := tuple(rules)):
+        refuse_unless(isinstance(rule, PrecisionRule), "precision rules", rule, "PrecisionRule objects")
     return rules
 
 
@@ -143,24 +140,20 @@ def _describe(rule: PrecisionRule) -> str:
     return repr(rule.match) if isinstance(rule.match, str) else "/".join(c.__name__ for c in classes)
 
 
-def _warn_unmatched(rules: Sequence[PrecisionRule], where: str, stacklevel: int) -> None:
-    warnings.warn(
-        f"precision_rules{where}: Flax modules were called but none matched a rule "
-        f"({', '.join(map(_describe, rules))}), so nothing ran in the rules' dtypes. "
-        "Auto-named layers (Dense_0, Dense_1, ...) match no name pattern: name the heads "
-        '(e.g. nn.Dense(n, name="actor_head")) or match by class (PrecisionRule(nn.Dense)).',
-        UserWarning,
-        stacklevel=stacklevel,
-    )
-
-
 @contextlib.contextmanager
-def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 4):
+def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 3):
+    """The rules applied within; a warning, once, where modules were called but none matched."""
     seen = {"called": False, "matched": False}
     with nn.intercept_methods(_interceptor(rules, seen)):
         yield
     if seen["called"] and not seen["matched"]:
-        _warn_unmatched(rules, where, stacklevel)
+        warnings.warn(
+            f"precision_rules{where}: Flax modules were called but none matched a rule "
+            f"({', '.join(map(_describe, rules))}), so nothing ran in the rules' dtypes. "
+            "Auto-named layers (Dense_0, Dense_1, ...) match no name pattern: name the heads "
+            '(e.g. nn.Dense(n, name="actor_head")) or match by class (PrecisionRule(nn.Dense)).',
+            stacklevel=stacklevel,
+        )
 
 
 class _PrecisionRules:
@@ -170,21 +163,18 @@ class _PrecisionRules:
         self.rules, self._blocks = rules, []
 
     def __enter__(self):
-        block = _rules_block(self.rules, stacklevel=5)
-        self._blocks.append(block)
-        return block.__enter__()
+        self._blocks.append(_rules_block(self.rules, stacklevel=4))
+        return self._blocks[-1].__enter__()
 
     def __exit__(self, *exc):
         return self._blocks.pop().__exit__(*exc)
 
     def __call__(self, method):
-        if not callable(method):
-            raise TypeError(f"precision_rules() decorates a Module method, got {method!r}")
-        where = f" on {method.__qualname__}"
+        refuse_unless(callable(method), "what precision_rules() decorates", method, "a Module method")
 
         @functools.wraps(method)
         def wrapped(*args, **kwargs):
-            with _rules_block(self.rules, where):
+            with _rules_block(self.rules, f" on {method.__qualname__}"):
                 return method(*args, **kwargs)
 
         return wrapped

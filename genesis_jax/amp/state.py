@@ -40,55 +40,35 @@ from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
-from genesis_jax.amp.optim import (
-    check_max_grad_norm,
-    find_skip_state,
-    global_norm,
-    is_skip_nonfinite,
-    skip_nonfinite,
-    skip_rules,
-)
+from genesis_jax.amp.optim import check_options, find_skip_state, is_skip_nonfinite, skip_nonfinite, skip_rules
 from genesis_jax.amp.policy import Precision, get_precision
 from genesis_jax.amp.restore import register_restore_check, rules_of
 from genesis_jax.amp.testing import FaultInjection
 
-# loss_fn(params, *args) -> loss, or (loss, aux) with has_aux
-LossFn = Callable[..., Any]
 
-
-def _setup(tx, params, precision, scaler, max_grad_norm, guard, advance_schedule_on_skip, strict):
+def _setup(tx, params, precision, scaler, *options):
     """`TrainState.create`'s and `Optimizer`'s arguments, each refused with a sentence naming it
     before any array is made; then (params cast, tx wrapped in `skip_nonfinite`, scaler, precision
-    name). `params` is a callable giving them (an NNX model's state), or None: not cast."""
+    name). `params` is a callable giving them (an NNX model's state), or None: not cast. `options`:
+    max_grad_norm, guard, advance_schedule_on_skip and strict, `skip_nonfinite`'s."""
     refuse_unless(isinstance(tx, optax.GradientTransformation), "tx", tx, "an optax GradientTransformation")
     if scaler is not None:
         check_scaler(scaler)
     ok = precision is None or isinstance(precision, (str, Precision))
     refuse_unless(ok, "precision", precision, "a precision name, a Precision or None")
-    check_max_grad_norm(max_grad_norm)
-    refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
-    flag("advance_schedule_on_skip", advance_schedule_on_skip)
-    flag("strict", strict, none=True)
+    check_options(*options, strict_none=True)
     prec = get_precision(precision) if isinstance(precision, str) else precision
     if prec is not None and not callable(params):
         params = prec.policy.cast_to_param(params)
     scaler = (prec.scaler() if prec is not None else NoOpLossScale()) if scaler is None else scaler
-    options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
     if is_skip_nonfinite(tx):
         if options != (None, None, False, None):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
-        halves = any(
-            jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params() if callable(params) else params)
-        )
-        strict = halves if strict is None else strict
-        tx = skip_nonfinite(
-            tx,
-            max_grad_norm=max_grad_norm,
-            guard=guard,
-            advance_schedule_on_skip=advance_schedule_on_skip,
-            strict=strict,
-        )
+        norm, guard, advance, strict = options
+        leaves = jax.tree.leaves(params() if callable(params) else params)
+        strict = any(jnp.asarray(p).dtype == jnp.float16 for p in leaves) if strict is None else strict
+        tx = skip_nonfinite(tx, max_grad_norm=norm, guard=guard, advance_schedule_on_skip=advance, strict=strict)
     return params, tx, scaler, "fp32" if prec is None else prec.name
 
 
@@ -116,12 +96,31 @@ def _keep_if(keep, new, old):
     return jax.tree.map(lambda n, o: jnp.where(keep, n, o).astype(o.dtype), new, old)
 
 
-def _scaler_after(old, new, backed_off, skipped, halted):
-    """The scaler after a step: `new` (adjusted by the decision), backed off on any skip all the same
-    (float32 gradients that overflow on the cast to float16 params, a strict check: torch backs off
-    on every skipped step: `backed_off`, `old.adjust(False)`, which the caller has taken for the
-    guard), kept where halted. NoOp and Static scalers need no select."""
-    return new if backed_off is new else _keep_if(~halted, _keep_if(skipped, backed_off, new), old)
+def _step_or_skip(update, opt_state, scaler, adjusted=None):
+    """The one step of both styles, `TrainState.apply_gradients` and `Optimizer.update`:
+    `update(loss_scale=)` runs `skip_nonfinite`'s update from `opt_state`, the body every style
+    shares (a pure pytree loop calls it itself), which decides on the gradients as applied, cast
+    to the params' dtypes (on the decision given, `scaled_value_and_grad`'s, or on their global
+    norm), and applies or skips the step, strict checks included: (updates, new opt_state).
+
+    The scaler follows that decision: `adjusted` (None: `scaler.adjust(True)`) where the step
+    was taken, `scaler.adjust(False)` on any skip (non-finite gradients, float32 gradients that
+    overflow on the cast, a strict check: torch backs off on every skipped step), the scaler
+    itself where halted. The divergence guard sees the scale a skip leads to, the backed-off
+    one. NoOp and Static scalers adjust to themselves: no select.
+
+    Returns:
+        (updates, new opt_state, the scaler after, skipped (not halted), halted before the step).
+    """
+    adjusted = scaler.adjust(jnp.asarray(True)) if adjusted is None else adjusted
+    backed_off = scaler.adjust(jnp.asarray(False))
+    before = find_skip_state(opt_state)
+    updates, opt_state = update(loss_scale=backed_off.loss_scale)
+    after = find_skip_state(opt_state)
+    skipped = ~after.halted & (after.skipped != before.skipped)
+    if backed_off is not adjusted:
+        adjusted = _keep_if(~after.halted, _keep_if(skipped, backed_off, adjusted), scaler)
+    return updates, opt_state, adjusted, skipped, before.halted
 
 
 class TrainState(train_state.TrainState):
@@ -202,17 +201,8 @@ class TrainState(train_state.TrainState):
         params, tx, scaler, name = _setup(tx, params, precision, scaler, *options)
         if shared_scaler:
             kwargs["pending_backoff"] = _unstepped_flag(jnp.asarray(False))
-        return cls(
-            step=jnp.asarray(0, jnp.int32),
-            apply_fn=apply_fn,
-            params=params,
-            tx=tx,
-            opt_state=tx.init(params),
-            scaler=scaler,
-            precision=name,
-            shared_scaler=shared_scaler,
-            **kwargs,
-        )
+        kwargs.update(apply_fn=apply_fn, scaler=scaler, precision=name, shared_scaler=shared_scaler)
+        return cls(step=jnp.asarray(0, jnp.int32), params=params, tx=tx, opt_state=tx.init(params), **kwargs)
 
     def apply_gradients(self, *, grads, grads_finite=None, grad_norm=None, scaler=None, loss_scale=None, **kwargs):
         """One optimizer step from unscaled gradients; a non-finite one changes nothing but
@@ -223,44 +213,25 @@ class TrainState(train_state.TrainState):
                 decided on as cast: one that overflows there is skipped.
             grads_finite: the decision from `scaled_value_and_grad` (None: from the norm).
             grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
-            scaler: the scaler adjusted for this step (None: `self.scaler.adjust(grads_finite)`).
-                A step skipped all the same (float32 gradients that overflow on the cast to
-                float16 params, a strict check) backs off instead: `self.scaler.adjust(False)`,
-                as torch backs off on every skipped step. A halted state keeps its scaler. With
-                `shared_scaler` the state keeps its scaler and records a skipped step for
-                `update_scaler`; the divergence guard sees the scale a skip leads to all the same.
+            scaler: the scaler adjusted for this step (None: `self.scaler` adjusted by the
+                step's decision). A step skipped all the same (float32 gradients that overflow
+                on the cast to float16 params, a strict check) backs off instead:
+                `self.scaler.adjust(False)`, as torch backs off on every skipped step. A halted
+                state keeps its scaler. With `shared_scaler` the state keeps its scaler and
+                records a skipped step for `update_scaler`; the divergence guard sees the scale
+                a skip leads to all the same.
             loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields to replace, as in Flax.
         """
         scaler = _deprecated.loss_scale_argument("apply_gradients", loss_scale, scaler)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, self.params)
-        if grads_finite is None:
-            grad_norm, grads_finite = global_norm(grads)
-        new_scaler = self.scaler.adjust(grads_finite) if scaler is None else scaler
-        # Any skip backs off; the guard reads the scale only on a skip, so it sees that one.
-        backed_off = self.scaler.adjust(jnp.asarray(False))  # NoOp and Static scalers: itself, no select
-        guard_scale = (
-            new_scaler if backed_off is new_scaler else _keep_if(grads_finite, backed_off, new_scaler)
-        ).loss_scale
-        before = find_skip_state(self.opt_state)
-        updates, opt_state = self.tx.update(
-            grads, self.opt_state, self.params, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=guard_scale
-        )
-        after = find_skip_state(opt_state)
-        skipped = ~after.halted & (after.skipped != before.skipped)  # grads_finite False, a cast overflow, strict
+        skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
+        update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
+        updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
-            kept, pending = self.scaler, self.pending_backoff | skipped
-        else:
-            kept = _scaler_after(self.scaler, new_scaler, backed_off, skipped, after.halted)
-            pending = self.pending_backoff
-        return self.replace(
-            step=self.step + (~before.halted).astype(jnp.int32),
-            params=optax.apply_updates(self.params, updates),
-            opt_state=opt_state,
-            scaler=kept,
-            pending_backoff=pending,
-            **kwargs,
-        )
+            scaler, kwargs["pending_backoff"] = self.scaler, self.pending_backoff | skipped
+        step = self.step + (~halted).astype(jnp.int32)
+        params = optax.apply_updates(self.params, updates)
+        return self.replace(step=step, params=params, opt_state=opt_state, scaler=scaler, **kwargs)
 
     loss_scale = _deprecated.loss_scale_property  # 0.2's spelling of `scaler`, until 0.4
 
@@ -297,7 +268,7 @@ register_restore_check(TrainState, _train_state_rules)
 
 def train_step(
     state: TrainState,
-    loss_fn: LossFn,
+    loss_fn: Callable[..., Any],
     *args,
     has_aux: bool = False,
     axis_name: str | None = None,
@@ -339,8 +310,7 @@ def train_step(
     optional_callable("grad_transform", grad_transform)
 
     def loss_with_faults(params, *args):
-        out = loss_fn(params, *args)
-        loss, aux = out if has_aux else (out, None)
+        loss, aux = loss_fn(params, *args) if has_aux else (loss_fn(params, *args), None)
         if faults is not None and faults.loss_spike_steps:
             loss = faults.spike_loss(jnp.asarray(loss, jnp.float32), state.step)
         return loss, aux
@@ -350,14 +320,12 @@ def train_step(
             grads = faults.poison_grads(grads, state.step)
         return grads if grad_transform is None else grad_transform(grads, state)
 
-    hooked = faults is not None or grad_transform is not None
-    grad_fn = scaled_value_and_grad(
-        loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform if hooked else None
-    )
+    hooked = transform if faults is not None or grad_transform is not None else None
+    grad_fn = scaled_value_and_grad(loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=hooked)
     (loss, aux), grads, finite, grad_norm, scaler = grad_fn(state, state.params, *args)
-    new_state = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, scaler=scaler)
+    new = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, scaler=scaler)
     metrics = dict(loss=loss, aux=aux, grad_norm=grad_norm.astype(jnp.float32), grads_finite=finite)
-    return new_state, {**metrics, "loss_scale": new_state.scaler.loss_scale, "halted": new_state.halted}
+    return new, {**metrics, "loss_scale": new.scaler.loss_scale, "halted": new.halted}
 
 
 def _is_train_state(node) -> bool:
@@ -375,14 +343,14 @@ def _unstepped_flag(like):
     return flag
 
 
-ONCE = "step the optimizers (train_step or apply_gradients), then call update_scaler once per iteration"
-
-
 def _check_shared(nodes) -> None:
     """Refuses a call with no step since the last (or since create) where that can be seen, and
     states holding different scalers: their types always, their values where not traced."""
     if all(_UNSTEPPED.get(id(node.pending_backoff)) is node.pending_backoff for node in nodes):
-        raise ValueError(f"update_scaler was called with no step since its last call (or since create): {ONCE}")
+        raise ValueError(
+            "update_scaler was called with no step since its last call (or since create): step the optimizers "
+            "(train_step or apply_gradients), then call update_scaler once per iteration"
+        )
     scalers = [node.scaler for node in nodes]
     same = all(jax.tree.structure(s) == jax.tree.structure(scalers[0]) for s in scalers)
     pairs = [(a, b) for s in scalers[1:] for a, b in zip(jax.tree.leaves(scalers[0]), jax.tree.leaves(s)) if a is not b]
@@ -494,23 +462,18 @@ def stats(*states, **named_states) -> dict:
         >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
         {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
     """
-    named = {str(i): s for i, s in enumerate(states) if s is not None}
-    named.update({name: s for name, s in named_states.items() if s is not None})  # alpha=None: no such optimizer
-    if not named:
+    named = {str(name): s for name, s in [*enumerate(states), *named_states.items()] if s is not None}
+    if not named:  # alpha=None: no such optimizer
         raise TypeError("amp.stats needs at least one state")
     first = next(iter(named.values()))
-    shared = {}
+    counts, shared = {name: _optimizer_counts(s) for name, s in named.items()}, {}
     if isinstance(first, (TrainState, Optimizer)):
         scaler = first.scaler.get_value() if isinstance(first, Optimizer) else first.scaler
-        backoffs = _count(getattr(scaler, "backoffs", 0))
-        shared = {
-            "scale": float(np.asarray(scaler.loss_scale).mean()),
-            "backoffs": backoffs,
-            "precision": first.precision,
-        }
-    if len(named) == 1:
-        return _deprecated.Stats({**_optimizer_counts(first), **shared})
-    return _deprecated.Stats({"optimizers": {name: _optimizer_counts(s) for name, s in named.items()}, **shared})
+        scale, backoffs = float(np.asarray(scaler.loss_scale).mean()), _count(getattr(scaler, "backoffs", 0))
+        shared = {"scale": scale, "backoffs": backoffs, "precision": first.precision}
+    return _deprecated.Stats(
+        {**next(iter(counts.values())), **shared} if len(named) == 1 else {"optimizers": counts, **shared}
+    )
 
 
 class Optimizer(nnx.Optimizer):
@@ -556,16 +519,14 @@ class Optimizer(nnx.Optimizer):
         self.scaler, self.precision = nnx.Variable(scaler), precision
 
     def update(self, model, grads, /, *, grads_finite=None, grad_norm=None, **kwargs):
-        """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it."""
-        scaler = self.scaler.get_value()
-        if grads_finite is None:
-            grad_norm, grads_finite = global_norm(nnx.state(grads, self.wrt))
-        backed_off = scaler.adjust(jnp.asarray(False))
-        before = find_skip_state(nnx.as_pure(self.opt_state))
-        updates = super().update(
-            model, grads, grads_finite=grads_finite, grad_norm=grad_norm, loss_scale=backed_off.loss_scale, **kwargs
-        )
-        after = find_skip_state(nnx.as_pure(self.opt_state))
-        skipped = after.skipped != before.skipped
-        self.scaler.set_value(_scaler_after(scaler, scaler.adjust(grads_finite), backed_off, skipped, after.halted))
+        """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it, in
+        the step `TrainState.apply_gradients` takes."""
+        skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm, **kwargs)
+
+        def update(loss_scale):
+            updates = super(Optimizer, self).update(model, grads, loss_scale=loss_scale, **skip_args)
+            return updates, nnx.as_pure(self.opt_state)
+
+        updates, _, scaler, _, _ = _step_or_skip(update, nnx.as_pure(self.opt_state), self.scaler.get_value())
+        self.scaler.set_value(scaler)
         return updates

@@ -32,22 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.amp.restore import key_name
+
 FLOAT16_SMALLEST_NORMAL = float(np.finfo(np.float16).smallest_normal)  # 2^-14
-
-
-def _key_name(key) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
 
 
 def layer_name(path) -> str:
     """A parameter's layer: its path without the last key ("params/actor/Dense_0" for
     "params/actor/Dense_0/kernel"), without a leading "params"."""
-    names = [_key_name(k) for k in path]
-    if names and names[0] == "params":
-        names = names[1:]
+    names = [key_name(k) for k in path]
+    names = names[1:] if names[:1] == ["params"] else names
     return "/".join(names[:-1]) or (names[0] if names else "")
 
 
