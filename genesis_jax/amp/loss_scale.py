@@ -197,12 +197,9 @@ class DynamicLossScale(_LossScaleBase):
         """The scaler after one step whose gradients were (not) all finite."""
         grads_finite = checked_finite_flag(grads_finite)
         backed_off = jnp.maximum(self.loss_scale * self.backoff_factor, jnp.maximum(self.min_scale, SMALLEST_SCALE))
-        successful = self.growth_tracker + 1
-        grows = successful == self.growth_interval
-        grown = self.loss_scale * self.growth_factor
-        grown = jnp.where(jnp.isfinite(grown), grown, self.loss_scale)
-        finite_scale = jnp.where(grows, grown, self.loss_scale)
-        finite_tracker = jnp.where(grows, 0, successful)
+        grows, grown = self.growth_tracker + 1 == self.growth_interval, self.loss_scale * self.growth_factor
+        finite_scale = jnp.where(grows & jnp.isfinite(grown), grown, self.loss_scale)  # a grown inf is not taken
+        finite_tracker = jnp.where(grows, 0, self.growth_tracker + 1)
         return self._replace(
             loss_scale=jnp.where(grads_finite, finite_scale, backed_off).astype(jnp.float32),
             growth_tracker=jnp.where(grads_finite, finite_tracker, 0).astype(jnp.int32),

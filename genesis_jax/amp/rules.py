@@ -113,7 +113,17 @@ FLOAT32_RULES: tuple[PrecisionRule, ...] = (
 modules named `*head` or `*logits` compute in float32."""
 
 
-def _interceptor(rules: Sequence[PrecisionRule], seen: dict):
+def _describe(rule: PrecisionRule) -> str:
+    classes = rule.match if isinstance(rule.match, tuple) else (rule.match,)
+    return repr(rule.match) if isinstance(rule.match, str) else "/".join(c.__name__ for c in classes)
+
+
+@contextlib.contextmanager
+def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 3):
+    """The rules applied within (each module call intercepted); a warning, once, where modules
+    were called but none matched."""
+    seen = {"called": False, "matched": False}
+
     def intercept(next_fun, args, kwargs, context):
         module = context.module
         rule = next((r for r in rules if r.matches(module)), None) if context.method_name == "__call__" else None
@@ -132,19 +142,7 @@ def _interceptor(rules: Sequence[PrecisionRule], seen: dict):
         finally:
             object.__setattr__(module, "dtype", before)
 
-    return intercept
-
-
-def _describe(rule: PrecisionRule) -> str:
-    classes = rule.match if isinstance(rule.match, tuple) else (rule.match,)
-    return repr(rule.match) if isinstance(rule.match, str) else "/".join(c.__name__ for c in classes)
-
-
-@contextlib.contextmanager
-def _rules_block(rules: Sequence[PrecisionRule], where: str = "", stacklevel: int = 3):
-    """The rules applied within; a warning, once, where modules were called but none matched."""
-    seen = {"called": False, "matched": False}
-    with nn.intercept_methods(_interceptor(rules, seen)):
+    with nn.intercept_methods(intercept):
         yield
     if seen["called"] and not seen["matched"]:
         warnings.warn(
