@@ -54,7 +54,7 @@ def run(task: str, steps: int | None, seeds: int, precision: str) -> dict:
         "steps_per_second": s["steps_per_second"],
         "buffer_bytes": s["buffer_bytes"],
         "wall_seconds": time.perf_counter() - start,
-        "curve": [(r["step"], r["recent_return"]) for r in result.metrics],
+        "curve": [(r["step"], r["episode_return"]) for r in result.metrics],
     }
 
 

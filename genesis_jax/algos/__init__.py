@@ -11,24 +11,17 @@ import dataclasses
 import functools
 import importlib
 
-# name: (module, the `genesis-jax train` help line)
-REGISTRY = {
-    "ppo": ("genesis_jax.algos.ppo.train", "PPO on a gymnax, gymnasium or envpool environment"),
-    "world-model": (
-        "genesis_jax.algos.world_model.train",
-        "a world model from trajectories (synthetic, random-policy or collected)",
-    ),
-    "dqn": (
-        "genesis_jax.algos.dqn.train",
-        "double DQN with a flashbax replay buffer on a gymnax or gymnasium (ALE Atari) environment",
-    ),
-    "sac": (
-        "genesis_jax.algos.sac.train",
-        "SAC (twin critics, learned temperature; three optimizers under one loss scaler) on a continuous "
-        "gymnax or gymnasium environment",
-    ),
-    "pqn": ("genesis_jax.algos.pqn.train", "PQN: Q(lambda) over many environments, no replay or target network"),
+# name: the `genesis-jax train` help line; its module: genesis_jax.algos.<name, "_" for "-">.train
+_HELP = {
+    "ppo": "PPO on a gymnax, gymnasium or envpool environment",
+    "world-model": "a world model from trajectories (synthetic, random-policy or collected)",
+    "dqn": "double DQN with a flashbax replay buffer on a gymnax or gymnasium (ALE Atari) environment",
+    "sac": "SAC (twin critics, learned temperature; three optimizers under one loss scaler) on a continuous "
+    "gymnax or gymnasium environment",
+    "pqn": "PQN: Q(lambda) over many environments, no replay or target network",
 }
+# name: (module, help line)
+REGISTRY = {name: (f"genesis_jax.algos.{name.replace('-', '_')}.train", text) for name, text in _HELP.items()}
 
 
 def get_algorithm(name: str):

@@ -5,11 +5,12 @@ template is these 22 names (11 declared, 3 set by `setup`, 5 filled in, 3 option
 each with a default or a check here, none looked up by duck typing:
 
 - declared (class attributes): `name`, `config_class` (its config: its own fields, the first
-  base, + `MixedPrecisionConfig` + `ParallelConfig`), `tiny` (a few-row run, for the generic
-  tests), `budget_field`, `bench_workloads`, `study_tasks`, `score` (the summary field that
-  says how well it learned), `row_key` (the rows' counter: "update", "row", "epoch"),
-  `checkpoint_key` (the checkpoint meta's name for it), `train_state_path` (the `TrainState`
-  whose scale the rows report) and `metrics` (each metric's reduction over seeds, `REDUCTIONS`);
+  base, + `Config`: the shared mixed-precision and parallel fields), `tiny` (a few-row run,
+  for the generic tests), `budget_field`, `bench_workloads`, `study_tasks`, `score` (the
+  summary field that says how well it learned), `row_key` (the rows' counter: "update",
+  "row", "epoch"), `checkpoint_key` (the checkpoint meta's name for it), `train_state_path`
+  (the `TrainState` whose scale the rows report) and `metrics` (each metric's reduction over
+  seeds, `REDUCTIONS`);
 - set by `setup`: `steps_per_row` (environment steps of a row, 1 for an epoch), `spec` (the
   environment it acts in, None for none) and `data` (constant inputs of `update`, a dataset);
 - filled in: `setup()`, `init(key) -> state`, `update(state, data) -> (state, metrics)` (one
@@ -19,15 +20,17 @@ each with a default or a check here, none looked up by duck typing:
 - optional hooks with defaults: `shardings` (PPO's environments split over devices),
   `from_checkpoint` (SAC's buffer grown on resume), `inputs` (the world model's dataset).
 
-From those the template writes everything else: the rows (each metric reduced as declared,
-numbered, per seed where asked), the summary's head (environment, steps, `final_return`), the
-plot, the progress bar's fields and the one-line report; the Session (run directory,
-checkpoints and resume, signals, the divergence guard's stop, metric writers, the progress
-bar); seeds trained together under `vmap`; data parallelism over a device mesh; the common
-summary (speed, compile time, memory, overflow counts); its `genesis-jax train NAME`
-command, bench rows, study tasks, its API reference page and the generic tests.
-Registering it (one line in `genesis_jax.algos.REGISTRY`) checks the declarations, and
-`update`'s metrics are checked for `REQUIRED_METRICS` when it is compiled.
+From those the template writes everything else: each row's `loss_scale`, `skipped` (the
+skips of every optimizer in the state) and `halted` (what the divergence guard's stop reads);
+the rows (each metric reduced as declared, numbered, per seed where asked), the summary's
+head (environment, steps, `final_return` from the rows' episodes, and the greedy policy's
+`eval_return` where it acts in a gymnax environment), the plot, the progress bar's fields
+and the one-line report; the Session (run directory, checkpoints and resume, signals, the
+divergence guard's stop, metric writers, the progress bar); seeds trained together under
+`vmap`; data parallelism over a device mesh; the common summary (speed, compile time,
+memory, overflow counts); the opt-in underflow telemetry (`underflow`); its `genesis-jax
+train NAME` command, bench rows, study tasks, its API reference page and the generic tests.
+Registering it (one line in `genesis_jax.algos.REGISTRY`) checks the declarations.
 
 Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
 program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`
@@ -41,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from typing import Any, Callable, ClassVar
 
 import jax
@@ -48,10 +52,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp import TrainState, train_step
+from genesis_jax.amp.policy import get_precision
+from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
+from genesis_jax.envs.play import play_gymnax
 from genesis_jax.run import plots, probes
 from genesis_jax.run.checkpoint import at_path
-from genesis_jax.run.parallel import replicated, start_distributed
+from genesis_jax.run.config import UNIT_INTERVAL, EnvFields, MixedPrecisionConfig, NetworkFields, RunFields, SeedFields
+from genesis_jax.run.parallel import ParallelConfig, replicated, start_distributed
 from genesis_jax.run.session import Session
 
 
@@ -90,10 +98,46 @@ def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> in
 
 
 SEED_AXIS = "seed"  # the vmap axis of seeds trained together
+EVAL_ENVS = 32  # greedy episodes at the end of a run that acts (gymnax): the summary's eval_return
 
-# What `update` must return among its metrics, one value per row: the template reads
-# them for the rows' per-seed columns, the progress bar and the divergence guard's stop.
-REQUIRED_METRICS = ("loss_scale", "skipped", "halted")
+
+@dataclasses.dataclass(frozen=True)
+class ActingFields(NetworkFields, SeedFields, RunFields, EnvFields):
+    """The field groups of every algorithm that acts: its environments, run length, seeds and
+    network (`run.config`), and its returns' discount; an algorithm's fields add the others it
+    composes and its own."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+
+    FIELD_BOUNDS = {"gamma": UNIT_INTERVAL}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(MixedPrecisionConfig, ParallelConfig):
+    """The fields every algorithm's config shares, after its own (`XConfig(XFields, Config)`):
+    the mixed-precision and data-parallel ones. `RENAMED` (old name -> today's) reads a field's
+    former spelling for a release, with a warning, and resumes the runs that recorded it."""
+
+    RENAMED = {}
+
+    def __post_init__(self):
+        for old, new in self.RENAMED.items():  # the old spellings, read for a release
+            if getattr(self, old) is not None:
+                flag, new_flag = old.replace("_", "-"), new.replace("_", "-")
+                warnings.warn(f"{flag} is deprecated and goes in 0.5: write {new_flag}", FutureWarning, stacklevel=3)
+                object.__setattr__(self, new, getattr(self, old))
+                object.__setattr__(self, old, None)
+        super().__post_init__()
+
+    def check_resume(self, saved: dict) -> None:
+        """A run recorded under a field's old spelling resumes with the same value under today's."""
+        for old, new in self.RENAMED.items():
+            was, flag = saved.get(old), new.replace("_", "-")
+            if was is not None and was != getattr(self, new):
+                raise ValueError(
+                    f"this run's {flag} is {was}, these settings' {getattr(self, new)}: resume with --{flag} {was}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,26 +166,15 @@ class StudyTask:
 GYMNAX_README = "gymnax README, table of environments (gymnax-blines PPO checkpoint)"
 NO_PUBLISHED_REFERENCE = "none published for this gymnax version that we could verify: the study's own fp32 IQM"
 MINATAR_GAMES = ("Breakout", "Asterix", "Freeway", "SpaceInvaders")
+# The classic-control tasks of several algorithms' studies.
+CARTPOLE = StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: R 500 (the maximum)")
+ACROBOT = StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80")
 
 
-def _stop_when_every_seed_halted(chunk):
-    """Seeds are independent runs: one seed's divergence guard freezes that seed alone, and
-    the run stops only when every seed has halted. The chunk's `halted` metric ([seeds,
-    rows]) becomes "every seed halted" (what the Session stops on); each seed's own
-    flag moves to `halted_per_seed`."""
-
-    def wrapped(state, data):
-        state, metrics = chunk(state, data)
-        if isinstance(metrics, dict) and "halted" in metrics:
-            per_seed = metrics["halted"]
-            metrics = {
-                **metrics,
-                "halted_per_seed": per_seed,
-                "halted": jnp.broadcast_to(per_seed.all(0), per_seed.shape),
-            }
-        return state, metrics
-
-    return wrapped
+def minatar_tasks(name: str, settings: Callable[[str], dict], total_steps: int) -> dict[str, StudyTask]:
+    """A study task per MinAtar game: `name` with the game's name for {game}, `settings(game)`."""
+    task = lambda game: StudyTask(settings(game), total_steps, None, NO_PUBLISHED_REFERENCE)
+    return {name.format(game=game): task(game) for game in MINATAR_GAMES}
 
 
 # How a metric becomes its rows' column (`Algorithm.metrics`: metric -> reduction over the seeds
@@ -156,7 +189,7 @@ _CASTS = {
 }
 REDUCTIONS = (*_CASTS, "episodes")  # episodes: `episode_columns` of `episodes` and `return_sum`
 PER_SEED = " per seed"
-# The REQUIRED_METRICS', under every algorithm's own; the guard's `halted_per_seed` is written as it is.
+# The template's own metrics (`compile_chunk`), under every algorithm's; the guard's `halted_per_seed` as it is.
 _REQUIRED = {"loss_scale": "mean" + PER_SEED, "skipped": "sum" + PER_SEED, "halted": "any"}
 
 
@@ -198,9 +231,8 @@ def metric_columns(metrics: dict, declared: dict, num_seeds: int, seconds: float
 
 # The plot's curves, the progress bar's fields and the one-line report's results, from the rows
 # and the summary: (column or summary field, the bar's or the line's label, format).
-_RETURNS = ("recent_return", "episode_return")  # the first a run has: its training return
 _LOSSES = ("loss", "train_loss", "eval_loss", "critic_loss", "actor_loss")
-_BAR = (("episode_return", "ret", ".1f"), ("recent_return", "ret", ".1f"), ("epsilon", "eps", ".2f"))
+_BAR = (("episode_return", "ret", ".1f"), ("epsilon", "eps", ".2f"))
 _BAR += (("train_loss", "train", ".4f"), ("eval_loss", "eval", ".4f"))
 _RESULTS = ("final_return", ".1f"), ("eval_return", ".1f"), ("final_train_loss", ".4f"), ("eval_loss", ".4f")
 _RESULTS += ("noise_floor", ".4f"), ("final_loss", ".4f")
@@ -214,14 +246,8 @@ def bar_fields(row: dict, shown: dict) -> dict:
 
 
 # Summary fields measured while training: a resume with nothing left to run keeps the run's own.
-MEASURED = (
-    "steps_per_second",
-    "compile_seconds",
-    "wall_seconds",
-    "train_step_bytes",
-    "compiled_temp_bytes",
-    "peak_device_bytes",
-)
+MEASURED = ("steps_per_second", "compile_seconds", "wall_seconds")
+MEASURED += ("train_step_bytes", "compiled_temp_bytes", "peak_device_bytes")
 
 
 def _largest_divisor_at_most(total: int, limit: int) -> int:
@@ -233,7 +259,7 @@ class Algorithm:
 
     # -- what an algorithm declares ----------------------------------------------------
     name: ClassVar[str]  # the `train` subcommand and the checkpoints' kind
-    config_class: ClassVar[type]  # its config: its own fields (the first base) + MixedPrecisionConfig + ParallelConfig
+    config_class: ClassVar[type]  # its config: its own fields (the first base) + `Config`
     tiny: ClassVar[dict] = {}  # config settings of a few-row run, for the generic tests
     budget_field: ClassVar[str] = "total_steps"  # the field a longer run raises (environment steps, epochs)
     bench_workloads: ClassVar[tuple[BenchWorkload, ...]] = ()
@@ -281,8 +307,7 @@ class Algorithm:
         if self.spec is not None:  # imported here: gymnax's import starts JAX's backends, which parsing must not
             from genesis_jax.envs.in_loop import in_loop_env
 
-            c = config
-            self.env = in_loop_env(self.spec, c.num_envs, c.seed, c.vectorization, c.action_repeat)
+            self.env = in_loop_env(self.spec, config.num_envs, config.seed, config.vectorization, config.action_repeat)
 
     # -- what an algorithm fills in -----------------------------------------------------
 
@@ -321,12 +346,6 @@ class Algorithm:
     @property
     def num_seeds(self) -> int:
         return getattr(self.config, "num_seeds", 1)
-
-    @property
-    def host_init(self) -> bool:
-        """Whether `init` resets environments on the host (gymnasium, EnvPool): it then runs
-        eagerly, not compiled."""
-        return self.env is not None and self.env.host is not None
 
     def close(self) -> None:
         """Releases host resources (environment processes)."""
@@ -377,10 +396,10 @@ class Algorithm:
     def plot(self, rows: list[dict], path, summary: dict) -> None:
         """The run's PNG: its training return (losses on a second axis), or else its losses."""
         row = rows[0] if rows else {}
-        returns, losses = [k for k in _RETURNS if k in row][:1], [k for k in _LOSSES if k in row]
+        losses = [k for k in _LOSSES if k in row]
         x_key, file = "step" if "step" in row else self.row_key, path / self.plot_file
-        if returns:
-            plots.plot_curves(rows, x_key, returns, file, self.title(), log_y=False, twin_keys=losses)
+        if "episode_return" in row:
+            plots.plot_curves(rows, x_key, ["episode_return"], file, self.title(), log_y=False, twin_keys=losses)
         else:
             plots.plot_curves(rows, x_key, losses, file, self.title(), floor=summary.get("noise_floor"))
         if "underflow" in row:  # the opt-in telemetry: its own picture
@@ -406,51 +425,67 @@ class Algorithm:
             return jax.random.PRNGKey(self.config.seed)
         return jax.vmap(jax.random.PRNGKey)(self.config.seed + np.arange(self.num_seeds))
 
-    def seed_faults(self):
-        """This seed's fault injection: under the seeds' vmap, seeded by seed + k (the fault
-        steps a 1-seed run of that seed would get), so one seed's faults are its own."""
-        if self.faults is None or self.num_seeds == 1:
-            return self.faults
-        return dataclasses.replace(self.faults, seed=self.config.seed + jax.lax.axis_index(SEED_AXIS))
+    def train_step(self, train_state: TrainState, loss_fn, batch):
+        """`amp.train_step` (`loss_fn` with aux) with this run's gradient hook and fault injection:
+        under the seeds' vmap, seed k's seeded by seed + k (the fault steps a 1-seed run of that
+        seed would get), so one seed's faults are its own."""
+        faults = self.faults
+        if faults is not None and self.num_seeds > 1:
+            faults = dataclasses.replace(faults, seed=self.config.seed + jax.lax.axis_index(SEED_AXIS))
+        return train_step(train_state, loss_fn, batch, has_aux=True, faults=faults, grad_transform=self.grad_transform)
 
-    def train_step(self, train_state: TrainState, loss_fn, batch, axis_name=None):
-        """`amp.train_step` with this run's fault injection and gradient hook."""
-        return train_step(
-            train_state,
-            loss_fn,
-            batch,
-            has_aux=True,
-            axis_name=axis_name,
-            faults=self.seed_faults(),
-            grad_transform=self.grad_transform,
-        )
+    def make_replay(self, example, capacity: int, batch_size: int, **options):
+        """A replay buffer of transitions like `example` (`data.replay.make_replay`), its memory
+        (`buffer_bytes`: every seed's buffer) refused in one line where the machine has less."""
+        from genesis_jax.data import replay  # flashbax: imported by the algorithms that replay
+
+        buffer = replay.make_replay(example, capacity, batch_size, **options)
+        self.buffer_bytes = replay.buffer_bytes(jax.eval_shape(buffer.init)) * self.num_seeds
+        replay.check_replay_sizes(capacity, batch_size, self.buffer_bytes, replay.available_memory_bytes())
+        return buffer
+
+    def underflow(self, loss_of: Callable, train_state: TrainState, batch) -> dict:
+        """The opt-in underflow telemetry (`underflow-telemetry`; {} without it): the gradients of
+        `loss_of(precision)` (its loss in that precision) on `batch`, in a float32 and a float16
+        backward at the current loss scale, before the update changes the params."""
+        if not self.config.underflow_telemetry:
+            return {}
+        params, scale = train_state.params, train_state.scaler.loss_scale
+        reference = jax.grad(lambda p: loss_of(get_precision("fp32"))(p, batch)[0])(params)
+        half = jax.grad(lambda p: loss_of(get_precision("fp16"))(p, batch)[0] * scale)(params)
+        return underflow_metrics(reference, half)
 
     def compile_chunk(self, state, per_chunk: int):
         """`call(state) -> (state, metrics[per_chunk])`, compiled: `update` scanned
-        `per_chunk` times, vmapped over seeds, sharded over the mesh, the state donated."""
+        `per_chunk` times, vmapped over seeds, sharded over the mesh, the state donated. Each
+        row's metrics get the template's own: the scale, the skips of every optimizer in the
+        state, and whether the divergence guard halted it."""
 
         def update(state, data):
-            state, metrics = self.update(state, data)
-            missing = [k for k in REQUIRED_METRICS if not isinstance(metrics, dict) or k not in metrics]
-            if missing:  # checked while tracing: costs nothing at run time
-                raise TypeError(
-                    f"{type(self).__name__}.update returns no {', '.join(missing)} metric (REQUIRED_METRICS)"
-                )
-            return state, metrics
+            new, metrics = self.update(state, data)
+            before, after = self.optimizer_states(state), self.optimizer_states(new)
+            return new, {
+                **metrics,
+                "loss_scale": at_path(new, self.train_state_path).scaler.loss_scale,
+                "skipped": sum(a.skipped - b.skipped for a, b in zip(after, before)),
+                "halted": jnp.any(jnp.stack([a.halted for a in after])),
+            }
 
         def chunk(state, data):
             return jax.lax.scan(lambda s, _: update(s, data), state, None, per_chunk)
 
-        if self.num_seeds > 1:
-            chunk = _stop_when_every_seed_halted(jax.vmap(chunk, in_axes=(0, None), axis_name=SEED_AXIS))
-        mesh = self.config.mesh()
-        if mesh is None:
-            jitted = jax.jit(chunk, donate_argnums=0)
-        else:
-            shardings = self.shardings(jax.eval_shape(lambda: state), mesh)
-            jitted = jax.jit(chunk, donate_argnums=0, out_shardings=(shardings, replicated(mesh)))
-        compiled = jitted.lower(state, self.data).compile()
-        self.compiled = compiled
+        if self.num_seeds > 1:  # one seed's guard freezes that seed alone; the run stops when every seed has halted
+            seeds = jax.vmap(chunk, in_axes=(0, None), axis_name=SEED_AXIS)
+
+            def chunk(state, data):
+                state, m = seeds(state, data)
+                halted = jnp.broadcast_to(m["halted"].all(0), m["halted"].shape)
+                return state, {**m, "halted_per_seed": m["halted"], "halted": halted}
+
+        mesh, out = self.config.mesh(), {}
+        if mesh is not None:
+            out["out_shardings"] = (self.shardings(jax.eval_shape(lambda: state), mesh), replicated(mesh))
+        self.compiled = compiled = jax.jit(chunk, donate_argnums=0, **out).lower(state, self.data).compile()
         return lambda state: compiled(state, self.data)
 
     def initial_state(self):
@@ -463,8 +498,8 @@ class Algorithm:
         mesh = self.config.mesh()
         if mesh is not None:
             self.data = jax.device_put(self.data, replicated(mesh)) if self.data is not None else None
-        if self.host_init:  # host environments refuse devices > 1: there is no mesh
-            return init(keys)
+        if self.env is not None and self.env.host is not None:  # an init that resets host environments: eagerly
+            return init(keys)  # (host environments refuse devices > 1: there is no mesh)
         shardings = None if mesh is None else self.shardings(jax.eval_shape(init, keys), mesh)
         start = time.perf_counter()
         compiled = jax.jit(init, out_shardings=shardings).lower(keys).compile()
@@ -473,7 +508,7 @@ class Algorithm:
 
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
         """The fields every algorithm's summary has: precision, speed, memory, overflow counts;
-        where it acts, its environment, steps and `final_return`; the telemetry's means."""
+        where it acts, its environment, steps, `final_return` and `eval_return`; the telemetry's means."""
         ts = at_path(state, self.train_state_path)
         steps_per_seed = np.atleast_1d(np.asarray(ts.step))  # the faults are injected into this one's steps
         optimizers = self.optimizer_states(state)
@@ -484,66 +519,63 @@ class Algorithm:
         injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
         memory = compiled.memory_analysis() if compiled is not None else None
-        summary = {
-            "precision": self.config.train_precision().name,
-            "seed": self.config.seed,
-            "num_seeds": self.num_seeds,
-            "steps_per_second": session.steps_per_second(self.steps_per_row * self.num_seeds),
-            "compile_seconds": compile_seconds,
-            "wall_seconds": session.elapsed(),
-            "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
-            "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
-            "peak_device_bytes": probes.peak_device_bytes(),
-            "loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))),
-            "skipped_updates": skipped,
-            "total_updates": total_updates,
-            "overflow_rate": skipped / total_updates if total_updates else 0.0,
-            "injected_nonfinite": sum(injected),
-            "iterations": len(rows),
-            "device": probes.device_name(),
-        }
+        step_bytes = probes.step_memory_bytes(compiled) if compiled is not None else None
+        temp_bytes = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None
+        speed = session.steps_per_second(self.steps_per_row * self.num_seeds)
+        measured = (speed, compile_seconds, session.elapsed(), step_bytes, temp_bytes, probes.peak_device_bytes())
+        summary = {"precision": self.config.train_precision().name, "seed": self.config.seed}
+        summary["num_seeds"] = self.num_seeds
+        summary |= dict(zip(MEASURED, measured, strict=True))
+        summary |= {"loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))), "skipped_updates": skipped}
+        summary |= {"total_updates": total_updates, "overflow_rate": skipped / total_updates if total_updates else 0.0}
+        summary |= {"injected_nonfinite": sum(injected), "iterations": len(rows), "device": probes.device_name()}
         if self.num_seeds > 1:
-            summary |= {
-                "seeds": seeds.tolist(),
-                "skipped_updates_per_seed": skipped_per_seed.tolist(),
-                "loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist(),
-                "halted_per_seed": np.asarray(ts.halted).tolist(),
-                "injected_nonfinite_per_seed": injected,
-            }
+            summary |= {"seeds": seeds.tolist(), "skipped_updates_per_seed": skipped_per_seed.tolist()}
+            summary |= {"loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist()}
+            summary |= {"halted_per_seed": np.asarray(ts.halted).tolist(), "injected_nonfinite_per_seed": injected}
         if self.spec is not None:
             summary |= {"env": self.config.env, "env_backend": self.spec.backend}
-            summary["total_steps"] = rows[-1]["step"] if rows else 0
-        if "episodes" in self.metrics:  # the mean return of the episodes that ended in the last tenth of the rows
+            summary |= {"total_steps": rows[-1]["step"] if rows else 0, **self.greedy_evaluation(state)}
+        if "episodes" in self.metrics:
             summary |= final_return_of_rows(rows, self.num_seeds)
+            summary["final_return_is"] = "the mean return of the episodes that ended in the last tenth of the rows"
         return summary | {
             f"{k}_mean": float(np.mean([r[k] for r in rows])) for k in _TELEMETRY if rows and k in rows[0]
         }
 
+    def greedy_evaluation(self, state) -> dict:
+        """The summary's `eval_return` (and per seed): the mean return of EVAL_ENVS episodes of the
+        greedy policy (`act(state, greedy=True)`) after training, played as `genesis-jax eval` plays
+        them (`envs.play`), seed k's from seed + k (as a 1-seed run of that seed). Empty where the
+        algorithm does not act, or its episodes cannot all end under jit (a host environment, no time limit)."""
+        if self.act is None or self.spec.backend != "gymnax" or self.spec.max_episode_steps is None:
+            return {}
+        act = lambda state, key, obs: self.act(state, greedy=True)(key, obs)
+        seeds = [jax.tree.map(lambda x: x[k], state) for k in range(self.num_seeds)] if self.num_seeds > 1 else [state]
+        played = [play_gymnax(self.spec, act, s, EVAL_ENVS, self.config.seed + k) for k, s in enumerate(seeds)]
+        per_seed = [float(np.mean(p.returns)) for p in played]
+        return {
+            "eval_return": float(np.mean(per_seed)),
+            "eval_return_per_seed": per_seed,
+            "eval_return_is": f"the mean return of {EVAL_ENVS} greedy episodes after training",
+        }
+
     def _progress(self, session: Session) -> Callable[[dict], dict]:
         counted, shown = {"rows": 0, "skipped": 0}, {}  # the skips so far, added up once per row
+        steps = self.steps_per_row * self.num_seeds  # a row's, all seeds'
 
         def postfix(row: dict) -> dict:
             new_rows = session.rows[counted["rows"] :]  # those restored on resume, then each chunk's
             counted["skipped"] += sum(int(np.sum(r.get("skipped", 0))) for r in new_rows)
             counted["rows"] = len(session.rows)
-            return {
-                **bar_fields(row, shown),
-                "scale": f"{row['loss_scale']:g}",
-                "skipped": counted["skipped"],
-                "sps": f"{session.steps_per_second(self.steps_per_row * self.num_seeds):.0f}",
-            }
+            scale, sps = f"{row['loss_scale']:g}", f"{session.steps_per_second(steps):.0f}"
+            return {**bar_fields(row, shown), "scale": scale, "skipped": counted["skipped"], "sps": sps}
 
         return postfix
 
     @classmethod
     def train(
-        cls,
-        config,
-        out_dir: str | None = None,
-        *,
-        checkpoint_every: int = 0,
-        grad_transform: Callable | None = None,
-        **run_options,
+        cls, config, out_dir: str | None = None, *, checkpoint_every: int = 0, grad_transform=None, **run_options
     ) -> RunResult:
         """Trains as `config` says. `out_dir` (None: nothing written) gets metrics.jsonl,
         summary.json, a PNG and checkpoints every `checkpoint_every` progress units (PPO:
@@ -566,24 +598,13 @@ class Algorithm:
         every = max(1, checkpoint_every // self.steps_per_row) if checkpoint_every else 0
         if every and out_dir is not None:
             per_chunk = _largest_divisor_at_most(self.num_rows, min(per_chunk, every))
-        session = Session(
-            out_dir,
-            self.config,
-            kind=self.name,
-            train_state_path=self.train_state_path,
-            total=self.num_rows,
-            position_key=self.row_key,
-            meta_key=self.checkpoint_key,
-            unit_size=self.steps_per_row,
-            unit=self.unit,
-            checkpoint_every=every,
-            inputs=self.inputs(),
-            **run_options,
-        )
+        run = dict(kind=self.name, train_state_path=self.train_state_path, total=self.num_rows, inputs=self.inputs())
+        units = dict(position_key=self.row_key, meta_key=self.checkpoint_key, unit_size=self.steps_per_row)
+        session = Session(out_dir, self.config, checkpoint_every=every, unit=self.unit, **run, **units, **run_options)
         session.postfix = self._progress(session)
         self.session = session
         with session:
-            state = session.restore(self.initial_state(), self.from_checkpoint)
+            state = session.restore(self.initial_state(), self.from_checkpoint, self.config.check_resume)
             remaining = session.total - session.position
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
@@ -605,10 +626,8 @@ class Algorithm:
             state = session.run(state, call, self.rows, per_chunk, on_start=on_start)
             if session.stopped and not session.timing.positions_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
-            summary = {
-                **self.common_summary(session.rows, state, session, compile_seconds),
-                **self.summary(session.rows, state),
-            }
+            summary = self.common_summary(session.rows, state, session, compile_seconds)
+            summary |= self.summary(session.rows, state)
             if not session.timing.positions_run:  # nothing ran here: what the run measured when it ran stays
                 summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
             plot = lambda rows, path: self.plot(rows, path, summary)  # noqa: E731

@@ -33,19 +33,16 @@ from genesis_jax.envs.spec import EnvSpec
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
 
-# What a config records that says where it ran, not what it learned: a policy runs on one device.
+# What a config records that says where it ran, not what it learned: a policy runs on one device,
+# in this process (how host environments ran: no subprocesses here).
 _ONE_PROCESS = {"devices": 1, "coordinator_address": None, "num_processes": None, "process_id": None}
+_ONE_PROCESS["vectorization"] = "sync"
 MAX_EPISODES = 100_000
 
 
-def acts(algorithm) -> bool:
-    """Whether an `Algorithm` subclass acts in an environment (implements `act`)."""
-    return algorithm.act is not None
-
-
 def acting_algorithms() -> list[str]:
-    """The registered algorithms that act (whose runs `load` and `genesis-jax eval` take)."""
-    return [name for name in REGISTRY if acts(get_algorithm(name))]
+    """The registered algorithms that act, implement `act` (whose runs `load` and `genesis-jax eval` take)."""
+    return [name for name in REGISTRY if get_algorithm(name).act is not None]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,13 +102,6 @@ class Policy:
         )
 
 
-def _reader(path: pathlib.Path) -> RunDirectory:
-    """A `RunDirectory` that only reads (its constructor checks for a run about to be written)."""
-    reader = RunDirectory.__new__(RunDirectory)
-    reader.path = path
-    return reader
-
-
 def _status(reader: RunDirectory, position: int, total: int, key: str) -> str:
     """How the run ended, from its summary, and where the checkpoint played stands in it."""
     summary = reader.read_summary()
@@ -132,8 +122,6 @@ def _config(algorithm, meta: dict, position: int, directory: str):
     fields = {f.name for f in dataclasses.fields(algorithm.config_class) if f.init}
     values = {k: v for k, v in (meta.get("config") or {}).items() if k in fields}
     values.update({k: v for k, v in _ONE_PROCESS.items() if k in fields})
-    if "vectorization" in fields:  # how host environments ran, not what was learned: no subprocesses here
-        values["vectorization"] = "sync"
     try:
         return algorithm.config_class(**values)
     except (TypeError, ValueError) as err:
@@ -143,12 +131,7 @@ def _config(algorithm, meta: dict, position: int, directory: str):
 
 
 def load(
-    run_dir,
-    greedy: bool = True,
-    *,
-    seed_index: int = 0,
-    step: int | None = None,
-    allow_unverified: bool = False,
+    run_dir, greedy: bool = True, *, seed_index: int = 0, step: int | None = None, allow_unverified: bool = False
 ) -> Policy:
     """The policy of a run of an algorithm that acts (PPO, DQN, SAC, PQN), from its newest
     checkpoint (or the one at `step`, in the run's rows: its updates for PPO and PQN).
@@ -177,7 +160,8 @@ def load(
         raise FileNotFoundError(f"no run directory {run_dir}")
     if not path.is_dir():
         raise RunDirectoryError(f"{run_dir} is not a directory")
-    reader = _reader(path)
+    reader = RunDirectory.__new__(RunDirectory)  # one that only reads (its constructor checks for a run to write)
+    reader.path = path
     checkpoints = path / "checkpoints"
     has_files = any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "summary.json"))
     if not has_files:
@@ -201,7 +185,7 @@ def load(
                 f"genesis-jax's algorithms: policies load from runs of {', '.join(acting_algorithms())}"
             )
         algorithm = get_algorithm(kind)
-        if not acts(algorithm):
+        if algorithm.act is None:
             raise ValueError(
                 f"{run_dir} holds a {kind} run, which does not act in an environment: policies load from runs of "
                 f"{', '.join(acting_algorithms())}"
@@ -225,20 +209,11 @@ def load(
     if num_seeds > 1:
         state = jax.tree.map(lambda x: x[seed_index], state)
     act_with = jax.jit(lambda state, key, obs: algo.act(state, greedy)(key, obs))
+    precision = meta.get("precision") or config.train_precision().name
+    found = dict(run_dir=str(run_dir), position=position, position_key=algorithm.row_key, seed_index=seed_index)
+    found |= dict(env_steps=position * algo.steps_per_row, precision=precision, state=state, act_with=act_with)
     return Policy(
-        algorithm=kind,
-        config=config,
-        spec=algo.spec,
-        greedy=greedy,
-        run_dir=str(run_dir),
-        position=position,
-        position_key=algorithm.row_key,
-        env_steps=position * algo.steps_per_row,
-        precision=meta.get("precision") or config.train_precision().name,
-        seed_index=seed_index,
-        status=_status(reader, position, algo.num_rows, algorithm.row_key),
-        state=state,
-        act_with=act_with,
+        kind, config, algo.spec, greedy, status=_status(reader, position, algo.num_rows, algorithm.row_key), **found
     )
 
 
@@ -278,28 +253,15 @@ class Evaluation:
         return text
 
     def to_dict(self) -> dict:
-        p = self.policy
-        return {
-            "run_dir": p.run_dir,
-            "algorithm": p.algorithm,
-            "env": p.spec.env_id,
-            "env_backend": self.backend,
-            "precision": p.precision,
-            "greedy": p.greedy,
-            "checkpoint": {p.position_key: p.position, "step": p.env_steps},
-            "seed_index": p.seed_index,
-            "run_status": p.status,
-            "eval_seed": self.seed,
-            "episodes": len(self.returns),
-            "mean_return": self.mean,
-            "std_return": self.std,
-            "min_return": float(min(self.returns)),
-            "max_return": float(max(self.returns)),
-            "returns": list(self.returns),
-            "lengths": list(self.lengths),
-            "video": self.video,
-            "video_frames": self.video_frames,
-        }
+        p, returns = self.policy, self.returns
+        run = dict(run_dir=p.run_dir, algorithm=p.algorithm, env=p.spec.env_id, env_backend=self.backend)
+        run |= dict(
+            precision=p.precision, greedy=p.greedy, checkpoint={p.position_key: p.position, "step": p.env_steps}
+        )
+        run |= dict(seed_index=p.seed_index, run_status=p.status, eval_seed=self.seed, episodes=len(returns))
+        run |= dict(mean_return=self.mean, std_return=self.std, min_return=float(min(returns)))
+        run |= dict(max_return=float(max(returns)), returns=list(returns), lengths=list(self.lengths))
+        return run | dict(video=self.video, video_frames=self.video_frames)
 
 
 def _positive(name: str, value, most: int) -> None:
@@ -339,11 +301,5 @@ def evaluate(
     if video is not None:
         write_video(played.frames, video, played.fps)
     return Evaluation(
-        policy,
-        played.returns.tolist(),
-        played.lengths.tolist(),
-        seed,
-        spec.backend,
-        video,
-        len(played.frames),
+        policy, played.returns.tolist(), played.lengths.tolist(), seed, spec.backend, video, len(played.frames)
     )

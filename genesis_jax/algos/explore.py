@@ -1,6 +1,6 @@
 """Acting by argmax Q, written once for DQN and PQN: epsilon-greedy exploration (its fields, its
-schedule, the action it picks), the greedy evaluation that gives the summary's `eval_return`,
-and `EpsilonGreedy`, the mixin that gives both algorithms these.
+schedule, the action it picks) and `EpsilonGreedy`, the mixin that gives both algorithms their
+Q-network, the fields their states share, the exploring step and the `act` hook.
 
 Epsilon falls linearly from `epsilon_start` to `epsilon_end` over the first `epsilon_fraction`
 of the run's environment steps (CleanRL's `exploration_fraction`), then stays there: a short
@@ -18,20 +18,22 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from flax import struct
 
-from genesis_jax.envs.episodes import final_return_summary
-from genesis_jax.envs.in_loop import in_loop_env
+from genesis_jax.amp import TrainState
+from genesis_jax.envs.episodes import running_returns
+from genesis_jax.nets.q_network import QNetwork
+from genesis_jax.nets.torsos import check_network, default_network
 from genesis_jax.run.config import UNIT_INTERVAL
-
-EVAL_ENVS = 32  # greedy episodes at the end of a run (gymnax): the summary's eval_return
 
 
 @dataclasses.dataclass(frozen=True)
 class EpsilonGreedyFields:
-    """Epsilon-greedy exploration, its schedule relative to the run's `total_steps` (a field
-    group, composed with `RunFields`)."""
+    """Epsilon-greedy exploration in an environment with discrete actions, its schedule relative
+    to the run's `total_steps` (a field group, composed with `ActingFields`)."""
 
+    env: str = "CartPole-v1"
+    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ALE/Pong-v5, ...)."""
     epsilon_start: float = 1.0
     """Exploration's epsilon at the start."""
     epsilon_end: float = 0.05
@@ -66,83 +68,69 @@ def epsilon_greedy(explore_key, random_key, q_values, epsilon):
     return jnp.where(explore, jax.random.randint(random_key, (rows,), 0, actions), jnp.argmax(q_values, -1))
 
 
-def q_policy(apply, params, epsilon):
-    """`act(key, obs) -> actions` of the template's `act` hook: argmax Q where `epsilon` is None
-    (greedy), else epsilon-greedy at `epsilon`. `apply(params, obs)` gives the Q-values."""
+class QState(struct.PyTreeNode):
+    """The state of an algorithm that acts by argmax Q (PQN's whole state; DQN's adds its own)."""
 
-    def act(key, obs):
-        q = apply(params, obs)
-        return jnp.argmax(q, -1) if epsilon is None else epsilon_greedy(*jax.random.split(key), q, epsilon)
-
-    return act
-
-
-def eval_env(spec, seed: int):
-    """The greedy evaluation's EVAL_ENVS environments: gymnax ones with a time limit (every
-    episode ends under jit), else None (no evaluation)."""
-    if spec.backend != "gymnax" or spec.max_episode_steps is None:
-        return None
-    return in_loop_env(spec, EVAL_ENVS, seed)
-
-
-def greedy_returns(env, max_steps: int, apply, params, key):
-    """The return of each of `env`'s fresh episodes under argmax Q (epsilon 0), every one
-    played to its end within `max_steps` (the time limit): float32 [episodes]."""
-    reset_key, key = jax.random.split(key)
-    obs, env_state = env.reset(reset_key)
-    episodes = obs.shape[0]
-
-    def step(carry, key):
-        obs, env_state, total, running = carry
-        action = jnp.argmax(apply(params, obs), -1)
-        obs, env_state, reward, terminated, truncated, _ = env.step(jax.random.split(key, episodes), env_state, action)
-        return (obs, env_state, total + jnp.where(running, reward, 0.0), running & ~(terminated | truncated)), None
-
-    start = (obs, env_state, jnp.zeros(episodes, jnp.float32), jnp.ones(episodes, bool))
-    (_, _, total, _), _ = jax.lax.scan(step, start, jax.random.split(key, max_steps))
-    return total
-
-
-def greedy_evaluation(algo, params) -> dict:
-    """The summary's `eval_return` (and per seed) of a Q-learning `algo` (its `net` and `spec`):
-    the mean return of EVAL_ENVS greedy episodes after training, seed k's from the key of a
-    1-seed run with seed + k. Empty where `eval_env` gives no environments."""
-    env = eval_env(algo.spec, algo.config.seed)
-    if env is None:
-        return {}
-
-    def returns(params, key):
-        return greedy_returns(env, algo.spec.max_episode_steps, algo.net.apply, params, key)
-
-    evaluate = jax.jit(returns if algo.num_seeds == 1 else jax.vmap(returns))
-    per_seed = np.asarray(evaluate(params, algo.seed_keys())).reshape(algo.num_seeds, EVAL_ENVS).mean(1).tolist()
-    return {
-        "eval_return": float(np.mean(per_seed)),
-        "eval_return_per_seed": per_seed,
-        "eval_return_is": f"the mean return of {EVAL_ENVS} greedy episodes (epsilon 0) after training",
-    }
+    train_state: TrainState
+    env_state: object
+    obs: jax.Array
+    episode_return: jax.Array  # each environment's running return
+    steps: jax.Array  # environment steps so far
+    rng: jax.Array
 
 
 class EpsilonGreedy:
     """What DQN and PQN share as algorithms that act by argmax Q (a mixin, listed before
-    `Algorithm`): the exploring step, the `act` hook and the summary's returns (training and
-    greedy). It reads `config` (with `EpsilonGreedyFields`), `net` (the Q-values), `env` and
-    `spec`, and a state with `train_state`, `obs`, `env_state` and `steps`."""
+    `Algorithm`). It reads `config` (with `EpsilonGreedyFields`) and a `QState`."""
+
+    def setup_q(self, **net) -> None:
+        """`spec` (a discrete-action environment, else refused naming SAC) and `net`, the
+        `QNetwork` (`net`: its own settings) on the configured torso, in the compute dtype."""
+        from genesis_jax.envs.in_loop import resolve_in_loop  # gymnax's import starts JAX's backends
+
+        c = self.config
+        self.spec = spec = resolve_in_loop(c, self.name, continuous=False, instead="sac")
+        network = c.network or default_network(spec.obs_shape)
+        check_network(network, spec.obs_shape)
+        dtype = c.train_precision().compute_dtype
+        self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, dtype=dtype, **net)
+
+    def q_fields(self, key, lr) -> dict:
+        """The initial `QState`'s fields: the train state (Adam at `lr`), the environments reset
+        (host ones from the seed), their running returns, the steps so far and the key."""
+        net_key, env_key, rng = jax.random.split(key, 3)
+        params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
+        obs, env_state = self.env.reset(env_key)
+        train_state = self.config.create_train_state(params, self.config.adam(lr))
+        returns, steps = jnp.zeros(self.config.num_envs, jnp.float32), jnp.int32(0)
+        return dict(train_state=train_state, env_state=env_state, obs=obs, episode_return=returns, steps=steps, rng=rng)
 
     def explore_step(self, s, key):
-        """One epsilon-greedy vector step from `s.obs` at the epsilon of `s.steps`: (the actions,
-        `self.env.step`'s (obs, env_state, reward, terminated, truncated, final_obs))."""
+        """One epsilon-greedy vector step from `s.obs` at the epsilon of `s.steps`: the state
+        after it, and ((obs, action, reward, terminated, truncated, final_obs), (episodes ended,
+        their returns' sum))."""
         explore_key, random_key, env_key = jax.random.split(key, 3)
         q = self.net.apply(s.train_state.params, s.obs)
         action = epsilon_greedy(explore_key, random_key, q, self.config.epsilon(s.steps))
-        return action, self.env.step(jax.random.split(env_key, self.config.num_envs), s.env_state, action)
+        obs, env_state, reward, terminated, truncated, final_obs = self.env.step(
+            jax.random.split(env_key, self.config.num_envs), s.env_state, action
+        )
+        episode_return, ended = running_returns(s.episode_return, reward, terminated | truncated)
+        transition = (s.obs, action, reward, terminated, truncated, final_obs)
+        s = s.replace(env_state=env_state, obs=obs, episode_return=episode_return, steps=s.steps + self.config.num_envs)
+        return s, (transition, ended)
+
+    def q_taken(self, params, obs, action):
+        """Q(obs, action) [batch] of the actions taken."""
+        return jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]
 
     def act(self, s, greedy: bool = True):
         """`act(key, obs) -> actions`: argmax Q (greedy: as `eval_return` plays), or
         epsilon-greedy at the epsilon the run reached."""
-        return q_policy(self.net.apply, s.train_state.params, None if greedy else self.config.epsilon(s.steps))
+        params, epsilon = s.train_state.params, self.config.epsilon(s.steps)
 
-    def returns_summary(self, recent, params) -> dict:
-        """The summary's returns: `final_return` (the last finished training episodes, `recent`
-        [seeds, RECENT]) and `eval_return` (greedy, after training)."""
-        return {**final_return_summary(recent, self.num_seeds), **greedy_evaluation(self, params)}
+        def act(key, obs):
+            q = self.net.apply(params, obs)
+            return jnp.argmax(q, -1) if greedy else epsilon_greedy(*jax.random.split(key), q, epsilon)
+
+        return act

@@ -1,7 +1,7 @@
-"""The on-policy update's fields, written once for PPO and PQN (PureJaxRL's update): each update
-a rollout of num-steps vector steps of num-envs environments, then update-epochs passes of
-num-minibatches shuffled minibatches over it, with the checks that go with them (the int32
-step counters' bound among them).
+"""The on-policy update, written once for PPO and PQN (PureJaxRL's update): each update a
+rollout of num-steps vector steps of num-envs environments, then update-epochs passes of
+num-minibatches shuffled minibatches over it (`epochs`); its fields, with the checks that go
+with them (the int32 step counters' bound among them).
 
 >>> from genesis_jax.algos.pqn import PQNConfig
 >>> config = PQNConfig(total_steps=65_536, num_envs=32, num_steps=64)
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from genesis_jax.run.config import INT32_MAX, POSITIVE, POSITIVE_INT, UNIT_INTERVAL
 
 
 @dataclasses.dataclass(frozen=True)
 class OnPolicyFields:
-    """The rollout and its epochs of minibatches (a field group, composed with `RunFields` and `EnvFields`)."""
+    """The rollout and its epochs of minibatches (a field group, composed with `ActingFields`)."""
 
     num_steps: int = 128
     """Rollout length per environment per update."""
@@ -30,16 +32,11 @@ class OnPolicyFields:
     """Adam's learning rate."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to 0 over the run."""
-    gamma: float = 0.99
-    """Discount factor."""
     gae_lambda: float = 0.95
     """The lambda of the returns' look-ahead: GAE's (PPO), Q(lambda)'s (PQN)."""
 
-    FIELD_BOUNDS = {
-        **{name: POSITIVE_INT for name in ("num_steps", "update_epochs", "num_minibatches")},
-        **{name: UNIT_INTERVAL for name in ("gamma", "gae_lambda")},
-        "lr": POSITIVE,
-    }
+    FIELD_BOUNDS = {name: POSITIVE_INT for name in ("num_steps", "update_epochs", "num_minibatches")}
+    FIELD_BOUNDS |= {"gae_lambda": UNIT_INTERVAL, "lr": POSITIVE}
 
     def check(self):
         if self.batch_size % self.num_minibatches:
@@ -71,3 +68,15 @@ class OnPolicyFields:
     @property
     def num_updates(self) -> int:
         return self.total_steps // self.batch_size
+
+    def epochs(self, step, train_state, data, key):
+        """update-epochs passes over `data` (leaves [batch-size, ...]), each in num-minibatches
+        shuffled minibatches through `step(train_state, minibatch) -> (train_state, out)`: the
+        train state after them, and the outs [update-epochs, num-minibatches, ...]."""
+
+        def epoch(train_state, key):
+            order = jax.random.permutation(key, self.batch_size)
+            minibatches = jax.tree.map(lambda x: x[order].reshape(self.num_minibatches, -1, *x.shape[1:]), data)
+            return jax.lax.scan(step, train_state, minibatches)
+
+        return jax.lax.scan(epoch, train_state, jax.random.split(key, self.update_epochs))

@@ -20,8 +20,9 @@ import logging
 import sys
 from typing import Sequence
 
-from genesis_jax.algos import REGISTRY as ALGORITHMS  # imports nothing of the rl extra
-from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM  # re-exported
+from genesis_jax.algos import REGISTRY, get_algorithm  # imports nothing of the rl extra
+from genesis_jax.cli.eval import add_eval_parser, run_eval  # argparse alone: loads nothing of JAX
+from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, StopSignals  # re-exported
 
 # The rl extra (pyproject's [rl]) by import name: every command needs all of it, genesis_jax.amp
 # none of it. Checked by name before any command runs, since the first import that misses one
@@ -47,10 +48,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
-        values = tuple(int(v) for v in text.split(","))
+        return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 64,64, got {text!r}") from None
-    return values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,25 +82,13 @@ class RunOptions:
     again without compiling (GENESIS_COMPILE_CACHE=0 turns it off too)."""
 
     def train_kwargs(self) -> dict:
-        writers = tuple(name for name in ("tensorboard", "wandb") if getattr(self, name))
+        same = ("checkpoint_every", "resume", "overwrite", "allow_config_change", "progress")
         return {
             "out_dir": self.out,
-            "checkpoint_every": self.checkpoint_every,
-            "resume": self.resume,
-            "overwrite": self.overwrite,
-            "allow_config_change": self.allow_config_change,
+            **{name: getattr(self, name) for name in same},
             "allow_unverified": self.allow_unverified_checkpoint,
-            "progress": self.progress,
-            "writers": writers,
+            "writers": tuple(name for name in ("tensorboard", "wandb") if getattr(self, name)),
         }
-
-
-def _trainer(workload: str):
-    """(own fields class, config class, algorithm) of a registered `train` workload."""
-    from genesis_jax.algos import get_algorithm
-
-    algorithm = get_algorithm(workload)
-    return algorithm.fields, algorithm.config_class, algorithm
 
 
 def _defaults(cls, config_defaults: dict, precision_given: bool = False):
@@ -108,9 +96,7 @@ def _defaults(cls, config_defaults: dict, precision_given: bool = False):
     environment, unless --precision is given: then the variables are not read at all)."""
     from genesis_jax.amp.policy import resolve_precision_name
 
-    if cls is RunOptions:
-        return cls()
-    values = {name: config_defaults[name] for name in _field_names(cls)}
+    values = {} if cls is RunOptions else {f.name: config_defaults[f.name] for f in dataclasses.fields(cls) if f.init}
     if "precision" not in values or precision_given:
         return cls(**values)
     values["precision"] = resolve_precision_name(None)
@@ -120,12 +106,8 @@ def _defaults(cls, config_defaults: dict, precision_given: bool = False):
         raise ValueError(f"the precision from GENESIS_PRECISION / ENABLE_FP16_TRAINING: {err}") from None
 
 
-def _field_names(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if f.init}
-
-
 def _values(obj) -> dict:
-    return {name: getattr(obj, name) for name in _field_names(obj)}
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
 
 
 def parse_train_args(workload: str, argv: Sequence[str]):
@@ -139,6 +121,7 @@ def parse_train_args(workload: str, argv: Sequence[str]):
         SystemExit: 0 after `--help`; 2 after a parse error, printed as one line.
         ValueError: for a bad GENESIS_PRECISION / ENABLE_FP16_TRAINING (the precision's default).
     """
+    import io
     import typing
 
     import tyro
@@ -146,10 +129,10 @@ def parse_train_args(workload: str, argv: Sequence[str]):
     from genesis_jax.run.config import MixedPrecisionConfig
     from genesis_jax.run.parallel import ParallelConfig
 
-    fields_cls, config_cls, _ = _trainer(workload)
+    algorithm = get_algorithm(workload)
     trainer_group = workload.replace("-", "_")  # `--help` titles the groups by these names
     groups = {  # `--help` shows them in this order: the trainer's own, the shared ones, the run's
-        trainer_group: (fields_cls, f"The {workload} run's own settings."),
+        trainer_group: (algorithm.fields, f"The {workload} run's own settings."),
         "mixed_precision": (
             MixedPrecisionConfig,
             "Precision, loss scaling, clipping, the divergence guard and fault injection.",
@@ -162,51 +145,37 @@ def parse_train_args(workload: str, argv: Sequence[str]):
         [(name, typing.Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
         frozen=True,
     )
-    config_defaults = _values(config_cls())
+    config_defaults = _values(algorithm.config_class())
     prog = f"genesis-jax train {workload}"
     argv, notes = _old_spellings(list(argv))
     given = any(arg == "--precision" or arg.startswith("--precision=") for arg in argv)
     default = command_cls(**{name: _defaults(cls, config_defaults, given) for name, (cls, _) in groups.items()})
     for note in notes:
         print(f"genesis-jax: warning: {note}", file=sys.stderr)
-    parsed = _tyro_one_line_errors(
-        lambda: tyro.cli(command_cls, args=argv, default=default, prog=prog, config=(tyro.conf.OmitArgPrefixes,)), prog
-    )
-    parts = {
-        "trainer": getattr(parsed, trainer_group),
-        "mixed_precision": parsed.mixed_precision,
-        "parallel": parsed.parallel,
-    }
-    return parts, parsed.run
-
-
-def train_config(workload: str, parts: dict):
-    """The trainer's config from the groups `parse_train_args` returned (validated)."""
-    _, config_cls, _ = _trainer(workload)
-    return config_cls(**{key: value for part in parts.values() for key, value in _values(part).items()})
-
-
-def _tyro_one_line_errors(parse, prog: str):
-    """Runs tyro's parse; its error box (stderr) becomes the one line `prog: error: ...`."""
-    import contextlib
-    import io
-
-    captured = io.StringIO()
+    captured = io.StringIO()  # tyro's error box (stderr) becomes the one line `prog: error: ...`
     try:
         with contextlib.redirect_stderr(captured):
-            return parse()
+            parsed = tyro.cli(command_cls, args=argv, default=default, prog=prog, config=(tyro.conf.OmitArgPrefixes,))
     except SystemExit as exit_:
         if not exit_.code:
             sys.stderr.write(captured.getvalue())
             raise
         print(f"{prog}: error: {_box_message(captured.getvalue())}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    parts = {"trainer" if name == trainer_group else name: getattr(parsed, name) for name in groups if name != "run"}
+    return parts, parsed.run
+
+
+def train_config(workload: str, parts: dict):
+    """The trainer's config from the groups `parse_train_args` returned (validated)."""
+    return get_algorithm(workload).config_class(**{k: v for part in parts.values() for k, v in _values(part).items()})
 
 
 def _box_message(box: str) -> str:
     """The message of one of tyro's error boxes, on one line: the text between the title and
     the first rule. The box is drawn in UTF-8 (title in the top border) or ASCII (title, then
     a rule), maybe with colour codes."""
+    import itertools
     import re
 
     lines = [line.strip().strip("│╭╮╰╯").strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", box).splitlines()]
@@ -215,12 +184,8 @@ def _box_message(box: str) -> str:
         return bool(line) and set(line) <= set("─-")
 
     start = next((i + 1 for i, line in enumerate(lines) if is_rule(line) or line.startswith("─ ")), 0)
-    words = []
-    for line in lines[start:]:
-        if is_rule(line) or (not line and words):
-            break
-        if line:
-            words.append(line)
+    body = itertools.dropwhile(lambda line: not line, lines[start:])  # from the first line of text
+    words = list(itertools.takewhile(lambda line: line and not is_rule(line), body))  # to a blank or a rule
     return " ".join(words) or " ".join(line for line in lines if line)
 
 
@@ -231,14 +196,10 @@ _ZERO_FOR_OFF = ("--max-grad-norm", "--guard-min-scale", "--max-consecutive-skip
 
 def _old_spellings(argv: list[str]) -> tuple[list[str], list[str]]:
     """`argv` with the replaced spellings rewritten, and a deprecation note for each."""
-    out, notes = [], []
-    i = 0
-    while i < len(argv):
-        flag, sep, value = argv[i].partition("=")
-        if flag in _COMMA_LISTS + _ZERO_FOR_OFF and (sep or i + 1 < len(argv)):
-            if not sep:
-                i += 1
-                value = argv[i]
+    out, notes, rest = [], [], iter(argv)
+    for arg in rest:
+        flag, sep, value = arg.partition("=")
+        if flag in _COMMA_LISTS + _ZERO_FOR_OFF and (sep or (value := next(rest, None)) is not None):
             if flag in _COMMA_LISTS and "," in value:
                 parts = [v.strip() for v in value.split(",") if v.strip()]
                 notes.append(f"'{flag} {value}' is deprecated; write '{flag} {' '.join(parts)}'")
@@ -249,8 +210,7 @@ def _old_spellings(argv: list[str]) -> tuple[list[str], list[str]]:
             else:
                 out += [flag, value]
         else:
-            out.append(argv[i])
-        i += 1
+            out.append(arg)
     return out, notes
 
 
@@ -262,54 +222,40 @@ def _is_zero_for_off(flag: str, value: str) -> bool:
     return number <= 0 if flag == "--max-grad-norm" else number == 0
 
 
-def _add_demo_args(p: argparse.ArgumentParser) -> None:
-    # Defaults stay run_demo's own: an option not given is not passed.
-    given = {"default": argparse.SUPPRESS}
-    p.add_argument("--precision", help="fp32 | bf16 | fp16 | fp16-full | a jmp policy string (default fp16)", **given)
-    p.add_argument("--loss-scaling", choices=("dynamic", "static", "none"), **given)
-    p.add_argument("--init-loss-scale", type=float, **given)
-    p.add_argument("--growth-interval", type=int, **given)
-    p.add_argument("--min-loss-scale", type=float, **given)
-    p.add_argument("--steps", type=int, **given)
-    p.add_argument("--seed", type=int, **given)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="genesis-jax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = sub.add_parser("train", help="train an agent or a model")
     train_sub = train.add_subparsers(dest="workload", required=True, parser_class=_Parser)
-
     # The train workloads' options come from their config dataclasses (see `parse_train_args`).
-    for name, (_, text) in ALGORITHMS.items():
+    for name, (_, text) in REGISTRY.items():
         train_sub.add_parser(name, help=text, add_help=False)
-
-    from genesis_jax.cli.eval import add_eval_parser  # argparse alone: loads nothing of JAX
 
     add_eval_parser(sub)
 
-    collect = sub.add_parser(
+    arg = sub.add_parser(
         "collect", help="collect trajectories from an env (random or a trained run's policy) into a .npz"
-    )
-    collect.add_argument("--env", required=True)
-    collect.add_argument("--env-backend", choices=("gymnax", "gymnasium"), default=None)
-    collect.add_argument(
+    ).add_argument
+    arg("--env", required=True)
+    arg("--env-backend", choices=("gymnax", "gymnasium"))
+    arg(
         "--policy",
         default="random",
         help="random, or a run directory of ppo, dqn, sac or pqn (its newest checkpoint acts, as in training)",
     )
-    collect.add_argument("--num-sequences", type=int, default=256)
-    collect.add_argument("--sequence-length", type=int, default=64)
-    collect.add_argument("--seed", type=int, default=0)
-    collect.add_argument("--out", required=True, help="path of the .npz to write (refused if it exists)")
+    arg("--num-sequences", type=int, default=256)
+    arg("--sequence-length", type=int, default=64)
+    arg("--seed", type=int, default=0)
+    arg("--out", required=True, help="path of the .npz to write (refused if it exists)")
 
     bench = sub.add_parser("bench", help="the precision benchmark: speed, memory, accuracy, overflow, mismatch")
-    bench.add_argument("--quick", action="store_true", help="tiny budgets: under 3 minutes on 2 CPU cores")
-    bench.add_argument("--seeds", type=_int_list, default=None, help="comma-separated seeds (default 0,1)")
-    bench.add_argument("--precisions", default="fp32,bf16,fp16,fp16-full")
-    bench.add_argument("--workloads", default=None, help="comma-separated workload names (default: all)")
-    bench.add_argument("--out", required=True, help="directory for results.csv, results.md and precision.png")
+    arg = bench.add_argument
+    arg("--quick", action="store_true", help="tiny budgets: under 3 minutes on 2 CPU cores")
+    arg("--seeds", type=_int_list, default=(0, 1), help="comma-separated seeds (default 0,1)")
+    arg("--precisions", default="fp32,bf16,fp16,fp16-full")
+    arg("--workloads", help="comma-separated workload names (default: all)")
+    arg("--out", required=True, help="directory for results.csv, results.md and precision.png")
 
     class StudyHelp(argparse.HelpFormatter):  # the epilog: the registry's tasks, read only when --help prints it
         def _fill_text(self, text, width, indent):
@@ -323,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                 )
             return help_text(width)
 
-    study = sub.add_parser(
+    arg = sub.add_parser(
         "study",
         help="does reduced precision learn as well as fp32? tasks x precisions x seeds, rliable statistics",
         description="Trains every task x precision cell with --num-seeds seeds at the same environment steps "
@@ -331,104 +277,100 @@ def build_parser() -> argparse.ArgumentParser:
         "Before the first cell it prints the cells x seeds x steps and an estimate of the time.",
         epilog="(tasks)",
         formatter_class=StudyHelp,
-    )
-    study.add_argument("--out", required=True, help="the study's directory (created; reused to continue a study)")
-    study.add_argument("--tasks", default=None, help="comma-separated task names (below; default CartPole-v1)")
-    study.add_argument(
+    ).add_argument
+    arg("--out", required=True, help="the study's directory (created; reused to continue a study)")
+    arg("--tasks", help="comma-separated task names (below; default CartPole-v1)")
+    arg(
         "--precisions",
         default="fp32,bf16,fp16,fp16-unscaled",
-        help="comma-separated; fp32 included (default fp32,bf16,fp16,fp16-unscaled)",
+        help="comma-separated; fp32 included (default %(default)s)",
     )
-    study.add_argument("--num-seeds", type=int, default=None, help="seeds per cell, trained together (default 8)")
-    study.add_argument(
-        "--preset", default=None, help="a whole study by name: gpu (the full study); flags given beside it override it"
-    )
-    study.add_argument(
+    arg("--num-seeds", type=int, help="seeds per cell, trained together (default 8)")
+    arg("--preset", help="a whole study by name: gpu (the full study); flags given beside it override it")
+    arg(
         "--plan",
         action="store_true",
         help="run only the power plan: a pilot (fp32, fp16; --pilot-seeds seeds per task) whose spread gives "
         "the seeds per cell an equivalence verdict needs, and their wall time here; writes plan.md in --out",
     )
-    study.add_argument("--pilot-seeds", type=int, default=8, help="seeds per pilot cell of --plan (default 8)")
-    study.add_argument(
-        "--seed", type=int, default=0, help="the first seed: a cell trains seed, seed+1, ... (default 0)"
-    )
-    study.add_argument(
+    arg("--pilot-seeds", type=int, default=8, help="seeds per pilot cell of --plan (default 8)")
+    arg("--seed", type=int, default=0, help="the first seed: a cell trains seed, seed+1, ... (default 0)")
+    arg(
         "--total-steps",
         type=_task_steps,
-        default=None,
         help="steps per seed: N for every task, or TASK=N,TASK=N (others: their own; default: each task's, below)",
     )
-    study.add_argument(
-        "--reps", type=int, default=2000, help="bootstrap replications per interval (at least 100; default 2000)"
-    )
-    study.add_argument(
+    arg("--reps", type=int, default=2000, help="bootstrap replications per interval (at least 100; default 2000)")
+    arg(
         "--no-cost",
         action="store_true",
         help="skip the cost run: the first task's fp32 cell once more with 1 seed, for the report's N seeds against 1",
     )
-    study.add_argument(
-        "--dry-run", action="store_true", help="print the cells x seeds x steps and the time estimate, write nothing"
-    )
-    study.add_argument(
+    arg("--dry-run", action="store_true", help="print the cells x seeds x steps and the time estimate, write nothing")
+    arg(
         "--confirmatory",
         action="store_true",
         help="run as the study the plan in --out fixed (--plan): refused without one or at other settings; "
         "the report quotes the plan's hash (without it the report says exploratory)",
     )
-    study.add_argument(
+    arg(
         "--report-only",
         action="store_true",
         help="train nothing: write the report from the finished cells in --out, read as they ran (their algorithm's "
         "settings not checked against today's; the report lists where they differ); refused where a cell is missing",
     )
-    study.add_argument(
+    arg(
         "--executor",
         default="inline",
         choices=("inline", "slurm", "submitit-local"),
         help="where cells run: inline (here, one after another), slurm or submitit-local (submitit: a job per cell; "
         "pip install 'genesis-jax[cluster]')",
     )
-    study.add_argument(
+    arg(
         "--executor-options",
-        default=None,
         help="submitit parameters KEY=VALUE,... (e.g. timeout_min=240,slurm_partition=gpu,gpus_per_node=1)",
     )
-    study.add_argument("--no-progress", action="store_true", help="no progress bars")
-    study.add_argument(
-        "--no-compile-cache", action="store_true", help="compile every program anew (GENESIS_COMPILE_CACHE=0 too)"
-    )
+    arg("--no-progress", action="store_true", help="no progress bars")
+    arg("--no-compile-cache", action="store_true", help="compile every program anew (GENESIS_COMPILE_CACHE=0 too)")
 
-    launch = sub.add_parser(
+    arg = sub.add_parser(
         "launch",
         help="run a train command as several JAX processes on this machine",
         description="Runs 'genesis-jax COMMAND' as --processes processes joined by jax.distributed "
         "(process 0 prints and writes the run). Example: genesis-jax launch --processes 2 "
         "--local-devices 2 -- train ppo --devices 4 --out runs/dp",
-    )
-    launch.add_argument("--processes", type=int, required=True, help="number of processes")
-    launch.add_argument(
+    ).add_argument
+    arg("--processes", type=int, required=True, help="number of processes")
+    arg(
         "--local-devices",
         type=int,
-        default=None,
         help="CPU: forced host devices per process (sets XLA_FLAGS); default: leave XLA_FLAGS alone",
     )
-    launch.add_argument("--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: a free one)")
-    launch.add_argument(
+    arg("--port", type=int, help="coordinator port on 127.0.0.1 (default: a free one)")
+    arg(
         "--grace",
         type=float,
         default=60.0,
         help="seconds the other processes get to stop after one failed (default 60)",
     )
-    launch.add_argument(
+    arg(
         "train_command",
         nargs=argparse.REMAINDER,
         metavar="-- train ...",
         help="the genesis-jax train command every process runs",
     )
 
-    demo = sub.add_parser("demo", help="a small MLP regression in fp16 with loss scaling")
-    _add_demo_args(demo)
+    # demo: an option not given is not passed (the defaults stay run_demo's own)
+    arg = sub.add_parser(
+        "demo", help="a small MLP regression in fp16 with loss scaling", argument_default=argparse.SUPPRESS
+    ).add_argument
+    arg("--precision", help="fp32 | bf16 | fp16 | fp16-full | a jmp policy string (default fp16)")
+    arg("--loss-scaling", choices=("dynamic", "static", "none"))
+    arg("--init-loss-scale", type=float)
+    arg("--growth-interval", type=int)
+    arg("--min-loss-scale", type=float)
+    arg("--steps", type=int)
+    arg("--seed", type=int)
     return parser
 
 
@@ -447,19 +389,18 @@ def cpu_precision_notice(precision, backend: str) -> str | None:
 
 
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
-    _, _, algorithm = _trainer(workload)
     import jax
 
     from genesis_jax.run.parallel import start_distributed
 
+    algorithm = get_algorithm(workload)
     config = train_config(workload, parts)
     start_distributed(config)  # before the backend is asked for (train() would do it next)
     notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
 
     def announce(notes: list[str]) -> None:  # once training is about to begin: past every refusal
-        for line in [notice, *notes] if not run.quiet and _primary() else []:
-            if line:
-                print(line, file=sys.stderr)
+        for line in filter(None, [notice, *notes] if not run.quiet and _primary() else []):
+            print(line, file=sys.stderr)
 
     result = algorithm.train(config, **run.train_kwargs(), announce=announce)
     if _primary():
@@ -470,19 +411,14 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
 
 
 def _run_collect(args) -> int:
-    from genesis_jax.data.trajectories import (
-        check_collect_args,
-        check_output_path,
-        collect_dataset,
-        save_dataset,
-    )
+    from genesis_jax.data.trajectories import check_collect_args, check_output_path, collect_dataset, save_dataset
     from genesis_jax.envs.registry import resolve_env
 
     # Everything that can be refused is, before a policy loads or a step is collected.
     check_output_path(args.out)
-    check_collect_args(args.env, args.num_sequences, args.sequence_length, args.seed)
-    spec = resolve_env(args.env, args.env_backend)
-    check_collect_args(args.env, args.num_sequences, args.sequence_length, args.seed, spec)
+    sizes = (args.num_sequences, args.sequence_length, args.seed)
+    check_collect_args(args.env, *sizes)
+    check_collect_args(args.env, *sizes, resolve_env(args.env, args.env_backend))
     policy, name = None, "random policy"
     if args.policy != "random":  # a trained agent acts: the world model's data takes any act(key, obs)
         from genesis_jax.algos.evaluate import load
@@ -495,12 +431,25 @@ def _run_collect(args) -> int:
             )
         policy = trained.act
         name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.position_key} {trained.position}"
-    data = collect_dataset(
-        args.env, args.num_sequences, args.sequence_length, args.seed, args.env_backend, policy, policy_name=name
-    )
+    data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name)
     save_dataset(data, args.out)
     print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")
     return 0
+
+
+def _command_line(args, skip=()) -> str:
+    """The command as given, for the results to name: its options in the parser's order, those
+    not given (None) or off left out."""
+
+    def flag(name: str, value) -> str:
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, tuple):
+            value = ",".join(map(str, value))
+        return f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+
+    given = [flag(k, v) for k, v in vars(args).items() if k not in ("command", *skip) and v not in (None, False)]
+    return " ".join([f"genesis-jax {args.command}", *given])
 
 
 def _run_bench(args) -> int:
@@ -508,29 +457,17 @@ def _run_bench(args) -> int:
 
     from genesis_jax.cli.bench import run_benchmark
 
-    seeds = args.seeds or (0, 1)
-    only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
-    command = "genesis-jax bench " + " ".join(
-        (["--quick"] if args.quick else [])
-        + [f"--seeds {','.join(map(str, seeds))}", f"--precisions {args.precisions}"]
-        + ([f"--workloads {args.workloads}"] if args.workloads else [])
-        + [f"--out {args.out}"]
-    )
     run_benchmark(
         args.out,
         quick=args.quick,
-        seeds=seeds,
+        seeds=args.seeds,
         precisions=[p.strip() for p in args.precisions.split(",")],
-        only=only,
-        command=command,
+        only=None if args.workloads is None else [w.strip() for w in args.workloads.split(",")],
+        command=_command_line(args),
     )
     print(f"wrote {args.out}/results.csv, results.md, precision.png")
     print((pathlib.Path(args.out) / "results.md").read_text())
     return 0
-
-
-def _flag_value(value) -> str:
-    return ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
 
 
 def _task_steps(text: str) -> int | dict[str, int]:
@@ -554,59 +491,31 @@ def _run_study(args) -> int:
     except ImportError as err:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
-    flag = lambda k, v: f"--{k.replace('_', '-')}" + ("" if v is True else f" {_flag_value(v)}")  # noqa: E731
-    skip = (
-        {"command"}
-        | ({"pilot_seeds"} if not args.plan else set())
-        | ({"executor"} if args.executor == "inline" else set())
-    )
-    command = "genesis-jax study " + " ".join(
-        flag(k, v) for k, v in vars(args).items() if k not in skip and v not in (None, False)
-    )
+    skip = ([] if args.plan else ["pilot_seeds"]) + (["executor"] if args.executor == "inline" else [])
+    command = _command_line(args, skip)
     chosen = preset(args.preset) if args.preset else {"tasks": ["CartPole-v1"], "num_seeds": 8, "total_steps": None}
     tasks = words(args.tasks) if args.tasks is not None else chosen["tasks"]
-    total_steps = chosen["total_steps"]
-    if isinstance(total_steps, dict):  # a preset's budgets, of the tasks chosen, under the flag's
-        total_steps = {t: n for t, n in total_steps.items() if t in tasks}
-        given = args.total_steps
-        total_steps = given if isinstance(given, int) else {**total_steps, **(given or {})}
-    elif args.total_steps is not None:
-        total_steps = args.total_steps
-    options = dict(
-        tasks=tasks,
-        precisions=words(args.precisions),
-        seed=args.seed,
-        total_steps=total_steps,
-        progress=not args.no_progress,
-        command=command,
-        dry_run=args.dry_run,
-    )
+    total_steps = chosen["total_steps"] if args.total_steps is None else args.total_steps
+    if isinstance(chosen["total_steps"], dict) and not isinstance(args.total_steps, int):
+        # a preset's budgets, of the tasks chosen, under the flag's
+        total_steps = {**{t: n for t, n in chosen["total_steps"].items() if t in tasks}, **(args.total_steps or {})}
+    options = dict(tasks=tasks, precisions=words(args.precisions), seed=args.seed, total_steps=total_steps)
+    options.update(progress=not args.no_progress, command=command, dry_run=args.dry_run, reps=args.reps)
     if args.plan:
         study_command = command.replace(" --plan", "").replace(f" --pilot-seeds {args.pilot_seeds}", "")
         path = run_plan(
-            args.out,
-            pilot_seeds=args.pilot_seeds,
-            study_command=study_command,
-            num_seeds=args.num_seeds,
-            reps=args.reps,
-            **options,
+            args.out, pilot_seeds=args.pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
         )
         if path is not None:  # None: --dry-run
             print(path.read_text())
         return 0
-    num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
     from genesis_jax.cli.study.cluster import parse_options
 
+    num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
+    options.update(cost=not args.no_cost, confirmatory=args.confirmatory, report_only=args.report_only)
+    executor_options = parse_options(args.executor_options)
     path = run_study(
-        args.out,
-        num_seeds=num_seeds,
-        reps=args.reps,
-        cost=not args.no_cost,
-        confirmatory=args.confirmatory,
-        report_only=args.report_only,
-        executor=args.executor,
-        executor_options=parse_options(args.executor_options),
-        **options,
+        args.out, num_seeds=num_seeds, executor=args.executor, executor_options=executor_options, **options
     )
     if path is not None:  # None: --dry-run
         print(f"wrote {path}, stats.json and the plots beside it")
@@ -644,7 +553,7 @@ def _system_failure(err: BaseException) -> str:
 
 def _parse(argv: list[str]):
     """(argparse namespace, train groups or None): a train workload's options go to tyro."""
-    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ALGORITHMS:
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in REGISTRY:
         parts, run = parse_train_args(argv[1], argv[2:])
         return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run), parts["parallel"]
     return build_parser().parse_args(argv), None
@@ -703,30 +612,32 @@ def _exit_now(status: int):
 def _command(argv: list[str]) -> int:
     missing = missing_rl_extra()
     if missing is not None:
-        print(
-            f"genesis-jax: error: the command line needs the rl extra ({missing} is not installed): "
-            "pip install 'genesis-jax[rl]'",
-            file=sys.stderr,
-        )
+        need = f"the command line needs the rl extra ({missing} is not installed): pip install 'genesis-jax[rl]'"
+        print(f"genesis-jax: error: {need}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if argv[:1] not in (["train"], ["study"]):
-        return _main(argv)
     # A train or study command holds SIGINT / SIGTERM from its start: one that arrives while
     # JAX loads, a program compiles or the run is set up reaches the run's Session (or the
     # study's check between its stages), which stops (128+N). Python's own SIGINT would raise
     # KeyboardInterrupt wherever it lands, and a callback of JAX's swallows it, so the run went on.
-    from genesis_jax.run.signals import StopSignals
-
-    with StopSignals():
+    with StopSignals() if argv[:1] in (["train"], ["study"]) else contextlib.nullcontext():
         return _main(argv)
 
 
 def _main(argv: list[str]) -> int:
+    """Runs the command; an error it reports ends in one line on stderr and its exit status."""
     try:
-        args, parallel = _parse(argv)
-    except ValueError as err:  # GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
-        print(f"genesis-jax: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _run(argv)
+    except (Exception, KeyboardInterrupt) as err:
+        said = _said(err)
+        if said is None:  # a bug: its traceback
+            raise
+        print(f"genesis-jax: {said[0]}", file=sys.stderr)
+        return said[1]
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        args, parallel = _parse(argv)  # a ValueError: GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
     except SystemExit as exit_:  # --help (0), or a parse error already printed in one line (2)
         return exit_.code or 0
     if parallel is not None and parallel.coordinator_address is not None:
@@ -737,21 +648,11 @@ def _main(argv: list[str]) -> int:
             initialize_distributed(
                 parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
             )
-        except ValueError as err:
-            print(f"genesis-jax: error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
         except ConnectionError as err:  # the others did not come in time
             print(f"genesis-jax: system failure: {err}", file=sys.stderr)
             return EXIT_SYSTEM
     if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
-        try:
-            return _run_launch(args)
-        except ValueError as err:
-            print(f"genesis-jax: error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except OSError as err:
-            print(f"genesis-jax: system failure: {_system_failure(err)}", file=sys.stderr)
-            return EXIT_SYSTEM
+        return _run_launch(args)
     # Of several processes, only process 0 logs, prints and shows progress (Session sees to
     # the bar); the others report errors alone.
     worker = not _primary()
@@ -765,60 +666,40 @@ def _main(argv: list[str]) -> int:
         import absl.logging  # noqa: F401
     for noisy in ("absl", "jax"):
         logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
-    if args.command in ("train", "study", "bench", "demo", "collect", "eval"):
-        from genesis_jax.run.compile_cache import enable_compile_cache
+    from genesis_jax.run.compile_cache import enable_compile_cache
 
-        run_options = getattr(args, "run", None)
-        enable_compile_cache(
-            not getattr(args, "no_compile_cache", False) and getattr(run_options, "compile_cache", True)
-        )
-    from gymnasium.error import DependencyNotInstalled as DependencyMissing
+    enable_compile_cache(
+        not getattr(args, "no_compile_cache", False) and getattr(args, "run", RunOptions()).compile_cache
+    )
+    if args.command == "train":
+        return _run_train(args.workload, args.parts, args.run)
+    runs = {"demo": _run_demo, "bench": _run_bench, "study": _run_study, "collect": _run_collect, "eval": run_eval}
+    return runs[args.command](args)
 
-    from genesis_jax.run.checkpoint import CheckpointMismatchError
-    from genesis_jax.run.parallel import PeerFailed
-    from genesis_jax.run.run_dir import RunDirectoryError
+
+def _said(err: BaseException) -> tuple[str, int] | None:
+    """(the line after `genesis-jax: `, the exit status) for an error a command reports; None for a bug."""
     from genesis_jax.run.signals import EXIT_PEER, DivergenceError, TrainingInterrupted
 
-    try:
-        if args.command == "demo":
-            return _run_demo(args)
-        if args.command == "bench":
-            return _run_bench(args)
-        if args.command == "study":
-            return _run_study(args)
-        if args.command == "collect":
-            return _run_collect(args)
-        if args.command == "eval":
-            from genesis_jax.cli.eval import run_eval
+    if isinstance(err, (ValueError, FileNotFoundError)):  # RunDirectoryError, CheckpointMismatchError: ValueErrors
+        return f"error: {err}", EXIT_BAD_INPUT
+    if isinstance(err, (OSError, MemoryError)):
+        return f"system failure: {_system_failure(err)}", EXIT_SYSTEM
+    if isinstance(err, DivergenceError):
+        return f"stopped: {err}", EXIT_DIVERGED
+    if isinstance(err, TrainingInterrupted):
+        return str(err), 128 + err.signum
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted", 130
+    # Not before: the common errors above are said without loading these (JAX among them).
+    from gymnasium.error import DependencyNotInstalled
 
-            return run_eval(args)
-        if args.command == "train":
-            return _run_train(args.workload, args.parts, args.run)
-    except (ValueError, RunDirectoryError, CheckpointMismatchError, FileNotFoundError) as err:
-        print(f"genesis-jax: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (ImportError, DependencyMissing) as err:  # an optional package: the line names what to install
-        print(f"genesis-jax: error: {_system_failure(err)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (OSError, MemoryError) as err:
-        print(f"genesis-jax: system failure: {_system_failure(err)}", file=sys.stderr)
-        return EXIT_SYSTEM
-    except DivergenceError as err:
-        print(f"genesis-jax: stopped: {err}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except TrainingInterrupted as err:
-        print(f"genesis-jax: {err}", file=sys.stderr)
-        return 128 + err.signum
-    except KeyboardInterrupt:
-        print("genesis-jax: interrupted", file=sys.stderr)
-        return 130
-    except PeerFailed as err:  # another process failed first and said why
-        print(f"genesis-jax: stopped: {err}", file=sys.stderr)
-        return EXIT_PEER
-    except Exception as err:
-        if "RESOURCE_EXHAUSTED" not in str(err):  # XLA's out-of-memory error has no class of its own
-            raise
-        print(f"genesis-jax: system failure: out of device memory: {str(err).splitlines()[0][:300]}", file=sys.stderr)
-        return EXIT_SYSTEM
-    print(f"genesis-jax: error: unknown command {args.command!r}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    from genesis_jax.run.parallel import PeerFailed
+
+    if isinstance(err, (ImportError, DependencyNotInstalled)):  # an optional package: the line names what to install
+        return f"error: {_system_failure(err)}", EXIT_BAD_INPUT
+    if isinstance(err, PeerFailed):  # another process failed first and said why
+        return f"stopped: {err}", EXIT_PEER
+    if "RESOURCE_EXHAUSTED" in str(err):  # XLA's out-of-memory error has no class of its own
+        return f"system failure: out of device memory: {str(err).splitlines()[0][:300]}", EXIT_SYSTEM
+    return None

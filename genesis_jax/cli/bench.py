@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import pathlib
 import statistics
 import sys
 import time
+import timeit
 
 import numpy as np
 
@@ -89,23 +91,16 @@ def _steps_for_seconds(algorithm, settings: dict, precision: str, seconds: float
 def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | None = None) -> dict:
     """One seed's bench row from any algorithm's summary: its score, speed, memory, overflows."""
     score = algorithm.score
-    accuracy = summary[f"{score}_per_seed"][seed_index] if seed_index is not None else summary[score]
+    given = ("compile_seconds", "overflow_rate", "loss_scale", "train_step_bytes", "skipped_updates", "stopped")
+    optional = ("mismatch_kl_v2", "activation_bytes", "compiled_temp_bytes", "flops_per_step")
     return {
-        "accuracy": accuracy,
+        "accuracy": summary[f"{score}_per_seed"][seed_index] if seed_index is not None else summary[score],
         "steps_per_second": summary["steps_per_second"] / summary.get("num_seeds", 1),
-        "compile_seconds": summary["compile_seconds"],
-        "overflow_rate": summary["overflow_rate"],
-        "loss_scale": summary["loss_scale"],
-        "mismatch_kl_v2": summary.get("mismatch_kl_v2"),
-        "activation_bytes": summary.get("activation_bytes"),
-        "compiled_temp_bytes": summary.get("compiled_temp_bytes"),
-        "train_step_bytes": summary["train_step_bytes"],
-        "flops_per_step": summary.get("flops_per_step"),
+        **{key: summary[key] for key in given},
+        **{key: summary.get(key) for key in optional},
         "peak_device_bytes": summary.get("peak_device_bytes", probes.peak_device_bytes()),
-        "skipped_updates": summary["skipped_updates"],
         "total_steps": summary.get("total_steps", summary["total_updates"]),
         "scale_trace": [(r.get("step", r[algorithm.row_key]), r["loss_scale"]) for r in metrics],
-        "stopped": summary["stopped"],
     }
 
 
@@ -119,33 +114,23 @@ def _run(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
         config = algorithm.config_class(precision=precision, seed=seeds[0], num_seeds=len(seeds), **settings)
         summary, metrics = _train_or_stop(algorithm, config)
         return [_record(algorithm, summary, metrics, i if len(seeds) > 1 else None) for i in range(len(seeds))]
-    return [
-        _record(
-            algorithm, *_train_or_stop(algorithm, algorithm.config_class(precision=precision, seed=seed, **settings))
-        )
-        for seed in seeds
-    ]
+    configs = [algorithm.config_class(precision=precision, seed=seed, **settings) for seed in seeds]
+    return [_record(algorithm, *_train_or_stop(algorithm, config)) for config in configs]
 
 
 def _mean_std(values):
     values = [v for v in values if v is not None and np.isfinite(v)]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values))
+    return (float(np.mean(values)), float(np.std(values))) if values else (None, None)
 
 
-def _first(values):
-    return next((v for v in values if v is not None), None)
-
-
-def summarise_cell(
-    workload: Workload, precision: str, seed_runs: list[dict], matmul_flops: float | None = None
-) -> dict:
+def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict], matmul_flops=None) -> dict:
     """One results row from the runs of one workload x precision; `matmul_flops`, the
     device's measured rate on a large matmul in this precision's compute dtype, puts the
     world model's achieved rate in proportion."""
+    once = "total_steps activation_bytes compiled_temp_bytes peak_device_bytes train_step_bytes mismatch_kl_v2"
+    first = {key: next((r[key] for r in seed_runs if r[key] is not None), None) for key in once.split()}
     steps_per_second = statistics.median(r["steps_per_second"] for r in seed_runs)
-    flops = _first(r["flops_per_step"] for r in seed_runs)
+    flops = next((r["flops_per_step"] for r in seed_runs if r["flops_per_step"] is not None), None)
     achieved = flops * steps_per_second if flops else None
     # A diverged seed has no accuracy; `diverged_seeds` says how many there were.
     accuracy, accuracy_std = _mean_std([r["accuracy"] for r in seed_runs if r["stopped"] != "diverged"])
@@ -158,26 +143,23 @@ def summarise_cell(
         "accuracy_std": accuracy_std,
         "steps_per_second": steps_per_second,
         "compile_seconds": statistics.median(r["compile_seconds"] for r in seed_runs),
-        "total_steps": seed_runs[0]["total_steps"],
-        "activation_bytes": _first(r["activation_bytes"] for r in seed_runs),
-        "compiled_temp_bytes": _first(r["compiled_temp_bytes"] for r in seed_runs),
-        "peak_device_bytes": _first(r["peak_device_bytes"] for r in seed_runs),
-        "train_step_bytes": _first(r["train_step_bytes"] for r in seed_runs),
+        **first,
         "achieved_tflops": achieved / 1e12 if achieved else None,
         "matmul_tflops": matmul_flops / 1e12 if matmul_flops else None,
         "matmul_fraction": achieved / matmul_flops if achieved and matmul_flops else None,
         "skipped_updates": sum(r["skipped_updates"] for r in seed_runs),
         "overflow_rate": float(np.mean([r["overflow_rate"] for r in seed_runs])),
         "final_loss_scale": float(np.mean([r["loss_scale"] for r in seed_runs])),
-        "mismatch_kl_v2": _first(r["mismatch_kl_v2"] for r in seed_runs),
         "diverged_seeds": sum(r["stopped"] == "diverged" for r in seed_runs),
         "device": probes.device_name(),
         "versions": probes.versions_line(),
     }
 
 
-def _ratio(row: dict, base: dict | None, key: str) -> float | None:
-    return row[key] / base[key] if base and row[key] and base[key] else None
+def _ratio(row: dict, base: dict | None, key: str, inverse: bool = False) -> float | None:
+    if not (base and row[key] and base[key]):
+        return None
+    return base[key] / row[key] if inverse else row[key] / base[key]
 
 
 def add_ratios(rows: list[dict]) -> list[dict]:
@@ -192,53 +174,28 @@ def add_ratios(rows: list[dict]) -> list[dict]:
         # Activation bytes, not peak memory: a process's peak covers every run before it.
         r["memory_ratio"] = _ratio(r, b, "activation_bytes")
         r["step_memory_ratio"] = _ratio(r, b, "train_step_bytes")
-        if b and r["accuracy_mean"] and b["accuracy_mean"]:
-            ppo = r["accuracy_metric"] == "final_return"
-            r["accuracy_ratio"] = (
-                r["accuracy_mean"] / b["accuracy_mean"] if ppo else b["accuracy_mean"] / r["accuracy_mean"]
-            )
-        else:
-            r["accuracy_ratio"] = None
+        r["accuracy_ratio"] = _ratio(r, b, "accuracy_mean", inverse=r["accuracy_metric"] != "final_return")
     return rows
 
 
-COLUMNS = (
-    "workload",
-    "precision",
-    "seeds",
-    "total_steps",
-    "steps_per_second",
-    "speedup",
-    "compile_seconds",
-    "accuracy_metric",
-    "accuracy_mean",
-    "accuracy_std",
-    "accuracy_ratio",
-    "activation_bytes",
-    "compiled_temp_bytes",
-    "train_step_bytes",
-    "peak_device_bytes",
-    "memory_ratio",
-    "step_memory_ratio",
-    "achieved_tflops",
-    "matmul_tflops",
-    "matmul_fraction",
-    "skipped_updates",
-    "overflow_rate",
-    "final_loss_scale",
-    "mismatch_kl_v2",
-    "diverged_seeds",
-    "device",
-    "versions",
+# results.csv's columns, in order; results.md shows SHOWN of them
+COLUMNS = tuple(
+    "workload precision seeds total_steps steps_per_second speedup compile_seconds accuracy_metric accuracy_mean "
+    "accuracy_std accuracy_ratio activation_bytes compiled_temp_bytes train_step_bytes peak_device_bytes memory_ratio "
+    "step_memory_ratio achieved_tflops matmul_tflops matmul_fraction skipped_updates overflow_rate final_loss_scale "
+    "mismatch_kl_v2 diverged_seeds device versions".split()
+)
+SHOWN = tuple(
+    "workload precision seeds steps_per_second speedup compile_seconds accuracy_metric accuracy_mean accuracy_std "
+    "accuracy_ratio train_step_bytes step_memory_ratio memory_ratio matmul_fraction skipped_updates overflow_rate "
+    "final_loss_scale mismatch_kl_v2 diverged_seeds".split()
 )
 
 
 def _fmt(value) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str, quick: bool = False) -> None:
@@ -247,29 +204,8 @@ def write_results(rows: list[dict], traces: dict, out: pathlib.Path, header: str
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
-    shown = (
-        "workload",
-        "precision",
-        "seeds",
-        "steps_per_second",
-        "speedup",
-        "compile_seconds",
-        "accuracy_metric",
-        "accuracy_mean",
-        "accuracy_std",
-        "accuracy_ratio",
-        "train_step_bytes",
-        "step_memory_ratio",
-        "memory_ratio",
-        "matmul_fraction",
-        "skipped_updates",
-        "overflow_rate",
-        "final_loss_scale",
-        "mismatch_kl_v2",
-        "diverged_seeds",
-    )
-    lines = [header, "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(_fmt(r[k]) for k in shown) + " |" for r in rows]
+    lines = [header, "", "| " + " | ".join(SHOWN) + " |", "|" + "---|" * len(SHOWN)]
+    lines += ["| " + " | ".join(_fmt(r[k]) for k in SHOWN) + " |" for r in rows]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     plot_results(rows, traces, out / "precision.png", quick)
 
@@ -307,8 +243,7 @@ def plot_results(rows: list[dict], traces: dict, path, quick: bool = False) -> N
             xs, ys = zip(*trace)
             ax.plot(np.asarray(xs) / max(xs), ys, label=f"{name} {precision}")
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("fraction of training")
-    ax.set_title("loss scale")
+    ax.set(xlabel="fraction of training", title="loss scale")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -324,36 +259,23 @@ def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
     a, b = (jax.random.normal(jax.random.PRNGKey(i), (size, size), jnp.float32).astype(dtype) for i in (0, 1))
     product = jax.jit(jnp.matmul)
     product(a, b).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return 2 * size**3 / min(timeit.repeat(lambda: product(a, b).block_until_ready(), number=1, repeat=repeats))
 
 
-def run_benchmark(
-    out_dir,
-    quick: bool = False,
-    seeds=(0, 1),
-    precisions=PRECISIONS,
-    only=None,
-    log=sys.stderr,
-    command: str | None = None,
-) -> list[dict]:
+def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr, command=None):
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
     (`command`, the invocation to name in results.md)."""
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise ValueError(f"unknown precision {p!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
-    chosen = [w for w in workloads(quick) if only is None or w.name in only]
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        raise ValueError(f"unknown precision {unknown[0]!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
+    every = workloads(quick)
+    chosen = [w for w in every if only is None or w.name in only]
     if only is not None and len(chosen) != len(set(only)):
-        known = ", ".join(w.name for w in workloads(quick))
-        raise ValueError(f"unknown workload in {sorted(only)}; known: {known}")
+        raise ValueError(f"unknown workload in {sorted(only)}; known: {', '.join(w.name for w in every)}")
     started = time.perf_counter()
     rows, traces = [], {}
-    matmul_size = 1024 if quick else 8192
-    matmul_rates = {}  # compute dtype -> FLOP/s, measured where a world model is benchmarked
+    # compute dtype -> FLOP/s, measured where a world model is benchmarked
+    matmul_rate = functools.cache(lambda dtype: matmul_flops_per_second(dtype, 1024 if quick else 8192))
     from genesis_jax.amp.policy import get_precision
 
     for w in chosen:
@@ -362,12 +284,8 @@ def run_benchmark(
         for p in precisions:
             t0 = time.perf_counter()
             seed_runs = _run(w, p, w_seeds)
-            rate = None
-            if seed_runs[0]["flops_per_step"] is not None:  # an achieved FLOP/s to put in proportion
-                dtype = get_precision(p).compute_dtype
-                if dtype not in matmul_rates:
-                    matmul_rates[dtype] = matmul_flops_per_second(dtype, matmul_size)
-                rate = matmul_rates[dtype]
+            # an achieved FLOP/s to put in proportion
+            rate = matmul_rate(get_precision(p).compute_dtype) if seed_runs[0]["flops_per_step"] is not None else None
             rows.append(summarise_cell(w, p, seed_runs, rate))
             traces[(w.name, p)] = seed_runs[0]["scale_trace"]
             print(

@@ -16,39 +16,32 @@ DESCRIPTION = (
 
 def add_eval_parser(sub) -> None:
     """The `eval` subcommand's options, on the `genesis-jax` subparsers `sub`."""
-    p = sub.add_parser(
+    arg = sub.add_parser(
         "eval", help="play a trained run's policy: mean return over whole episodes, a video", description=DESCRIPTION
-    )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (--out of genesis-jax train)")
-    p.add_argument("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the episodes (and of the actions' noise; default 0)")
-    p.add_argument(
+    ).add_argument
+    arg("run_dir", metavar="RUN_DIR", help="the run directory (--out of genesis-jax train)")
+    arg("--episodes", type=int, default=10, help="whole episodes to play (default 10)")
+    arg("--seed", type=int, default=0, help="seed of the episodes (and of the actions' noise; default 0)")
+    arg(
         "--stochastic",
         action="store_true",
         help="act as in training: ppo and sac sample, dqn and pqn are epsilon-greedy at the run's last epsilon",
     )
-    p.add_argument(
-        "--seed-index", type=int, default=0, help="of a run of several seeds, which one (default 0: the first)"
-    )
-    p.add_argument(
-        "--step", type=int, default=None, help="the checkpoint to play, by its directory name (default: the newest)"
-    )
-    p.add_argument(
+    arg("--seed-index", type=int, default=0, help="of a run of several seeds, which one (default 0: the first)")
+    arg("--step", type=int, help="the checkpoint to play, by its directory name (default: the newest)")
+    arg(
         "--video",
-        default=None,
         metavar="FILE",
         help="record the episodes into FILE (.gif, or .mp4 with opencv): gymnax's renderers, gymnasium's rgb_array",
     )
-    p.add_argument(
+    arg(
         "--video-frames",
         type=int,
         default=1000,
         help="frames recorded at most, from the first episode on (default 1000)",
     )
-    p.add_argument(
-        "--json", action="store_true", help="print the result as one JSON object, each episode's return included"
-    )
-    p.add_argument("--allow-unverified-checkpoint", action="store_true", help="load a checkpoint that has no checksum")
+    arg("--json", action="store_true", help="print the result as one JSON object, each episode's return included")
+    arg("--allow-unverified-checkpoint", action="store_true", help="load a checkpoint that has no checksum")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -62,13 +55,8 @@ def run_eval(args: argparse.Namespace) -> int:
         from genesis_jax.envs.video import check_video_path
 
         check_video_path(args.video)
-    policy = load(
-        args.run_dir,
-        greedy=not args.stochastic,
-        seed_index=args.seed_index,
-        step=args.step,
-        allow_unverified=args.allow_unverified_checkpoint,
-    )
+    options = dict(seed_index=args.seed_index, step=args.step, allow_unverified=args.allow_unverified_checkpoint)
+    policy = load(args.run_dir, greedy=not args.stochastic, **options)
     result = evaluate(policy, args.episodes, args.seed, args.video, args.video_frames)
     print(json.dumps(result.to_dict()) if args.json else result.line())
     return 0

@@ -27,18 +27,10 @@ def mismatch_grid(
     """One PPO run per (rollout, learner) pair; returns a row per cell."""
     from genesis_jax.algos.ppo import PPOConfig, train
 
-    cells = []
+    cells, settings = [], dict(env=env, total_steps=total_steps, seed=seed, **ppo_settings)
     for learner in precisions:
         for rollout in precisions:
-            config = PPOConfig(
-                env=env,
-                precision=learner,
-                rollout_precision=rollout,
-                total_steps=total_steps,
-                seed=seed,
-                **ppo_settings,
-            )
-            s = train(config, progress=False).summary
+            s = train(PPOConfig(precision=learner, rollout_precision=rollout, **settings), progress=False).summary
             cells.append({"env": env, "rollout": rollout, "learner": learner, **{k: s[k] for k in METRICS}})
             print(
                 f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
@@ -51,12 +43,11 @@ def mismatch_grid(
 
 def table(cells: list[dict]) -> list[str]:
     lines = ["| env | rollout | learner | KL v1 | KL v2 | max abs dp | final return |", "|---|---|---|---|---|---|---|"]
-    for c in cells:
-        lines.append(
-            f"| {c['env']} | {c['rollout']} | {c['learner']} | {c['mismatch_kl_v1']:.3g} | "
-            f"{c['mismatch_kl_v2']:.3g} | {c['mismatch_max_dp']:.3g} | {c['final_return']:.1f} |"
-        )
-    return lines
+    return lines + [
+        f"| {c['env']} | {c['rollout']} | {c['learner']} | {c['mismatch_kl_v1']:.3g} | "
+        f"{c['mismatch_kl_v2']:.3g} | {c['mismatch_max_dp']:.3g} | {c['final_return']:.1f} |"
+        for c in cells
+    ]
 
 
 def grid_matrix(cells: list[dict], env: str, metric: str, precisions=GRID_PRECISIONS) -> np.ndarray:
@@ -77,14 +68,13 @@ def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", preci
         m = grid_matrix(cells, env, metric, precisions)
         shown = np.log10(np.maximum(m, 1e-12))  # exact zeros (same precision) at the bottom of the scale
         image = ax.imshow(shown, cmap="viridis")
-        for i in range(len(precisions)):
-            for j in range(len(precisions)):
-                ax.text(j, i, f"{m[i, j]:.1e}", ha="center", va="center", color="white", fontsize=8)
-        ax.set_xticks(range(len(precisions)), precisions)
-        ax.set_yticks(range(len(precisions)), precisions)
-        ax.set_xlabel("rollout precision")
-        ax.set_ylabel("learner precision")
-        ax.set_title(f"{env}: log10 {metric}")
+        for (i, j), value in np.ndenumerate(m):
+            ax.text(j, i, f"{value:.1e}", ha="center", va="center", color="white", fontsize=8)
+        ticks = range(len(precisions))
+        ax.set(
+            xticks=ticks, xticklabels=precisions, yticks=ticks, yticklabels=precisions, title=f"{env}: log10 {metric}"
+        )
+        ax.set(xlabel="rollout precision", ylabel="learner precision")
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

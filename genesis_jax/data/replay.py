@@ -32,46 +32,49 @@ checkpointed with it, and `buffer_bytes` measures it, without allocating, via `j
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from typing import Any
 
 import flashbax
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
+
+from genesis_jax.amp.restore import register_restore_check
+from genesis_jax.data.trajectories import host_memory_bytes
 
 
-def storage_dtype_for(dtype, storage_dtype=jnp.float32):
-    """The dtype a leaf of `dtype` is stored in: uint8 for bool and uint8, `storage_dtype`
-    for floats, int32 for other integers.
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    shape: tuple
+    dtype: Any
+    stored: Any
+    sampled: Any
 
-    >>> storage_dtype_for(jnp.bool_), storage_dtype_for(jnp.float64), storage_dtype_for(jnp.int64)
-    (dtype('uint8'), dtype('float32'), dtype('int32'))
+
+def _leaf(x, storage_dtype, sample_dtype):
+    """A leaf's shape, its dtype, the dtype it is stored in and the one `sample` returns.
+
+    >>> leaves = [_leaf(jnp.zeros(2, t), jnp.bfloat16, jnp.float32) for t in (bool, jnp.uint8, float, int)]
+    >>> [(str(leaf.stored), str(leaf.sampled)) for leaf in leaves]
+    [('uint8', 'float32'), ('uint8', 'uint8'), ('bfloat16', 'float32'), ('int32', 'int32')]
     """
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.bool_ or dtype == jnp.uint8:
-        return jnp.dtype(jnp.uint8)
-    if jnp.issubdtype(dtype, jnp.floating):
-        return jnp.dtype(storage_dtype)
-    if jnp.issubdtype(dtype, jnp.integer):
-        return jnp.dtype(jnp.int32)
-    raise ValueError(f"a replay buffer stores bool, integer and float leaves, not {dtype}")
-
-
-def sampled_dtype_for(dtype, sample_dtype=jnp.float32):
-    """The dtype `sample` returns for a leaf added as `dtype` (see the module's docstring)."""
-    dtype = jnp.dtype(dtype)
-    if sample_dtype is None:
-        return dtype
-    if dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.floating):
-        return jnp.dtype(sample_dtype)
-    return storage_dtype_for(dtype)
+    dtype = jnp.dtype(jnp.asarray(x).dtype)
+    floating = jnp.issubdtype(dtype, jnp.floating)
+    if dtype in (jnp.bool_, jnp.uint8):
+        stored = jnp.dtype(jnp.uint8)
+    elif floating or jnp.issubdtype(dtype, jnp.integer):
+        stored = jnp.dtype(storage_dtype if floating else jnp.int32)
+    else:
+        raise ValueError(f"a replay buffer stores bool, integer and float leaves, not {dtype}")
+    sampled = dtype if sample_dtype is None else jnp.dtype(sample_dtype) if floating or dtype == jnp.bool_ else stored
+    return _Leaf(tuple(jnp.shape(x)), dtype, stored, sampled)
 
 
 def buffer_bytes(state) -> int:
     """Bytes of a buffer state's arrays (or of `jax.eval_shape`'s shapes of one: nothing
     allocated), all seeds' buffers together where the state is stacked over seeds."""
-    return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
+    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +83,9 @@ class Replay:
     Its functions are pure (jit-able); the state they pass around is a pytree of arrays."""
 
     buffer: Any  # flashbax's item buffer
-    added: Any  # the example's dtypes, per leaf
+    added: Any  # per leaf of the example: its shape, dtype, stored and sampled dtypes (`_Leaf`)
     capacity: int
     batch_size: int
-    sample_dtype: Any
 
     def init(self):
         """An empty buffer state."""
@@ -91,13 +93,11 @@ class Replay:
 
     def add(self, state, batch):
         """`batch`: transitions with a leading batch axis, in the example's structure."""
-        compact = jax.tree.map(lambda x, s: x.astype(s.stored), batch, self.added)
-        return self.buffer.add(state, compact)
+        return self.buffer.add(state, jax.tree.map(lambda x, s: x.astype(s.stored), batch, self.added))
 
     def sample(self, state, key):
         """`batch_size` transitions drawn uniformly from the filled slots."""
-        stored = self.buffer.sample(state, key).experience
-        return jax.tree.map(lambda x, s: x.astype(sampled_dtype_for(s.dtype, self.sample_dtype)), stored, self.added)
+        return jax.tree.map(lambda x, s: x.astype(s.sampled), self.buffer.sample(state, key).experience, self.added)
 
     def can_sample(self, state):
         """True once the buffer holds at least `batch_size` transitions."""
@@ -108,28 +108,14 @@ class Replay:
         return jnp.where(state.is_full, self.capacity, state.current_index).astype(jnp.int32)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-    shape: tuple
-    dtype: Any
-    stored: Any
-
-
 def make_replay(example, capacity: int, batch_size: int, *, storage_dtype=jnp.float32, sample_dtype=jnp.float32):
     """A `Replay` for transitions shaped like `example` (one transition, no batch axis);
     `storage_dtype` is what floating leaves are stored in, `sample_dtype` what `sample`
     returns them (and bool leaves) in. Checks the sizes first (`check_replay_sizes`)."""
     check_replay_sizes(capacity, batch_size)
-    added = jax.tree.map(
-        lambda x: _Leaf(
-            tuple(jnp.shape(x)), jnp.dtype(jnp.asarray(x).dtype), storage_dtype_for(x.dtype, storage_dtype)
-        ),
-        example,
-    )
-    buffer = flashbax.make_item_buffer(
-        max_length=capacity, min_length=batch_size, sample_batch_size=batch_size, add_batches=True
-    )
-    return Replay(buffer, added, capacity, batch_size, sample_dtype)
+    added = jax.tree.map(lambda x: _leaf(x, storage_dtype, sample_dtype), example)
+    buffer = flashbax.make_item_buffer(capacity, batch_size, batch_size, add_batches=True)  # max, min, sample sizes
+    return Replay(buffer, added, capacity, batch_size)
 
 
 def capacity_of(state) -> int:
@@ -137,15 +123,41 @@ def capacity_of(state) -> int:
     return jnp.shape(jax.tree.leaves(state.experience)[0])[jnp.ndim(state.current_index) + 1]
 
 
+def _buffer_rules(state: TrajectoryBufferState, read) -> list:
+    """What a run writes into a buffer state (its restore check, `amp.restore`): the slot the
+    next transition goes to lies in the buffer, and a buffer not yet full holds nothing at or
+    past that slot (flashbax fills the slots in order, from zeros: data there means it has
+    wrapped, so `is_full` was cleared or the index moved back). A full buffer's index may be
+    anywhere. Each leaf is read once (its bytes: -0.0 and bfloat16 count too); a full buffer,
+    the usual one, is not read at all."""
+    index, full, capacity = read(state.current_index), read(state.is_full), capacity_of(state)
+    start, written = np.clip(index, 0, capacity), np.zeros(np.shape(index), bool)
+    for leaf in jax.tree.leaves(state.experience) if not np.all(full) else []:
+        values = read(leaf)
+        for seed in np.ndindex(np.shape(index)):
+            slots = np.ascontiguousarray(values[seed][:, start[seed] :])
+            written[seed] |= not full[seed] and bool(np.any(slots.view(np.uint8)))
+    return [
+        ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
+        (
+            "is_full",
+            full,
+            full | ~written,
+            "True where slots at or past current_index hold transitions (flashbax fills them in order)",
+        ),
+    ]
+
+
+register_restore_check(TrajectoryBufferState, _buffer_rules)
+
+
 def empty_like(state, capacity: int):
     """An empty buffer state shaped as `state` (a seed axis included) but of `capacity` slots:
     what a checkpoint of a buffer of that capacity is read into."""
     axis = jnp.ndim(state.current_index) + 1
     zeros = lambda x: jnp.zeros(x.shape[:axis] + (capacity,) + x.shape[axis + 1 :], x.dtype)  # noqa: E731
-    experience = jax.tree.map(zeros, state.experience)
-    return type(state)(
-        experience=experience, current_index=jnp.zeros_like(state.current_index), is_full=jnp.zeros_like(state.is_full)
-    )
+    counters = dict(current_index=jnp.zeros_like(state.current_index), is_full=jnp.zeros_like(state.is_full))
+    return state.replace(experience=jax.tree.map(zeros, state.experience), **counters)
 
 
 def grow(state, capacity: int):
@@ -178,7 +190,7 @@ def grow(state, capacity: int):
 
     index = jnp.where(state.is_full, old, state.current_index).astype(state.current_index.dtype)
     experience = jax.tree.map(unrolled, state.experience)
-    return type(state)(experience=experience, current_index=index, is_full=jnp.zeros_like(state.is_full))
+    return state.replace(experience=experience, current_index=index, is_full=jnp.zeros_like(state.is_full))
 
 
 def check_replay_sizes(capacity: int, batch_size: int, nbytes: int | None = None, available: int | None = None):
@@ -205,28 +217,7 @@ def check_replay_sizes(capacity: int, batch_size: int, nbytes: int | None = None
 def available_memory_bytes() -> int | None:
     """Memory free for a new buffer on the default device: an accelerator's limit less what
     is in use, where it reports them; else the host's available memory (Linux MemAvailable)."""
-    device = jax.local_devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
-        return int(pages * os.sysconf("SC_PAGE_SIZE")) if pages else None
-
-
-__all__ = [
-    "Replay",
-    "available_memory_bytes",
-    "buffer_bytes",
-    "capacity_of",
-    "check_replay_sizes",
-    "empty_like",
-    "grow",
-    "make_replay",
-    "sampled_dtype_for",
-    "storage_dtype_for",
-]
+    return host_memory_bytes()

@@ -10,18 +10,8 @@ from genesis_jax.envs.spec import EnvSpec
 # EnvPool's Atari preprocessing, set to the gymnasium path's (SB3 / CleanRL): no sticky
 # actions, 30 no-op starts, frame-skip 4, 84x84 grayscale, 4 stacked frames, episodic life,
 # FIRE on reset, clipped rewards.
-ATARI_OPTIONS = {
-    "episodic_life": True,
-    "reward_clip": True,
-    "repeat_action_probability": 0.0,
-    "noop_max": 30,
-    "frame_skip": 4,
-    "img_height": 84,
-    "img_width": 84,
-    "stack_num": 4,
-    "gray_scale": True,
-    "use_fire_reset": True,
-}
+ATARI_OPTIONS = dict(episodic_life=True, reward_clip=True, repeat_action_probability=0.0, noop_max=30, frame_skip=4)
+ATARI_OPTIONS |= dict(img_height=84, img_width=84, stack_num=4, gray_scale=True, use_fire_reset=True)
 
 
 def task_id(env_id: str) -> str:
@@ -29,25 +19,20 @@ def task_id(env_id: str) -> str:
     return env_id.removeprefix("ALE/")
 
 
-def _import_envpool():
-    try:
-        import envpool
-    except ImportError as err:
-        # A missing optional package, as every other: one install hint (the CLI: exit 4).
-        raise ImportError("env backend envpool needs envpool: pip install 'genesis-jax[envpool]'") from err
-    return envpool
-
-
 def envpool_spec(env_id: str) -> EnvSpec:
-    envpool = _import_envpool()
+    """`env_id`'s spaces (envpool is installed: `registry.require_packages` has checked)."""
+    import envpool
+
     name = task_id(env_id)
     if name not in envpool.list_all_envs() or not name.endswith("-v5"):
         raise ValueError(f"envpool has no Atari game {env_id!r} (the backend takes ALE/<Game>-v5 ids)")
     spec = envpool.make_spec(name, **ATARI_OPTIONS)
     stack, height, width = spec.observation_space.shape
-    return EnvSpec(
-        env_id, "envpool", stack * height * width, int(spec.action_space.n), False, obs_shape=(height, width, stack)
-    )
+    return EnvSpec(env_id, "envpool", (height, width, stack), int(spec.action_space.n), False)
+
+
+def _channels_last(obs):
+    return np.moveaxis(np.asarray(obs, np.uint8), 1, -1)
 
 
 class EnvPoolVecEnv:
@@ -58,31 +43,24 @@ class EnvPoolVecEnv:
     Observations are uint8 [num_envs, 84, 84, 4] (EnvPool stacks frames first; moved last)."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int = 0):
-        self.spec = envpool_spec(env_id)
-        self.envs = _import_envpool().make(
-            task_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **ATARI_OPTIONS
-        )
-        self.num_envs = num_envs
-        self.obs_dtype = np.uint8
+        import envpool
 
-    @staticmethod
-    def _channels_last(obs):
-        return np.moveaxis(np.asarray(obs, np.uint8), 1, -1)
+        self.spec, self.num_envs, self.obs_dtype = envpool_spec(env_id), num_envs, np.uint8
+        self.envs = envpool.make(task_id(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **ATARI_OPTIONS)
 
     def reset(self, seed: int):
-        obs, _ = self.envs.reset()  # seeded at construction, as EnvPool is
-        return self._channels_last(obs)
+        return _channels_last(self.envs.reset()[0])  # seeded at construction, as EnvPool is
 
     def step(self, action):
         obs, reward, terminated, truncated, _ = self.envs.step(np.asarray(action, np.int32))
-        obs = self._channels_last(obs)
+        obs = _channels_last(obs)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
         final_obs = obs.copy()
         finished = np.flatnonzero(terminated | truncated)
         if finished.size:
             first_obs, _, _, _, info = self.envs.step(np.zeros(finished.size, np.int32), finished)
-            obs[np.asarray(info["env_id"])] = self._channels_last(first_obs)
+            obs[np.asarray(info["env_id"])] = _channels_last(first_obs)
         return obs, np.asarray(reward, np.float32), terminated, truncated, final_obs
 
     def close(self):

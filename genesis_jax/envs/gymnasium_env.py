@@ -1,9 +1,10 @@
-"""gymnasium environments on the host, vectorised with `gymnasium.make_vec`; Atari (ale-py)
+"""gymnasium environments on the host, vectorised (gymnasium's Sync- or AsyncVectorEnv); Atari (ale-py)
 games preprocessed as Stable-Baselines3 and CleanRL do; `io_callback_step` steps them from
 inside a compiled (jit) loop."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import gymnasium as gym
@@ -35,16 +36,12 @@ class EpisodicLife(gym.Wrapper):
     """A lost life ends the episode for the learner; the game itself resets only when it is
     really over (SB3's `EpisodicLifeEnv`)."""
 
-    def __init__(self, env):
-        super().__init__(env)
-        self.lives, self.game_over = 0, True
+    lives, game_over = 0, True
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.env.unwrapped.ale.lives()
-        terminated = terminated or 0 < lives < self.lives
-        self.lives = lives
+        self.game_over, lives = terminated or truncated, self.env.unwrapped.ale.lives()
+        terminated, self.lives = terminated or 0 < lives < self.lives, lives
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs):
@@ -70,70 +67,46 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
-def is_atari(env_id: str) -> bool:
-    spec = gym.envs.registry.get(env_id)
-    return spec is not None and str(spec.entry_point).startswith("ale_py")
-
-
 def atari_preprocessing(env, frame_stack: int = 4):
     """No-op starts (up to 30), frame-skip 4 with max-pooling, 84x84 grayscale, episodic
     life, FIRE on reset, rewards clipped to [-1, 1], the last `frame_stack` frames stacked
     channels-last: uint8 observations of shape (84, 84, 4)."""
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
-    env = EpisodicLife(env)
+    env = EpisodicLife(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84))
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.ClipReward(env, -1.0, 1.0)
-    env = gym.wrappers.FrameStackObservation(env, frame_stack)
+    env = gym.wrappers.FrameStackObservation(gym.wrappers.ClipReward(env, -1.0, 1.0), frame_stack)
     space = env.observation_space
     channels_last = gym.spaces.Box(np.moveaxis(space.low, 0, -1), np.moveaxis(space.high, 0, -1), dtype=space.dtype)
     return gym.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), channels_last)
 
 
-def make_kwargs_and_wrappers(env_id: str, action_repeat: int = 1) -> tuple[dict, list]:
-    """`gym.make` keyword arguments and the wrappers (innermost first) for `env_id`.
-    Atari games get the raw frames (frameskip 1, no sticky actions, as the NoFrameskip-v4
-    ids) and `atari_preprocessing`, whose frame skip replaces `action_repeat`."""
-    if is_atari(env_id):
-        return {"frameskip": 1, "repeat_action_probability": 0.0}, [atari_preprocessing]
-    return {}, ([lambda env: ActionRepeat(env, action_repeat)] if action_repeat > 1 else [])
-
-
-def make_env(env_id: str, action_repeat: int = 1):
-    """One environment, wrapped as `GymnasiumVecEnv` wraps each of its copies."""
-    kwargs, wrappers = make_kwargs_and_wrappers(env_id, action_repeat)
-    env = gym.make(env_id, **kwargs)
-    for wrap in wrappers:
-        env = wrap(env)
-    return env
+def make_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None, episode_stats: bool = False):
+    """One environment, as `GymnasiumVecEnv` makes each of its copies. Atari games start from
+    the raw frames (frameskip 1, no sticky actions, as the NoFrameskip-v4 ids) and get
+    `atari_preprocessing`, whose frame skip replaces `action_repeat`. `episode_stats`: a
+    `RecordEpisodeStatistics` innermost, whose `info["episode"]` is the game's own return."""
+    atari = str(getattr(gym.envs.registry.get(env_id), "entry_point", "")).startswith("ale_py")
+    raw = {"frameskip": 1, "repeat_action_probability": 0.0} if atari else {}
+    env = gym.make(env_id, render_mode=render_mode, **raw)
+    env = gym.wrappers.RecordEpisodeStatistics(env) if episode_stats else env
+    if atari:
+        return atari_preprocessing(env)
+    return ActionRepeat(env, action_repeat) if action_repeat > 1 else env
 
 
 def gymnasium_spec(env_id: str) -> EnvSpec:
     env = make_env(env_id)
-    try:
-        obs_space, act_space = env.observation_space, env.action_space
-    finally:
-        env.close()
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"{env_id} has a {type(obs_space).__name__} observation space; only Box is supported")
-    obs_shape = tuple(obs_space.shape) or (1,)
-    image = len(obs_shape) == 3 and obs_space.dtype == np.uint8
-    shape = obs_shape if image else (int(math.prod(obs_shape)),)
-    common = {"obs_shape": shape}
+    shape = tuple(obs_space.shape) or (1,)
+    shape = shape if len(shape) == 3 and obs_space.dtype == np.uint8 else (math.prod(shape),)  # images stay images
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, "gymnasium", int(math.prod(shape)), int(act_space.n), False, **common)
+        return EnvSpec(env_id, "gymnasium", shape, int(act_space.n), False)
     if isinstance(act_space, gym.spaces.Box):
-        low, high = act_space.low.reshape(-1), act_space.high.reshape(-1)
-        return EnvSpec(
-            env_id,
-            "gymnasium",
-            int(math.prod(shape)),
-            int(low.size),
-            True,
-            tuple(map(float, low)),
-            tuple(map(float, high)),
-            **common,
-        )
+        low, high = (tuple(map(float, bound.reshape(-1))) for bound in (act_space.low, act_space.high))
+        return EnvSpec(env_id, "gymnasium", shape, len(low), True, low, high)
     raise ValueError(f"{env_id} has a {type(act_space).__name__} action space; only Discrete and Box are supported")
 
 
@@ -153,25 +126,17 @@ class GymnasiumVecEnv:
     """
 
     def __init__(self, env_id: str, num_envs: int, vectorization: str = "sync", action_repeat: int = 1):
-        self.spec = gymnasium_spec(env_id)
-        kwargs, wrappers = make_kwargs_and_wrappers(env_id, action_repeat)
-        self.envs = gym.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode=vectorization,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            wrappers=wrappers or None,
-            **kwargs,
-        )
-        self.num_envs = num_envs
+        self.spec, self.num_envs = gymnasium_spec(env_id), num_envs
+        vector = gym.vector.SyncVectorEnv if vectorization == "sync" else gym.vector.AsyncVectorEnv
+        copies = [functools.partial(make_env, env_id, action_repeat)] * num_envs
+        self.envs = vector(copies, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.obs_dtype = observation_dtype(self.spec)
 
     def _shaped(self, obs):
         return np.asarray(obs, self.obs_dtype).reshape((-1, *self.spec.obs_shape))
 
     def reset(self, seed: int):
-        obs, _ = self.envs.reset(seed=seed)
-        return self._shaped(obs)
+        return self._shaped(self.envs.reset(seed=seed)[0])
 
     def step(self, action):
         action = np.asarray(action)
@@ -182,9 +147,8 @@ class GymnasiumVecEnv:
         obs, reward, terminated, truncated, info = self.envs.step(action)
         obs = self._shaped(obs)
         final_obs = obs.copy()
-        if "_final_obs" in info:
-            for i in np.flatnonzero(info["_final_obs"]):
-                final_obs[i] = self._shaped(info["final_obs"][i])[0]
+        for i in np.flatnonzero(info.get("_final_obs", [])):  # the finished episodes' last observations
+            final_obs[i] = self._shaped(info["final_obs"][i])[0]
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
         return obs, np.asarray(reward, np.float32), terminated, truncated, final_obs

@@ -58,31 +58,15 @@ def import_gymnax():
 gymnax = import_gymnax()
 
 
-def _space_info(space):
-    if hasattr(space, "n"):
-        return int(space.n), False, None, None
-    shape = tuple(space.shape) or (1,)
-    low = np.broadcast_to(np.asarray(space.low, np.float32), shape).reshape(-1)
-    high = np.broadcast_to(np.asarray(space.high, np.float32), shape).reshape(-1)
-    return int(np.prod(shape)), True, tuple(map(float, low)), tuple(map(float, high))
-
-
 def gymnax_spec(env_id: str) -> EnvSpec:
     env, params = gymnax.make(env_id)
-    obs_shape = tuple(env.observation_space(params).shape) or (1,)
-    action_dim, continuous, low, high = _space_info(env.action_space(params))
-    limit = getattr(params, "max_steps_in_episode", None)
-    return EnvSpec(
-        env_id,
-        "gymnax",
-        int(math.prod(obs_shape)),
-        action_dim,
-        continuous,
-        low,
-        high,
-        int(limit) if limit else None,
-        obs_shape,
-    )
+    obs_shape, space = tuple(env.observation_space(params).shape) or (1,), env.action_space(params)
+    limit = int(getattr(params, "max_steps_in_episode", None) or 0) or None
+    if hasattr(space, "n"):
+        return EnvSpec(env_id, "gymnax", obs_shape, int(space.n), False, max_episode_steps=limit)
+    shape = tuple(space.shape) or (1,)
+    bound = lambda b: tuple(np.broadcast_to(np.asarray(b, np.float32), shape).reshape(-1).tolist())  # noqa: E731
+    return EnvSpec(env_id, "gymnax", obs_shape, math.prod(shape), True, bound(space.low), bound(space.high), limit)
 
 
 class GymnaxVecEnv:
@@ -95,30 +79,21 @@ class GymnaxVecEnv:
 
     def __init__(self, env_id: str, num_envs: int):
         self.env, self.params = gymnax.make(env_id)
-        self.spec = gymnax_spec(env_id)
-        self.num_envs = num_envs
+        self.spec, self.num_envs = gymnax_spec(env_id), num_envs
 
     def _shaped(self, obs):
         """float32 [num_envs, *obs_shape] (MinAtar's boolean frames included)."""
         return obs.reshape((obs.shape[0], *self.spec.obs_shape)).astype(jnp.float32)
 
     def reset(self, key):
-        keys = jax.random.split(key, self.num_envs)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
         return self._shaped(obs), state
 
     def step(self, keys, state, action):
         if self.spec.continuous:
             action = jnp.clip(action, jnp.asarray(self.spec.action_low), jnp.asarray(self.spec.action_high))
             action = action.reshape((self.num_envs, *self.env.action_space(self.params).shape))
-        obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-            keys, state, action, self.params
-        )
-        return (
-            self._shaped(obs),
-            state,
-            reward.astype(jnp.float32),
-            terminated.astype(bool),
-            jnp.logical_and(truncated, jnp.logical_not(terminated)),
-            self._shaped(info["final_observation"]),
-        )
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))
+        obs, state, reward, terminated, truncated, info = step(keys, state, action, self.params)
+        done, final_obs = terminated.astype(bool), self._shaped(info["final_observation"])
+        return self._shaped(obs), state, reward.astype(jnp.float32), done, jnp.logical_and(truncated, ~done), final_obs

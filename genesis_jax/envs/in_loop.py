@@ -28,9 +28,7 @@ class InLoopEnv:
             self.host.close()
 
 
-def in_loop_env(
-    spec: EnvSpec, num_envs: int, seed: int, vectorization: str = "sync", action_repeat: int = 1
-) -> InLoopEnv:
+def in_loop_env(spec: EnvSpec, num_envs: int, seed: int, vectorization="sync", action_repeat=1) -> InLoopEnv:
     """`num_envs` copies of `spec`'s environment for a compiled loop; host ones (gymnasium,
     EnvPool) reset from `seed`."""
     if spec.backend == "gymnax":

@@ -35,16 +35,9 @@ from genesis_jax.envs.spec import EnvSpec
 # classic-control ones through gymnasium's renderer, which needs pygame. (PointRobot-misc is
 # drawn through pyplot's current figure: left out.)
 GYMNAX_CLASSIC_CONTROL = ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
-GYMNAX_RENDERED = GYMNAX_CLASSIC_CONTROL + (
-    "Catch-bsuite",
-    "Asterix-MinAtar",
-    "Breakout-MinAtar",
-    "Freeway-MinAtar",
-    "Seaquest-MinAtar",
-    "SpaceInvaders-MinAtar",
-    "Pong-misc",
-    "MetaMaze-misc",
-    "FourRooms-misc",
+GYMNAX_RENDERED = GYMNAX_CLASSIC_CONTROL + tuple(
+    "Catch-bsuite Asterix-MinAtar Breakout-MinAtar Freeway-MinAtar Seaquest-MinAtar SpaceInvaders-MinAtar "
+    "Pong-misc MetaMaze-misc FourRooms-misc".split()
 )
 
 
@@ -90,11 +83,10 @@ def play_gymnax(spec: EnvSpec, act: Callable, args: Any, episodes: int, seed: in
     total, length, running, (states, rewards) = play(args, jax.random.PRNGKey(seed))
     if np.any(np.asarray(running)):  # the time limit ends every episode: never, unless gymnax changes
         raise RuntimeError(f"{spec.env_id}: an episode outlived its time limit of {spec.max_episode_steps} steps")
-    played = Played(np.asarray(total, np.float64), np.asarray(length, np.int64))
-    if not video_frames:
-        return played
-    frames = gymnax_frames(spec.env_id, states, np.asarray(rewards), played.lengths, video_frames)
-    return dataclasses.replace(played, frames=frames, fps=20 if spec.env_id in GYMNAX_CLASSIC_CONTROL else 10)
+    lengths = np.asarray(length, np.int64)
+    frames = gymnax_frames(spec.env_id, states, np.asarray(rewards), lengths, video_frames) if video_frames else []
+    fps = 20 if spec.env_id in GYMNAX_CLASSIC_CONTROL else 10
+    return Played(np.asarray(total, np.float64), lengths, frames, fps)
 
 
 @functools.lru_cache(maxsize=8)  # the same policy played again (another seed) compiles nothing
@@ -115,18 +107,14 @@ def _gymnax_program(spec: EnvSpec, act: Callable, episodes: int, recorded: int):
             env_key, act_key = keys
             action = act(args, act_key, obs)
             seen = jax.tree.map(lambda x: x[:recorded], env_state) if recorded else None
-            obs, env_state, reward, terminated, truncated, _ = env.step(
-                jax.random.split(env_key, episodes), env_state, action
-            )
+            obs, env_state, reward, ended, cut, _ = env.step(jax.random.split(env_key, episodes), env_state, action)
             total = total + jnp.where(running, reward, 0.0)
             length = length + running.astype(jnp.int32)
-            return (obs, env_state, total, length, running & ~(terminated | truncated)), (seen, reward[:recorded])
+            return (obs, env_state, total, length, running & ~(ended | cut)), (seen, reward[:recorded])
 
         zeros = jnp.zeros(episodes, jnp.float32), jnp.zeros(episodes, jnp.int32), jnp.ones(episodes, bool)
-        (_, _, total, length, running), seen = jax.lax.scan(
-            step, (obs, env_state, *zeros), (jax.random.split(key, limit), act_keys)
-        )
-        return total, length, running, seen
+        carry, seen = jax.lax.scan(step, (obs, env_state, *zeros), (jax.random.split(key, limit), act_keys))
+        return (*carry[2:], seen)  # returns, lengths, still running, seen
 
     return jax.jit(play)
 
@@ -141,19 +129,14 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     from matplotlib.figure import Figure
 
     states = jax.tree.map(np.asarray, states)
-    picked, returns = [], []
-    for episode, length in enumerate(lengths[: rewards.shape[1]]):
-        for t in range(int(length)):
-            if len(picked) == limit:
-                break
-            picked.append(jax.tree.map(lambda x: x[t, episode], states))
-            returns.append(float(rewards[:t, episode].sum()))
+    steps = [(t, e) for e, length in enumerate(lengths[: rewards.shape[1]]) for t in range(int(length))][:limit]
+    picked = [jax.tree.map(lambda x: x[t, e], states) for t, e in steps]
+    returns = [float(rewards[:t, e].sum()) for t, e in steps]
     env, params = gymnax.make(env_id)
     vis = Visualizer.__new__(Visualizer)  # its __init__ opens a pyplot figure
     vis.env, vis.env_params, vis.state_seq, vis.reward_seq = env, params, picked, returns
     vis.fig = Figure(figsize=(6, 5))
-    canvas = FigureCanvasAgg(vis.fig)
-    vis.ax = vis.fig.add_subplot()
+    canvas, vis.ax = FigureCanvasAgg(vis.fig), vis.fig.add_subplot()
     offscreen_pygame()
     vis.init()
     frames = []
@@ -164,40 +147,17 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     return frames
 
 
-def make_eval_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None):
-    """One gymnasium environment as `GymnasiumVecEnv` builds each of its copies (Atari's
-    preprocessing, action repeat), with a `RecordEpisodeStatistics` innermost: its
-    `info["episode"]` is the game's own return, at the game's own end."""
-    import gymnasium as gym
-
-    from genesis_jax.envs.gymnasium_env import make_kwargs_and_wrappers
-
-    kwargs, wrappers = make_kwargs_and_wrappers(env_id, action_repeat)
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, render_mode=render_mode, **kwargs))
-    for wrap in wrappers:
-        env = wrap(env)
-    return env
-
-
-def play_gymnasium(
-    spec: EnvSpec,
-    act: Callable,
-    args: Any,
-    episodes: int,
-    seed: int,
-    action_repeat: int = 1,
-    video_frames: int = 0,
-) -> Played:
+def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int, action_repeat=1, video_frames=0):
     """`episodes` episodes of the gymnasium environment `spec`, one after another on the host
     (`act`: jitted, it is called once a step)."""
-    from genesis_jax.envs.gymnasium_env import observation_dtype
+    from genesis_jax.envs.gymnasium_env import make_env, observation_dtype
 
     if video_frames:
         offscreen_pygame()
-    env = make_eval_env(spec.env_id, action_repeat, "rgb_array" if video_frames else None)
+    # As training builds it, with a `RecordEpisodeStatistics` innermost: the game's own return, at its own end.
+    env = make_env(spec.env_id, action_repeat, "rgb_array" if video_frames else None, episode_stats=True)
     dtype, space = observation_dtype(spec), env.action_space
-    returns, lengths, frames, steps = [], [], [], 0
-    base_key = jax.random.PRNGKey(seed)
+    returns, lengths, frames, steps, base_key = [], [], [], 0, jax.random.PRNGKey(seed)
     try:
         obs, _ = env.reset(seed=seed)
         while len(returns) < episodes:

@@ -7,19 +7,15 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """Spaces of an environment. Observations have shape `obs_shape` (default: a vector of
-    `obs_dim`); images are (height, width, channels)."""
+    """Spaces of an environment: observations of shape `obs_shape` (a vector's, or an image's
+    (height, width, channels)), `action_dim` actions (discrete) or action dimensions
+    (continuous, within `action_low` and `action_high`)."""
 
     env_id: str
     backend: str
-    obs_dim: int
-    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
+    obs_shape: tuple[int, ...]
+    action_dim: int
     continuous: bool
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int | None = None  # the time limit, where known: bounds truncations
-    obs_shape: tuple[int, ...] | None = None  # None: (obs_dim,)
-
-    def __post_init__(self):
-        if self.obs_shape is None:
-            object.__setattr__(self, "obs_shape", (self.obs_dim,))

@@ -1,27 +1,25 @@
 """Videos of played episodes: RGB frames written as an animated GIF (Pillow, which matplotlib
-brings) or an MP4 (OpenCV's writer, where opencv-python-headless is installed: the atari extra)."""
+brings) or an MP4 (OpenCV's writer, where opencv-python-headless is installed: the atari extra).
+
+Also the output files' two rules, which `data.trajectories` follows for its datasets too: a new
+path is checked before anything is made (`check_new_path`), and a file is written whole or not
+at all (`written_whole`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import tempfile
 
 import numpy as np
 
-VIDEO_SUFFIXES = (".gif", ".mp4")
 
-
-def check_video_path(path: str) -> None:
-    """Refuses, before anything is played, a video path that is not a new .gif or .mp4 in an
-    existing directory, or an .mp4 without OpenCV to write it (each in one line)."""
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in VIDEO_SUFFIXES:
-        raise ValueError(f"video path must end in .gif or .mp4, got {path!r}")
-    if suffix == ".mp4" and importlib.util.find_spec("cv2") is None:
-        raise ImportError(
-            "writing an .mp4 needs opencv-python-headless: pip install 'genesis-jax[atari]' (or name a .gif)"
-        )
+def check_new_path(path: str, kind: str, suffixes: tuple[str, ...]) -> None:
+    """Refuses, before anything is made, an output path (of a `kind` file) that does not end in
+    one of `suffixes`, that exists, or whose directory does not (each in one line)."""
+    if os.path.splitext(path)[1].lower() not in suffixes:
+        raise ValueError(f"{kind} path must end in {' or '.join(suffixes)}, got {path!r}")
     if os.path.exists(path):
         raise ValueError(f"{path} exists; choose another path")
     directory = os.path.dirname(os.path.abspath(path))
@@ -29,22 +27,43 @@ def check_video_path(path: str) -> None:
         raise FileNotFoundError(f"the directory of {path} does not exist: create {directory} first")
 
 
-def write_video(frames: list[np.ndarray], path: str, fps: int = 30) -> None:
-    """`frames` (uint8 [height, width, 3] each, one size) as a .gif or .mp4 at `fps` frames a
-    second; written beside `path` and renamed into place, so a failure leaves no partial file."""
-    if not frames:
-        raise ValueError(f"no frames to write to {path}")
-    suffix = os.path.splitext(path)[1].lower()
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".genesis-jax-video-", suffix=suffix)
+@contextlib.contextmanager
+def written_whole(path: str):
+    """A new temporary file's path beside `path` to write to: renamed to `path` as the block
+    ends, removed if it raises, so `path` is written whole or not at all. Its suffix is `path`'s
+    (a writer may choose the format by it)."""
+    directory, suffix = os.path.dirname(os.path.abspath(path)), os.path.splitext(path)[1]
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".genesis-jax-partial-", suffix=suffix)
     os.close(fd)
     try:
-        if suffix == ".gif":
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def check_video_path(path: str) -> None:
+    """Refuses, before anything is played, a video path that is not a new .gif or .mp4 in an
+    existing directory, or an .mp4 without OpenCV to write it (each in one line)."""
+    check_new_path(path, "video", (".gif", ".mp4"))
+    if path.lower().endswith(".mp4") and importlib.util.find_spec("cv2") is None:
+        raise ImportError(
+            "writing an .mp4 needs opencv-python-headless: pip install 'genesis-jax[atari]' (or name a .gif)"
+        )
+
+
+def write_video(frames: list[np.ndarray], path: str, fps: int = 30) -> None:
+    """`frames` (uint8 [height, width, 3] each, one size) as a .gif or .mp4 at `fps` frames a
+    second, written whole or not at all (`written_whole`)."""
+    if not frames:
+        raise ValueError(f"no frames to write to {path}")
+    with written_whole(path) as tmp:
+        if path.lower().endswith(".gif"):
             from PIL import Image
 
             images = [Image.fromarray(np.asarray(f, np.uint8)) for f in frames]
-            duration = max(1, round(1000 / fps))
-            images[0].save(tmp, save_all=True, append_images=images[1:], duration=duration, loop=0)
+            images[0].save(tmp, save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)), loop=0)
         else:
             import cv2
 
@@ -55,7 +74,3 @@ def write_video(frames: list[np.ndarray], path: str, fps: int = 30) -> None:
                     writer.write(cv2.cvtColor(np.asarray(frame, np.uint8), cv2.COLOR_RGB2BGR))
             finally:
                 writer.release()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

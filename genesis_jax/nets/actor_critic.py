@@ -6,12 +6,11 @@ from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
-import numpy as np
 
 from genesis_jax.amp.rules import precision_rules
 from genesis_jax.nets.dense import Dense
 from genesis_jax.nets.mlp import ACTIVATIONS
-from genesis_jax.nets.torsos import IMAGE_NETWORKS, make_torso
+from genesis_jax.nets.torsos import IMAGE_NETWORKS, RELU_INIT, make_torso
 
 
 class ActorCritic(nn.Module):
@@ -42,61 +41,45 @@ class ActorCritic(nn.Module):
     width: int = 256  # resmlp
     depth: int = 2  # resmlp
 
-    def _mlp_layers(self, name: str):
-        init = nn.initializers.orthogonal(np.sqrt(2))
-        return [Dense(w, self.dtype, self.param_dtype, init, name=f"{name}_{i}") for i, w in enumerate(self.hidden)]
-
     def _torso(self, name: str):
-        if self.network == "mlp":
-            return self._mlp_layers(name)
-        return make_torso(
-            self.network,
-            self.obs_shape or (1,),
-            width=self.width,
-            depth=self.depth,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name=name,
-        )
-
-    def _head(self, features: int, scale: float, name: str):
-        # float32 by the precision rules (the name ends in "head"), not by its own dtype.
-        return Dense(features, self.dtype, self.param_dtype, nn.initializers.orthogonal(scale), name=name)
+        if self.network == "mlp":  # PureJaxRL's towers: Dense layers named f"{name}_{i}"
+            widths = enumerate(self.hidden)
+            return [Dense(w, self.dtype, self.param_dtype, RELU_INIT, name=f"{name}_{i}") for i, w in widths]
+        common = dict(width=self.width, depth=self.depth, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        return make_torso(self.network, self.obs_shape or (1,), **common)
 
     def setup(self):
         if self.network in IMAGE_NETWORKS:
             self.shared_torso = self._torso("torso")
         else:
             self.actor_torso, self.critic_torso = self._torso("actor"), self._torso("critic")
-        self.critic_head = self._head(1, 1.0, "critic_head")
-        self.actor_head = self._head(self.action_dim, 0.01, "actor_head")
+        # float32 by the precision rules (the names end in "head"), not by their own dtype.
+        orthogonal = nn.initializers.orthogonal
+        self.critic_head = Dense(1, self.dtype, self.param_dtype, orthogonal(1.0), name="critic_head")
+        self.actor_head = Dense(self.action_dim, self.dtype, self.param_dtype, orthogonal(0.01), name="actor_head")
         if self.continuous:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,), jnp.float32)
 
     def _features(self, torso, obs):
-        """torso(obs) for obs [*batch, *obs_shape]: the torso sees one flat batch dimension."""
+        """torso(obs) for obs [*batch, *obs_shape]: the torso sees one flat batch dimension (and
+        flat vectors, but for the image networks)."""
         obs_rank = len(self.obs_shape) if self.obs_shape is not None else 1
-        batch_shape = obs.shape[: obs.ndim - obs_rank]
-        x = obs.reshape((-1, *obs.shape[obs.ndim - obs_rank :]))
+        batch_shape, x = obs.shape[: obs.ndim - obs_rank], obs.reshape((-1, *obs.shape[obs.ndim - obs_rank :]))
+        x = x if self.network in IMAGE_NETWORKS else x.reshape(x.shape[0], -1)
         if self.network == "mlp":  # its own towers: a sequence of Dense layers
-            act = ACTIVATIONS[self.activation]
-            x = x.reshape(x.shape[0], -1).astype(jnp.float32)
+            x = x.astype(jnp.float32)
             for layer in torso:
-                x = act(layer(x))
+                x = ACTIVATIONS[self.activation](layer(x))
         else:
-            x = torso(x if self.network in IMAGE_NETWORKS else x.reshape(x.shape[0], -1))
+            x = torso(x)
         return x.reshape((*batch_shape, x.shape[-1])).astype(jnp.float32)
 
     def _trunks(self):
-        if self.network in IMAGE_NETWORKS:
-            return self.shared_torso, self.shared_torso
-        return self.actor_torso, self.critic_torso
+        return (self.shared_torso,) * 2 if self.network in IMAGE_NETWORKS else (self.actor_torso, self.critic_torso)
 
     def _policy_from(self, features):
         out = self.actor_head(features)
-        if not self.continuous:
-            return (out,)
-        return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape))
+        return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape)) if self.continuous else (out,)
 
     @precision_rules()
     def value(self, obs):
@@ -108,8 +91,7 @@ class ActorCritic(nn.Module):
 
     @precision_rules()
     def __call__(self, obs):
-        actor, critic = self._trunks()
-        if actor is critic:  # one shared torso pass
-            features = self._features(actor, obs)
+        if self.network in IMAGE_NETWORKS:  # one pass through the shared torso
+            features = self._features(self.shared_torso, obs)
             return self._policy_from(features), self.critic_head(features)[..., 0]
         return self.policy(obs), self.value(obs)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from genesis_jax.nets.dense import Dense
 
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -18,8 +18,7 @@ def conv2d(x, kernel, stride: int, padding: str, as_patches: bool | None = None)
     `conv_general_dilated_patches` and a matmul (24 vs 136 ms for a 3x3 layer on 1024
     MinAtar frames, 2 cores). Elsewhere the native convolution (cuDNN on a GPU)."""
     kh, kw, channels, features = kernel.shape
-    if as_patches is None:
-        as_patches = jax.default_backend() == "cpu"
+    as_patches = jax.default_backend() == "cpu" if as_patches is None else as_patches
     if not as_patches:
         return jax.lax.conv_general_dilated(x, kernel, (stride, stride), padding, dimension_numbers=_NHWC)
     patches = jax.lax.conv_general_dilated_patches(x, (kh, kw), (stride, stride), padding, dimension_numbers=_NHWC)
@@ -27,31 +26,23 @@ def conv2d(x, kernel, stride: int, padding: str, as_patches: bool | None = None)
     return patches @ jnp.transpose(kernel, (2, 0, 1, 3)).reshape(channels * kh * kw, features)
 
 
-class Conv(nn.Module):
+class Conv(Dense):
     """Square-kernel convolution plus bias, computed in `dtype` (params in `param_dtype`),
     its output in `dtype` as with flax's `nn.Conv(dtype=...)`, whose `kernel` and `bias`
-    it shares.
+    it shares (`Dense`'s fields, then the window's).
 
     >>> import jax, jax.numpy as jnp
-    >>> layer = Conv(8, 3, dtype=jnp.float16)
+    >>> layer = Conv(8, dtype=jnp.float16, kernel_size=3)
     >>> params = layer.init(jax.random.PRNGKey(0), jnp.ones((2, 10, 10, 4)))
     >>> layer.apply(params, jnp.ones((2, 10, 10, 4))).shape
     (2, 8, 8, 8)
     """
 
-    features: int
-    kernel_size: int
+    kernel_size: int = 3
     stride: int = 1
     padding: str = "VALID"
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
-    kernel_init: Callable = nn.initializers.lecun_normal()
-    bias_init: Callable = nn.initializers.zeros
 
     @nn.compact
     def __call__(self, x):
-        shape = (self.kernel_size, self.kernel_size, x.shape[-1], self.features)
-        kernel = self.param("kernel", self.kernel_init, shape, self.param_dtype)
-        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
-        y = conv2d(jnp.asarray(x, self.dtype), kernel.astype(self.dtype), self.stride, self.padding)
-        return y + bias.astype(self.dtype)
+        kernel, bias = self._weights(x, (self.kernel_size, self.kernel_size))
+        return conv2d(jnp.asarray(x, self.dtype), kernel, self.stride, self.padding) + bias.astype(self.dtype)

@@ -37,10 +37,14 @@ class Dense(nn.Module):
     kernel_init: Callable = nn.initializers.lecun_normal()
     bias_init: Callable = nn.initializers.zeros
 
+    def _weights(self, x, window: tuple = ()):
+        """The kernel [*window, x's features, features] cast to `dtype`, and the bias (`param_dtype`)."""
+        kernel = self.param("kernel", self.kernel_init, (*window, jnp.shape(x)[-1], self.features), self.param_dtype)
+        return kernel.astype(self.dtype), self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+
     @nn.compact
     def __call__(self, x):
-        kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features), self.param_dtype)
-        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        kernel, bias = self._weights(x)
         contract_last = (((jnp.ndim(x) - 1,), (0,)), ((), ()))
-        product = jax.lax.dot_general(jnp.asarray(x, self.dtype), kernel.astype(self.dtype), contract_last)
+        product = jax.lax.dot_general(jnp.asarray(x, self.dtype), kernel, contract_last)
         return product.astype(jnp.float32) + bias.astype(jnp.float32)

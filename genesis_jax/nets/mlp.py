@@ -28,11 +28,8 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        act = ACTIVATIONS[self.activation]
+        common = dict(dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init)
         for i, width in enumerate(self.features):
-            x = nn.Dense(
-                width, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init, name=f"dense_{i}"
-            )(x)
-            if i < len(self.features) - 1:
-                x = act(x)
+            x = nn.Dense(width, name=f"dense_{i}", **common)(x)
+            x = ACTIVATIONS[self.activation](x) if i < len(self.features) - 1 else x
         return x.astype(jnp.float32)

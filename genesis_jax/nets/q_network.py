@@ -43,14 +43,12 @@ class QNetwork(nn.Module):
     @precision_rules()
     @nn.compact
     def __call__(self, obs):
-        x = obs.astype(jnp.float32) if obs.dtype == jnp.bool_ else obs  # uint8 frames: the torso scales them
-        widths = self.hidden
-        if self.network == "mlp":
-            x = x.reshape(x.shape[0], -1).astype(jnp.float32)
-        else:
-            torso = make_torso(self.network, self.obs_shape, dtype=self.dtype, param_dtype=self.param_dtype)
-            x = torso(x if len(self.obs_shape) == 3 else x.reshape(x.shape[0], -1))
-            widths = self.hidden[-1:] if self.layer_norm else ()
+        mlp = self.network == "mlp"
+        x = obs.astype(jnp.float32) if obs.dtype == jnp.bool_ or mlp else obs  # uint8 frames: the torso scales them
+        x = x.reshape(x.shape[0], -1) if mlp or len(self.obs_shape) != 3 else x
+        if not mlp:
+            x = make_torso(self.network, self.obs_shape, dtype=self.dtype, param_dtype=self.param_dtype)(x)
+        widths = self.hidden if mlp else self.hidden[-1:] if self.layer_norm else ()
         for i, width in enumerate(widths):
             x = Dense(width, self.dtype, self.param_dtype, name=f"dense_{i}")(x)
             if self.layer_norm:

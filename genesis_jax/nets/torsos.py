@@ -13,6 +13,7 @@ matmuls and convolutions, the bulk of the work, run in `dtype`.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -25,6 +26,7 @@ from genesis_jax.nets.dense import Dense
 
 NETWORKS = ("mlp", "resmlp", "cnn", "impala")
 IMAGE_NETWORKS = ("cnn", "impala")
+RELU_INIT = nn.initializers.orthogonal(np.sqrt(2))  # the orthogonal init of a layer a ReLU or tanh follows
 
 # ((features, kernel, stride) per convolution, dense features): Mnih et al. 2015 for
 # Atari-sized frames; the MinAtar paper's single 3x3 layer and 128 units (Young & Tian 2019)
@@ -42,13 +44,6 @@ def default_network(obs_shape: Sequence[int]) -> str:
 def cnn_layout_for(obs_shape: Sequence[int]):
     """`NATURE_CNN` for frames of at least 36 pixels a side, `MINATAR_CNN` below."""
     return NATURE_CNN if min(obs_shape[0], obs_shape[1]) >= 36 else MINATAR_CNN
-
-
-def scale_pixels(obs) -> jnp.ndarray:
-    """float32 in [0, 1] for uint8 frames; other observations only cast to float32."""
-    if obs.dtype == jnp.uint8:
-        return obs.astype(jnp.float32) / 255.0
-    return obs.astype(jnp.float32)
 
 
 class ResidualBlock(nn.Module):
@@ -85,27 +80,32 @@ class ResidualMLP(nn.Module):
         return nn.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype, name="final_norm")(x)
 
 
-def _conv(features, kernel, stride, padding, dtype, param_dtype, name, init=nn.initializers.lecun_normal()):
-    return Conv(features, kernel, stride, padding, dtype, param_dtype, init, name=name)
+class PixelTorso(nn.Module):
+    """A CNN's frame: uint8 pixels scaled to [0, 1] in float32, the `body`'s layers, then ReLU,
+    flatten and a dense layer of `features` with ReLU."""
 
-
-class NatureCNN(nn.Module):
-    """Convolutions (`convs`: (features, kernel, stride), VALID padding, ReLU) then a dense
-    layer of `features` with ReLU; CleanRL's Atari PPO torso by default."""
-
-    convs: Sequence[tuple[int, int, int]] = NATURE_CNN[0]
-    features: int = NATURE_CNN[1]
+    features: int
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x):
-        init = nn.initializers.orthogonal(np.sqrt(2))
-        x = scale_pixels(x)
-        for i, (features, kernel, stride) in enumerate(self.convs):
-            x = nn.relu(_conv(features, kernel, stride, "VALID", self.dtype, self.param_dtype, f"conv_{i}", init)(x))
-        x = x.reshape(x.shape[0], -1)
-        return nn.relu(Dense(self.features, self.dtype, self.param_dtype, init, name="dense")(x))
+        x = x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
+        x = nn.relu(self.body(x)).reshape(x.shape[0], -1)
+        return nn.relu(Dense(self.features, self.dtype, self.param_dtype, RELU_INIT, name="dense")(x))
+
+
+class NatureCNN(PixelTorso):
+    """Convolutions (`convs`: (features, kernel, stride), VALID padding, ReLU) then a dense
+    layer of `features` with ReLU; CleanRL's Atari PPO torso by default."""
+
+    features: int = NATURE_CNN[1]
+    convs: Sequence[tuple[int, int, int]] = NATURE_CNN[0]
+
+    def body(self, x):
+        for i, (f, k, s) in enumerate(self.convs):  # features, kernel size, stride
+            x = nn.relu(Conv(f, self.dtype, self.param_dtype, RELU_INIT, kernel_size=k, stride=s, name=f"conv_{i}")(x))
+        return x
 
 
 class ImpalaBlock(nn.Module):
@@ -117,31 +117,24 @@ class ImpalaBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = _conv(self.channels, 3, 1, "SAME", self.dtype, self.param_dtype, "conv")(x)
-        x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+        conv = functools.partial(Conv, self.channels, self.dtype, self.param_dtype, kernel_size=3, padding="SAME")
+        x = nn.max_pool(conv(name="conv")(x), (3, 3), (2, 2), padding="SAME")
         for i in range(2):
-            y = _conv(self.channels, 3, 1, "SAME", self.dtype, self.param_dtype, f"res_{i}_a")(nn.relu(x))
-            x = x + _conv(self.channels, 3, 1, "SAME", self.dtype, self.param_dtype, f"res_{i}_b")(nn.relu(y))
+            x = x + conv(name=f"res_{i}_b")(nn.relu(conv(name=f"res_{i}_a")(nn.relu(x))))
         return x
 
 
-class ImpalaCNN(nn.Module):
+class ImpalaCNN(PixelTorso):
     """IMPALA's ResNet (Espeholt et al. 2018): blocks of `channels`, then relu, flatten and a
     dense layer of `features` with ReLU."""
 
-    channels: Sequence[int] = (16, 32, 32)
     features: int = 256
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
+    channels: Sequence[int] = (16, 32, 32)
 
-    @nn.compact
-    def __call__(self, x):
-        x = scale_pixels(x)
+    def body(self, x):
         for i, channels in enumerate(self.channels):
             x = ImpalaBlock(channels, self.dtype, self.param_dtype, name=f"block_{i}")(x)
-        x = nn.relu(x).reshape(x.shape[0], -1)
-        init = nn.initializers.orthogonal(np.sqrt(2))
-        return nn.relu(Dense(self.features, self.dtype, self.param_dtype, init, name="dense")(x))
+        return x
 
 
 def check_network(network: str | None, obs_shape: Sequence[int]) -> None:
@@ -165,12 +158,13 @@ def make_torso(
     >>> out.shape, out.dtype
     ((2, 128), dtype('float32'))
     """
-    common = {"dtype": dtype, "param_dtype": param_dtype, "name": name}
     check_network(network, obs_shape)
+    common = {"dtype": dtype, "param_dtype": param_dtype, "name": name}
     if network == "resmlp":
         return ResidualMLP(width, depth, **common)
     if network == "cnn":
-        return NatureCNN(*cnn_layout_for(obs_shape), **common)
+        convs, features = cnn_layout_for(obs_shape)
+        return NatureCNN(features, convs=convs, **common)
     if network == "impala":
         return ImpalaCNN(**common)
     raise ValueError(f"unknown network {network!r}; accepted: {', '.join(NETWORKS)}")

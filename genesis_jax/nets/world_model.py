@@ -33,49 +33,37 @@ class WorldModel(nn.Module):
         if self.core == "gru":
             self.cell = nn.GRUCell(self.width, dtype=self.dtype, param_dtype=self.param_dtype, name="gru")
         else:
-            self.blocks = [
-                (dense(self.width, f"block_{i}_a"), dense(self.width, f"block_{i}_b")) for i in range(self.depth)
-            ]
+            self.blocks = [tuple(dense(self.width, f"block_{i}_{part}") for part in "ab") for i in range(self.depth)]
         self.obs_head = dense(self.obs_dim, "obs_head")
         self.reward_head = dense(1, "reward_head")
         self.term_head = dense(1, "term_head")
 
     def encode(self, obs):
-        h = nn.silu(self.encoder[0](obs.astype(jnp.float32)))
-        return self.encoder[1](h)
-
-    def _embed_action(self, action):
-        if self.discrete_actions:
-            action = jax.nn.one_hot(action, self.action_dim, dtype=jnp.float32)
-        return self.action_embed(action.astype(jnp.float32))
+        return self.encoder[1](nn.silu(self.encoder[0](obs.astype(jnp.float32))))
 
     def step_latent(self, h, action):
-        a = self._embed_action(action)
+        if self.discrete_actions:
+            action = jax.nn.one_hot(action, self.action_dim, dtype=jnp.float32)
+        a = self.action_embed(action.astype(jnp.float32))
         if self.core == "gru":
-            h, _ = self.cell(h, a)
-            return h
+            return self.cell(h, a)[0]
         x = h + a
         for first, second in self.blocks:
             x = x + second(nn.silu(first(nn.silu(x))))
         return x
 
     def decode(self, h, obs):
-        delta = self.obs_head(nn.silu(h)).astype(jnp.float32)
-        next_obs = obs.astype(jnp.float32) + delta if self.predict_delta else delta
-        reward = self.reward_head(nn.silu(h)).astype(jnp.float32)[..., 0]
-        term_logit = self.term_head(nn.silu(h)).astype(jnp.float32)[..., 0]
-        return next_obs, reward, term_logit
+        heads = (self.obs_head, self.reward_head, self.term_head)
+        delta, reward, term_logit = (head(nn.silu(h)).astype(jnp.float32) for head in heads)
+        return obs.astype(jnp.float32) + delta if self.predict_delta else delta, reward[..., 0], term_logit[..., 0]
 
     def __call__(self, obs, action):
         return self.decode(self.step_latent(self.encode(obs), action), obs)
 
     def unroll(self, obs0, actions):
         """Open-loop predictions for actions [B, K, ...] from obs0 [B, D]: each [B, K, ...]."""
-        h = self.encode(obs0)
-        obs = obs0.astype(jnp.float32)
-        outs = []
+        h, outs = self.encode(obs0), [(obs0.astype(jnp.float32),)]
         for k in range(actions.shape[1]):  # K is small and static
             h = self.step_latent(h, actions[:, k])
-            obs, reward, term = self.decode(h, obs)
-            outs.append((obs, reward, term))
-        return tuple(jnp.stack(x, axis=1) for x in zip(*outs))
+            outs.append(self.decode(h, outs[-1][0]))  # (next obs, reward, termination logit)
+        return tuple(jnp.stack(x, axis=1) for x in zip(*outs[1:]))

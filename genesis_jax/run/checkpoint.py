@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from typing import Any
 
@@ -28,11 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
 from flax import serialization
 
 from genesis_jax.amp.loss_scale import NoOpLossScale
-from genesis_jax.amp.restore import restore_rules, rules_of
+from genesis_jax.amp.restore import restore_rules
 from genesis_jax.amp.state import TrainState
 from genesis_jax.run.parallel import host_array
 
@@ -64,24 +64,35 @@ class CheckpointShapeError(CheckpointMismatchError):
         self.differences = differences
 
 
+class CountsReplay:
+    """Declared (a base class) by an algorithm state that holds a flashbax replay `buffer` and
+    counts the transitions it gave it, so a restore can check the buffer against the count."""
+
+    def replay_count(self) -> tuple[str, jax.Array, int]:
+        """(the counter's field, its value, transitions added per count): DQN's ("steps", steps, 1)."""
+        raise NotImplementedError
+
+
 def package_versions() -> dict[str, str]:
     versions = {}
     for name in _VERSIONED_PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return versions
 
 
+def _names(path) -> tuple[str, ...]:
+    """A key path's names: an attribute's, a dict key, a sequence index: ("buffer", "current_index")."""
+    return tuple(jax.tree_util.keystr((key,), simple=True) for key in path)
+
+
 def _flat_spec(state_dict) -> dict[str, str]:
-    """'path/to/leaf' -> 'float32[64,4]' for every leaf."""
-    leaves = jax.tree_util.tree_flatten_with_path(state_dict)[0]
+    """'path/to/leaf' -> 'float32[64,4]' for every leaf (an attribute's name after a dot: "buffer/.is_full")."""
     spec = {}
-    for path, leaf in leaves:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
         key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-        arr = np.asarray(leaf) if not hasattr(leaf, "dtype") else leaf
-        spec[key] = f"{jnp.dtype(arr.dtype).name}[{','.join(map(str, np.shape(arr)))}]"
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+        spec[key] = f"{jnp.dtype(dtype).name}[{','.join(map(str, np.shape(leaf)))}]"
     return spec
 
 
@@ -103,10 +114,9 @@ def state_digest(state_dict) -> str:
     without a target (`restore_raw`): a dataclass's field (flashbax's buffer state) and a
     dict's key give the same digest. For a state of dicts alone it is the earlier spelling's
     (`_earlier_digest`)."""
-    named = [
-        (tuple(_key_name(k) for k in path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]
-    ]
-    named.sort(key=lambda item: item[0])  # a dict's order: jax flattens its keys sorted, a dataclass's in field order
+    leaves = jax.tree_util.tree_flatten_with_path(state_dict)[0]
+    # A dict's order: jax flattens its keys sorted, a dataclass's in field order.
+    named = sorted(((_names(path), leaf) for path, leaf in leaves), key=lambda item: item[0])
     return _digest(("".join(f"[{name!r}]" for name in names), leaf) for names, leaf in named)
 
 
@@ -117,21 +127,12 @@ def _earlier_digest(state_dict, spec: dict[str, str]) -> str | None:
     leaf spec (`_flat_spec`), written in that order with a dataclass's or namedtuple's field
     marked by a dot ("buffer/.current_index": flashbax's buffer state, SAC's transitions).
     None where `state_dict`'s leaves are not the spec's."""
-    leaves = {_plain(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]}
+    leaves = {"/".join(_names(path)): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]}
     saved = {key: "/".join(name.removeprefix(".") for name in key.split("/")) for key in spec}
     if sorted(saved.values()) != sorted(leaves):
         return None
-    return _digest((_keystr_of_spec_key(key), leaves[saved[key]]) for key in spec)
-
-
-def _plain(path) -> str:
-    """A key path as the leaf spec spells it, without the dots of attributes: "buffer/current_index"."""
-    return "/".join(_key_name(k) for k in path)
-
-
-def _keystr_of_spec_key(key: str) -> str:
-    """jax's `keystr` of the path a leaf spec's key names: "buffer/.is_full" -> "['buffer'].is_full"."""
-    return "".join(name if name.startswith(".") else f"[{name!r}]" for name in key.split("/"))
+    keystr = lambda key: "".join(n if n.startswith(".") else f"[{n!r}]" for n in key.split("/"))  # noqa: E731
+    return _digest((keystr(key), leaves[saved[key]]) for key in spec)
 
 
 def matches_digest(state_dict, digest: str, spec: dict[str, str]) -> bool:
@@ -149,9 +150,7 @@ def at_path(tree, path: tuple[str, ...]):
 
 def set_in(tree: dict, path: tuple[str, ...], value) -> dict:
     """A copy of the nested state dict `tree` with `value` at `path`."""
-    if not path:
-        return value
-    return {**tree, path[0]: set_in(tree[path[0]], path[1:], value)}
+    return {**tree, path[0]: set_in(tree[path[0]], path[1:], value)} if path else value
 
 
 def train_state_meta(train_state) -> dict:
@@ -165,26 +164,28 @@ def train_state_meta(train_state) -> dict:
 def check_kind(meta: dict, *, step: int, kind: str | None) -> None:
     """Refuses, in one sentence, a checkpoint of another workload (`kind` None: any)."""
     if kind is not None and meta.get("kind") != kind:
-        saved_kind = meta.get("kind") or "unknown"
-        raise CheckpointMismatchError(f"checkpoint at step {step} comes from a {saved_kind} run, not {kind}")
+        raise CheckpointMismatchError(
+            f"checkpoint at step {step} comes from a {meta.get('kind') or 'unknown'} run, not {kind}"
+        )
 
 
 def check_restorable(meta: dict, target: dict, *, step: int, kind: str | None = None) -> bool:
     """Refuses, in one sentence, a checkpoint (`meta`) that does not fit the run: another
     workload `kind`, another precision or scaler type (`target`, as `train_state_meta` gives
-    it); `check_spec` compares the leaves. Returns whether the checkpoint has no scaler state where the run has one (an
-    fp32 or bf16 run continued with loss scaling): the scaler then starts fresh."""
+    it); `restore` compares the leaves. Returns whether the checkpoint has no scaler state where
+    the run has one (an fp32 or bf16 run continued with loss scaling): the scaler then starts fresh."""
     check_kind(meta, step=step, kind=kind)
     saved_scaler, scaler = meta.get("scaler_type"), target["scaler_type"]
-    fresh_scaler = scaler is not None and saved_scaler == NoOpLossScale.__name__ and scaler != saved_scaler
-    if not fresh_scaler and meta.get("precision") != target["precision"]:
+    if scaler is not None and saved_scaler == NoOpLossScale.__name__ and scaler != saved_scaler:
+        return True
+    if meta.get("precision") != target["precision"]:
         raise CheckpointMismatchError(
             f"checkpoint at step {step} was written in precision {meta.get('precision')!r}, "
             f"the run uses {target['precision']!r}"
         )
-    if not fresh_scaler and scaler is not None and saved_scaler != scaler:
+    if scaler is not None and saved_scaler != scaler:
         raise CheckpointMismatchError(f"checkpoint at step {step} holds a {saved_scaler} but the run uses a {scaler}")
-    return fresh_scaler
+    return False
 
 
 def check_format(meta: dict, step: int, directory: str) -> None:
@@ -202,18 +203,11 @@ def check_format(meta: dict, step: int, directory: str) -> None:
     )
 
 
-def check_spec(meta: dict, target_dict: dict, *, step: int) -> None:
-    """Refuses a checkpoint whose leaves differ from `target_dict`'s, naming the differences."""
-    saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
-    if saved_spec != target_spec:
-        raise CheckpointShapeError(step, describe_differences(saved_spec, target_spec))
-
-
 # -- a restored state is untrusted input ---------------------------------------------------
 
 
 # (field, values, which values a run can have written, what is accepted): each value has one
-# entry per seed where the state has a seed axis.
+# entry per seed where the state has a seed axis (`amp.restore`'s checks, registered by type).
 Rule = tuple[str, np.ndarray, np.ndarray, str]
 
 
@@ -222,61 +216,24 @@ def _read(x) -> np.ndarray:
     return np.asarray(host_array(x))
 
 
-def _restored_rules(train_state) -> list[Rule]:
-    """The `Rule`s of a restored `TrainState`: those amp registered for it (its scaler's, its
-    step, its skip counts; `amp.restore`), then optax's own counts."""
-    return rules_of(train_state, _read) + _optimizer_count_rules(train_state.opt_state)
-
-
-def _optimizer_count_rules(opt_state) -> list[Rule]:
-    """optax's own step counts (Adam's bias correction, a schedule's position): one below 0
-    makes Adam divide by 0 (every update then skipped) or a schedule run backwards."""
-    rules = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-        if path and _key_name(path[-1]) == "count" and jnp.issubdtype(leaf.dtype, jnp.signedinteger):
-            count = _read(leaf)
-            rules.append((f"opt_state.{_dotted(path)}", count, count >= 0, ">= 0 (the updates the optimizer applied)"))
-    return rules
-
-
-def _buffer_rules(buffer: TrajectoryBufferState) -> list[Rule]:
-    """The `Rule`s of a restored flashbax buffer state: the slot the next transition goes to
-    lies in the buffer, and a buffer not yet full holds nothing at or past that slot (flashbax
-    fills the slots in order, from zeros: data there means it has wrapped, so `is_full` was
-    cleared or the index moved back). A full buffer's index may be anywhere."""
-    index, full = _read(buffer.current_index), _read(buffer.is_full)
-    experience, capacity = jax.tree.leaves(buffer.experience), _capacity(buffer)
-    written = _written_from(experience, np.clip(index, 0, capacity), full)
-    return [
-        ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
-        (
-            "is_full",
-            full,
-            full | ~written,
-            "True where slots at or past current_index hold transitions (flashbax fills them in order)",
-        ),
-    ]
-
-
-def _capacity(buffer: TrajectoryBufferState) -> int:
-    """The transitions a flashbax item buffer holds: experience is [seeds..., add batch (1), capacity, ...]."""
-    return np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
-
-
 def _replay_count_rules(state, dropped: int = 0) -> list[Rule]:
     """A buffer's index and fill flag against the state's own count of the transitions it was
-    given (`replay_count()`, where the state has one: DQN's steps, SAC's iterations), less the
-    `dropped` ones a buffer grown after it wrapped never held (`replay_dropped`): flashbax
-    writes the n-th to slot n mod capacity and is full from n = capacity on, so a buffer that
-    never wrapped is not full and its index is n. Checked after the count itself (>= 0)."""
-    if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
+    given (`CountsReplay.replay_count`: DQN's steps, SAC's iterations), less the `dropped` ones
+    a buffer grown after it wrapped never held (`replay_dropped`): flashbax writes the n-th to
+    slot n mod capacity and is full from n = capacity on, so a buffer that never wrapped is not
+    full and its index is n. Checked after the count itself (>= 0)."""
+    if not isinstance(state, CountsReplay):
         return []
     counter, count, per_count = state.replay_count()
     count = _read(count).astype(np.int64)
-    added, capacity = count * per_count - dropped, _capacity(state.buffer)
-    index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
+    buffer = state.buffer
+    added = count * per_count - dropped
+    capacity = np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
     rules = []
-    for field, values, expected in (("is_full", full, added >= capacity), ("current_index", index, added % capacity)):
+    for field, values, expected in (
+        ("is_full", _read(buffer.is_full), added >= capacity),
+        ("current_index", _read(buffer.current_index), added % capacity),
+    ):
         good = values == expected
         at = np.unravel_index(np.argmin(good), np.shape(good))  # the first seed refused (named in its line)
         less = f" less {dropped} a smaller buffer dropped" if dropped else ""
@@ -290,7 +247,7 @@ def replay_dropped(state, dropped: int = 0) -> int:
     checkpoints as `replay_dropped`, for `_replay_count_rules`): `dropped` (those of the checkpoint
     it was restored from), or, for a buffer not full, its count less its index, as a buffer
     grown after it wrapped holds (`data.replay.grow`). 0 for a state without a buffer."""
-    if not hasattr(state, "replay_count") or not isinstance(state.buffer, TrajectoryBufferState):
+    if not isinstance(state, CountsReplay):
         return 0
     _, count, per_count = state.replay_count()
     added = _read(count).astype(np.int64) * per_count
@@ -298,81 +255,46 @@ def replay_dropped(state, dropped: int = 0) -> int:
     return int(np.max(np.where(full, dropped, added - index)))
 
 
-def _written_from(experience: list, start: np.ndarray, full: np.ndarray) -> np.ndarray:
-    """Per seed whose buffer is not full: whether any slot from `start` on holds a byte other
-    than the zeros it started with (bytes: -0.0 and bfloat16 count too). Each leaf is read once;
-    a full buffer, the usual one, is not read at all."""
-    written = np.zeros(np.shape(start), bool)
-    if np.all(full):
-        return written
-    for leaf in experience:
-        values = _read(leaf)
-        for seed in np.ndindex(np.shape(start)):
-            slots = np.ascontiguousarray(values[seed][:, start[seed] :])
-            written[seed] |= not full[seed] and bool(np.any(slots.view(np.uint8)))
-    return written
-
-
-def _counter_rules(state, seeds_shape: tuple) -> list[Rule]:
-    """An algorithm state's own counters: its signed-integer fields with one value per seed
-    (DQN's steps and episodes, SAC's iteration) count what the run did, so never below 0."""
-    if isinstance(state, TrainState):  # its step is checked with it
-        return []
-    rules = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        if len(path) == 1 and jnp.issubdtype(leaf.dtype, jnp.signedinteger) and np.shape(leaf) == seeds_shape:
-            count = _read(leaf)
-            rules.append((_dotted(path), count, count >= 0, ">= 0 (a count of what the run did)"))
-    return rules
-
-
-def check_restored(train_state, *, step: int, directory: str, field_prefix: str = "") -> None:
-    """Refuses, in one sentence naming the field, its value (and seed) and what is accepted, a
-    restored `TrainState` no run could have written: a checkpoint re-saved with a scale of 0,
-    NaN, inf or -1, a backoff factor of 2, a growth tracker past its interval, negative or
-    impossible skip counts. Its checksum matched, so the values were changed with intent or
-    by a bug; running on would diverge with misleading advice or hide the damage.
-    `field_prefix` names where the `TrainState` sits ("train_state.")."""
-    if not isinstance(train_state, TrainState):
-        return
-    refuse_unwritten(_restored_rules(train_state), step=step, directory=directory, field_prefix=field_prefix)
-
-
 def check_restored_state(state, *, step: int, directory: str, replay_dropped: int = 0) -> None:
-    """`check_restored` for every `TrainState` in a restored `state` (SAC holds three), then
-    the same refusal for its replay buffers' index and fill flag (`_buffer_rules`), its own
-    counters (`_counter_rules`) and its buffer against its count of what it added, less what a
-    grown buffer dropped (`_replay_count_rules`): one place for every algorithm, none checks its own."""
-    for prefix, rule in restore_rules(state, _read):  # what amp's types registered: train states, scalers, skips
-        refuse_unwritten([rule], step=step, directory=directory, field_prefix=prefix)
-    train_states = _nodes_of(state, TrainState)
-    for prefix, train_state in train_states:
-        refuse_unwritten(
-            _optimizer_count_rules(train_state.opt_state), step=step, directory=directory, field_prefix=prefix
-        )
-    for prefix, buffer in _nodes_of(state, TrajectoryBufferState):
-        refuse_unwritten(_buffer_rules(buffer), step=step, directory=directory, field_prefix=prefix)
-    if train_states:  # the seed axis: a counter has one value per seed, as a train state's step
-        seeds_shape = np.shape(train_states[0][1].step)
-        refuse_unwritten(_counter_rules(state, seeds_shape), step=step, directory=directory)
-    refuse_unwritten(_replay_count_rules(state, replay_dropped), step=step, directory=directory)
+    """Refuses, in one sentence naming the field, its value (and seed) and what is accepted, a
+    restored `state` no run could have written: a checkpoint re-saved with a scale of 0, NaN or
+    -1, impossible skip counts, a replay buffer's index past its slots. Its checksum matched,
+    so the values were changed with intent or by a bug. The checks: those its types registered
+    (`amp.restore`: train states, scalers, skips, replay buffers), optax's step counts, the
+    state's own counters (signed-integer fields with one value per seed: DQN's and PQN's
+    steps, SAC's iteration; never below 0) and its buffer against its count of what it
+    added, less what a grown buffer dropped (`_replay_count_rules`)."""
+    rules = [(prefix + field, *rest) for prefix, (field, *rest) in restore_rules(state, _read)]
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    for names, leaf in ((_names(path), leaf) for path, leaf in leaves):
+        if "opt_state" in names and names[-1] == "count" and jnp.issubdtype(leaf.dtype, jnp.signedinteger):
+            count = _read(leaf)
+            rules.append((".".join(names), count, count >= 0, ">= 0 (the updates the optimizer applied)"))
+    is_train_state = lambda node: isinstance(node, TrainState)  # noqa: E731
+    train_states = [node for node in jax.tree.leaves(state, is_leaf=is_train_state) if is_train_state(node)]
+    if train_states and not is_train_state(state):  # a train state's step is checked with it
+        seeds_shape = np.shape(train_states[0].step)  # the seed axis: a counter has one value per seed
+        for path, leaf in leaves:
+            if len(path) == 1 and jnp.issubdtype(leaf.dtype, jnp.signedinteger) and np.shape(leaf) == seeds_shape:
+                count = _read(leaf)
+                rules.append((_names(path)[0], count, count >= 0, ">= 0 (a count of what the run did)"))
+    refuse_unwritten(rules + _replay_count_rules(state, replay_dropped), step=step, directory=directory)
 
 
-def refuse_unwritten(rules: list[Rule], *, step: int, directory: str, field_prefix: str = "") -> None:
-    """Refuses, in one sentence naming the field (after `field_prefix`), its value, its seed
-    and what is accepted, the first value of `rules` that no run writes."""
+def refuse_unwritten(rules: list[Rule], *, step: int, directory: str) -> None:
+    """Refuses, in one sentence naming the field, its value, its seed and what is accepted,
+    the first value of `rules` that no run writes."""
     for field, values, good, accepted in rules:
         bad = np.flatnonzero(~np.broadcast_to(good, np.shape(values)))
         if not bad.size:
             continue
-        value = np.ravel(values)[bad[0]].item()
         where = ""
         if np.ndim(values) == 1:
             where = f" (seed {int(bad[0])})"
         elif np.ndim(values) > 1:
             where = f" (at index {tuple(int(i) for i in np.unravel_index(bad[0], np.shape(values)))})"
         raise CheckpointMismatchError(
-            f"checkpoint at step {step} in {directory} holds {field_prefix}{field} = {value!r}{where}, "
+            f"checkpoint at step {step} in {directory} holds {field} = {np.ravel(values)[bad[0]].item()!r}{where}, "
             f"which must be {accepted}: no run writes that, so the checkpoint was altered; "
             "restore an intact copy, or start a new run (another --out, or --overwrite)"
         )
@@ -390,15 +312,6 @@ def position_of(meta: dict, key: str, step: int, directory: str) -> int:
     return value
 
 
-def abstract_like(target_dict: dict):
-    """Shapes, dtypes and shardings to read a checkpoint into: the target's shardings, not
-    the saved ones, so a checkpoint written on N devices restores onto however many this run has."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
-        target_dict,
-    )
-
-
 def _is_train_state_dict(node) -> bool:
     """A `TrainState`'s state dict in format 3: its scaler beside its pending-backoff flag."""
     return isinstance(node, dict) and "scaler" in node and "pending_backoff" in node
@@ -407,13 +320,12 @@ def _is_train_state_dict(node) -> bool:
 def as_format_2(tree):
     """A format-3 state dict in format 2's layout: each train state's scaler under its 0.2 name
     `loss_scale`, without the leaves 0.3 added (`pending_backoff`, the scaler's `backoffs`)."""
-    if isinstance(tree, dict) and "backoffs" in tree and "growth_tracker" in tree:  # a dynamic scaler
-        return {k: v for k, v in tree.items() if k != "backoffs"}
     if not isinstance(tree, dict):
         return tree
+    if "backoffs" in tree and "growth_tracker" in tree:  # a dynamic scaler
+        return {k: v for k, v in tree.items() if k != "backoffs"}
     if _is_train_state_dict(tree):
-        renamed = {("loss_scale" if k == "scaler" else k): v for k, v in tree.items() if k != "pending_backoff"}
-        return {k: as_format_2(v) for k, v in renamed.items()}
+        tree = {("loss_scale" if k == "scaler" else k): v for k, v in tree.items() if k != "pending_backoff"}
     return {k: as_format_2(v) for k, v in tree.items()}
 
 
@@ -428,99 +340,19 @@ def from_format_2(restored, target):
     return {k: from_format_2(restored[k], v) if k in restored else v for k, v in target.items()}
 
 
-def restore(
-    store: "CheckpointStore",
-    target,
-    step: int | None = None,
-    kind: str | None = None,
-    train_state_path: tuple[str, ...] = (),
-    allow_unverified: bool = False,
-) -> tuple[Any, dict]:
-    """Restores the newest (or given) step of `store` into the structure and dtypes of `target`.
-
-    Args:
-        store: where the checkpoints are.
-        target: a state of the run's structure (its values are not used).
-        step: the step to restore (default: the newest).
-        kind: the workload the checkpoint must come from ("ppo", "world-model"; None: any).
-        train_state_path: where the `TrainState` sits in `target` (() for a `TrainState` itself).
-        allow_unverified: restore a checkpoint without a checksum (refused otherwise).
-
-    Returns:
-        (the restored state, the checkpoint's meta).
-
-    Raises:
-        CheckpointMismatchError: in one sentence, for a checkpoint that does not fit the run,
-            fails its checksum, has none (unless `allow_unverified`), or holds values no run
-            writes (`check_restored_state`).
-    """
-    step = store.resolve_step(step)
-    meta = store.read_meta(step)
-    target_dict = serialization.to_state_dict(target)
-    train_state = at_path(target, train_state_path)
-    legacy = meta.get("format") == 2
-    scaler_path = tuple(train_state_path) + ("loss_scale" if legacy else "scaler",)
-    fresh_scaler = check_restorable(meta, train_state_meta(train_state), step=step, kind=kind)
-    if legacy:
-        target_dict = as_format_2(target_dict)
-    if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
-        target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
-    check_spec(meta, target_dict, step=step)
-    restored = store.read_state(step, meta, abstract_like(target_dict), allow_unverified=allow_unverified)
-    if fresh_scaler:
-        logger.warning(
-            "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
-            step,
-            meta.get("precision"),
-        )
-        fresh = serialization.to_state_dict(train_state.scaler)  # in the layout of what was read
-        restored = set_in(restored, scaler_path, as_format_2(fresh) if legacy else fresh)
-    if legacy:
-        restored = from_format_2(restored, serialization.to_state_dict(target))
-    state = serialization.from_state_dict(target, restored)
-    dropped = meta.get("replay_dropped", 0)
-    if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
-        raise CheckpointMismatchError(
-            f"checkpoint at step {step} in {store.directory} records replay_dropped {dropped!r} in its meta, "
-            "which must be an integer >= 0: the checkpoint was altered; restore an intact copy, or start a new run"
-        )
-    check_restored_state(state, step=step, directory=store.directory, replay_dropped=dropped)
-    return state, meta
-
-
-def _nodes_of(state, cls) -> list[tuple[str, Any]]:
-    """Every `cls` in `state` (SAC holds three `TrainState`s), with where it sits: "critic."."""
-    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: isinstance(node, cls))[0]
-    return [("".join(f"{_key_name(k)}." for k in path), node) for path, node in found if isinstance(node, cls)]
-
-
-def _dotted(path) -> str:
-    """A key path as a field name: "opt_state.inner_state.0.count"."""
-    return ".".join(_key_name(k) for k in path)
-
-
-def _key_name(key) -> str:
-    for attr in ("name", "key", "idx"):  # an attribute, a dict key, a sequence index
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def describe_differences(saved: dict[str, str], target: dict[str, str], limit: int = 5) -> str:
     """One sentence naming what differs between two leaf specs."""
-    missing = sorted(set(saved) - set(target))
-    extra = sorted(set(target) - set(saved))
     # Parameters first: they are what a reader recognises; optimizer moments repeat them.
     changed = sorted(
         (k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k)
     )
-    parts = []
-    if changed:
-        parts.append("; ".join(f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit]))
-    if missing:
-        parts.append("only in the checkpoint: " + ", ".join(missing[:limit]))
-    if extra:
-        parts.append("only in the run: " + ", ".join(extra[:limit]))
+    parts = ["; ".join(f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit])] if changed else []
+    for what, keys in (
+        ("only in the checkpoint", set(saved) - set(target)),
+        ("only in the run", set(target) - set(saved)),
+    ):
+        if keys:
+            parts.append(f"{what}: " + ", ".join(sorted(keys)[:limit]))
     return "; ".join(parts)
 
 
@@ -587,16 +419,9 @@ def _is_orbax_aftermath(unraisable) -> bool:
     is closed"); the write coroutines it abandoned are finalized at exit."""
     exc = unraisable.exc_value
     if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
-        frames = [frame.f_code.co_name for frame, _ in _walk_tb(exc.__traceback__)]
-        return "call_soon_threadsafe" in frames
+        return "call_soon_threadsafe" in [frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)]
     code = getattr(unraisable.object, "cr_code", None)
     return code is not None and _ORBAX_FILES in code.co_filename
-
-
-def _walk_tb(tb):
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
 
 
 def _quiet_orbax_echoes() -> None:
@@ -641,18 +466,10 @@ class CheckpointStore:
             enable_async_checkpointing=async_save,
             create=True,
         )
-        self._warn_incomplete()
-        _quiet_orbax_echoes()
-        self._pending: int | None = None  # the step of a save not yet waited for
-        with self._writing(None):
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
-
-    def _warn_incomplete(self):
-        """A save cut short (a killed process) leaves a temporary directory that Orbax never
-        renamed into a step; restores ignore it. Say so, so the lost step is no surprise."""
-        if not os.path.isdir(self.directory):
-            return
-        leftovers = sorted(name for name in os.listdir(self.directory) if TMP_MARK in name)
+        # A save cut short (a killed process) leaves a temporary directory that Orbax never
+        # renamed into a step; restores ignore it. Say so, so the lost step is no surprise.
+        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+        leftovers = sorted(name for name in names if TMP_MARK in name)
         if leftovers:
             logger.warning(
                 "ignoring %d incomplete checkpoint(s) in %s (a save was interrupted): %s",
@@ -660,6 +477,10 @@ class CheckpointStore:
                 self.directory,
                 ", ".join(leftovers),
             )
+        _quiet_orbax_echoes()
+        self._pending: int | None = None  # the step of a save not yet waited for
+        with self._writing(None):
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -678,10 +499,11 @@ class CheckpointStore:
         Raises:
             OSError: this save, or the one before it, failed for the system's reasons.
             CheckpointMismatchError: `step` holds a checkpoint of another state."""
+        step = int(step)
         state_dict = jax.tree.map(jnp.asarray, serialization.to_state_dict(state))
         full_meta = {
             **(meta or {}),
-            "step": int(step),
+            "step": step,
             "format": CHECKPOINT_FORMAT,
             **train_state_meta(at_path(state, train_state_path)),
             "versions": package_versions(),
@@ -689,27 +511,20 @@ class CheckpointStore:
             "digest": state_digest(state_dict),
         }
         self.wait()  # a failure of the save before this one is raised here, naming its step
-        if force and int(step) in self.all_steps():  # unforced, Orbax skips steps up to the newest
-            return self._saved_already(int(step), state_dict)
-        with self._writing(int(step)):
-            saved = self._manager.save(
-                int(step),
-                args=ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta)),
-                force=force,
+        if force and step in self.all_steps():  # unforced, Orbax skips steps up to the newest
+            saved = self.read_meta(step)  # the same state is not saved again; another one is refused
+            if matches_digest(state_dict, saved.get("digest", ""), saved["spec"]):
+                return False
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} already exists with other contents; "
+                "a step is saved once: save this state at another step"
             )
+        with self._writing(step):
+            args = ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta))
+            saved = self._manager.save(step, args=args, force=force)
         if saved:
-            self._pending = int(step)
+            self._pending = step
         return saved
-
-    def _saved_already(self, step: int, state_dict: dict) -> bool:
-        """False for a save of the state `step` already holds; a refusal for another state."""
-        meta = self.read_meta(step)
-        if matches_digest(state_dict, meta.get("digest", ""), meta["spec"]):
-            return False
-        raise CheckpointMismatchError(
-            f"checkpoint at step {step} in {self.directory} already exists with other contents; "
-            "a step is saved once: save this state at another step"
-        )
 
     @contextlib.contextmanager
     def _writing(self, step: int | None):
@@ -750,25 +565,6 @@ class CheckpointStore:
                 f"checkpoint): {error_line(err)}"
             ) from err
 
-    def _verified(self, step: int, meta: dict, state: dict, allow_unverified: bool = False) -> dict:
-        """`state` as read, once its checksum matches the one saved with it. Every checkpoint
-        of this format is written with one: one without is refused unless `allow_unverified`."""
-        if "digest" not in meta:
-            if not allow_unverified:
-                raise CheckpointMismatchError(
-                    f"checkpoint at step {step} in {self.directory} has no checksum, so its content cannot be "
-                    "verified (genesis-jax writes one with every checkpoint); restore it anyway with "
-                    "--allow-unverified-checkpoint (Python: allow_unverified=True)"
-                )
-            logger.warning("checkpoint at step %d in %s has no checksum: restored unverified", step, self.directory)
-            return state
-        if not matches_digest(state, meta["digest"], meta["spec"]):
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} in {self.directory} is corrupted: its content does not match the checksum "
-                "saved with it"
-            )
-        return state
-
     def resolve_step(self, step: int | None) -> int:
         """`step`, or the newest complete one; FileNotFoundError where there is none."""
         step = self.latest_step() if step is None else step
@@ -778,11 +574,24 @@ class CheckpointStore:
 
     def read_state(self, step: int, meta: dict, abstract=None, allow_unverified: bool = False) -> dict:
         """The state dict saved at `step` (into `abstract`'s shapes, dtypes and shardings where
-        given), once its checksum matches `meta`'s."""
+        given), once its checksum matches `meta`'s. Every checkpoint of this format is written
+        with one: one without is refused unless `allow_unverified`."""
         restore_args = ocp.args.StandardRestore(abstract) if abstract is not None else ocp.args.StandardRestore()
         with self._readable(step):
             state = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))["state"]
-        return self._verified(step, meta, state, allow_unverified)
+        where = f"checkpoint at step {step} in {self.directory}"
+        if "digest" not in meta and not allow_unverified:
+            raise CheckpointMismatchError(
+                f"{where} has no checksum, so its content cannot be verified (genesis-jax writes one with every "
+                "checkpoint); restore it anyway with --allow-unverified-checkpoint (Python: allow_unverified=True)"
+            )
+        if "digest" not in meta:
+            logger.warning("%s has no checksum: restored unverified", where)
+        elif not matches_digest(state, meta["digest"], meta["spec"]):
+            raise CheckpointMismatchError(
+                f"{where} is corrupted: its content does not match the checksum saved with it"
+            )
+        return state
 
     def restore_raw(self, step: int | None = None, allow_unverified: bool = False) -> tuple[dict, dict]:
         """The newest (or given) step as a plain nested dict of arrays, and its meta."""
@@ -798,8 +607,62 @@ class CheckpointStore:
         train_state_path: tuple[str, ...] = (),
         allow_unverified: bool = False,
     ) -> tuple[Any, dict]:
-        """`restore(self, ...)`: the checks and migrations are the module's pure functions."""
-        return restore(self, target, step, kind, train_state_path, allow_unverified)
+        """Restores the newest (or given) step into the structure and dtypes of `target`.
+
+        Args:
+            target: a state of the run's structure (its values are not used).
+            step: the step to restore (default: the newest).
+            kind: the workload the checkpoint must come from ("ppo", "world-model"; None: any).
+            train_state_path: where the `TrainState` sits in `target` (() for a `TrainState` itself).
+            allow_unverified: restore a checkpoint without a checksum (refused otherwise).
+
+        Returns:
+            (the restored state, the checkpoint's meta).
+
+        Raises:
+            CheckpointMismatchError: in one sentence, for a checkpoint that does not fit the run,
+                fails its checksum, has none (unless `allow_unverified`), or holds values no run
+                writes (`check_restored_state`).
+        """
+        step = self.resolve_step(step)
+        meta = self.read_meta(step)
+        target_dict = serialization.to_state_dict(target)
+        train_state = at_path(target, train_state_path)
+        legacy = meta.get("format") == 2
+        scaler_path = tuple(train_state_path) + ("loss_scale" if legacy else "scaler",)
+        fresh_scaler = check_restorable(meta, train_state_meta(train_state), step=step, kind=kind)
+        if legacy:
+            target_dict = as_format_2(target_dict)
+        if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
+            target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
+        saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
+        if saved_spec != target_spec:
+            raise CheckpointShapeError(step, describe_differences(saved_spec, target_spec))
+        # The target's shardings, not the saved ones: a checkpoint written on N devices restores onto however many.
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
+            target_dict,
+        )
+        restored = self.read_state(step, meta, abstract, allow_unverified=allow_unverified)
+        if fresh_scaler:
+            logger.warning(
+                "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
+                step,
+                meta.get("precision"),
+            )
+            fresh = serialization.to_state_dict(train_state.scaler)  # in the layout of what was read
+            restored = set_in(restored, scaler_path, as_format_2(fresh) if legacy else fresh)
+        if legacy:
+            restored = from_format_2(restored, serialization.to_state_dict(target))
+        state = serialization.from_state_dict(target, restored)
+        dropped = meta.get("replay_dropped", 0)
+        if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
+            raise CheckpointMismatchError(
+                f"checkpoint at step {step} in {self.directory} records replay_dropped {dropped!r} in its meta, "
+                "which must be an integer >= 0: the checkpoint was altered; restore an intact copy, or start a new run"
+            )
+        check_restored_state(state, step=step, directory=self.directory, replay_dropped=dropped)
+        return state, meta
 
     def wait(self):
         """Waits for the pending save; raises its failure (once) as `save_failure` says."""

@@ -105,7 +105,7 @@ def initialize_distributed(
     given = {}
     if coordinator_address != AUTO:
         given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
-    with _signals_end_process():
+    with _signal_handlers(signal.SIG_DFL):
         if coordinator_address != AUTO and process_id != 0:
             _wait_for_coordinator(*parse_coordinator_address(coordinator_address), initialization_timeout)
         _initialize(given, heartbeat_timeout, initialization_timeout, coordinator_address)
@@ -145,18 +145,20 @@ def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def _signals_end_process():
-    """SIGINT and SIGTERM end the process at once for the block (a wait inside the runtime,
-    where Python's own handlers would run only after it returns)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)}
+def _signal_handlers(handler, only_python_handled: bool = False):
+    """SIGINT and SIGTERM go to `handler` for the block (in the main thread; where
+    `only_python_handled`, only those Python handles). `signal.SIG_DFL`: they end the process
+    at once (a wait inside the runtime, where Python's own handlers would run only after it returns)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            if not only_python_handled or callable(signal.getsignal(s)):
+                previous[s] = signal.signal(s, handler)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 def _leave() -> None:
@@ -202,7 +204,8 @@ def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS, poll: float =
     prefix = f"genesis/barrier/{name}/{rounds}/"
     everyone = set(range(global_state.num_processes))
     deadline = time.monotonic() + timeout
-    with _signals_recorded() as received:
+    received: list[int] = []  # SIGINT / SIGTERM are only recorded meanwhile: the wait decides how to stop
+    with _signal_handlers(lambda signum, frame: received.append(signum), only_python_handled=True):
         try:
             client.key_value_set(f"{prefix}{me}", "1")
             while True:
@@ -238,23 +241,6 @@ def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS, poll: float =
 def _processes_under(client, prefix: str) -> set[int]:
     """The process indices stored as keys under `prefix`."""
     return {int(key.rsplit("/", 1)[-1]) for key, _ in client.key_value_dir_get(prefix)}
-
-
-@contextlib.contextmanager
-def _signals_recorded():
-    """For the block, SIGINT / SIGTERM (where Python handles them) are only recorded in the
-    list it yields; the caller decides how to stop."""
-    received: list[int] = []
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            if callable(signal.getsignal(s)):
-                previous[s] = signal.signal(s, lambda signum, frame: received.append(signum))
-    try:
-        yield received
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def any_process(flag: bool) -> bool:

@@ -159,21 +159,6 @@ class RunDirectory:
                     os.replace(self.path / name, aside / name)
         return self
 
-    @contextlib.contextmanager
-    def opened(self, finished=()):
-        """`open()` for the block; `close()` after it, as a success when the block ends
-        normally or with one of the `finished` exceptions (a run that stopped cleanly)."""
-        self.open()
-        succeeded = False
-        try:
-            yield self
-            succeeded = True
-        except finished:
-            succeeded = True
-            raise
-        finally:
-            self.close(succeeded)
-
     def _lock(self):
         import fcntl
 

@@ -53,7 +53,7 @@ from genesis_jax.run.checkpoint import (
 )
 from genesis_jax.run.config import summary_config
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
-from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter, make_writer
+from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter
 
 
 def check_checkpointable(state) -> None:
@@ -201,7 +201,8 @@ class Session:
                 config = self.config.to_dict() if self.config is not None else {}
                 self.writers = [JsonlWriter(self.run_dir)]
                 for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
-                    self.writers.append(make_writer(spec, self.run_dir.path, self.position_key, config))
+                    named = NAMED_WRITERS.get(spec) if isinstance(spec, str) else None
+                    self.writers.append(named(self.run_dir.path, self.position_key, config) if named else spec)
             parallel.barrier("genesis-session-opened")
             self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
         except BaseException:
@@ -254,7 +255,12 @@ class Session:
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
-    def restore(self, state, reshape: Callable[[Any, dict], tuple[Any, Callable]] | None = None):
+    def restore(
+        self,
+        state,
+        reshape: Callable[[Any, dict], tuple[Any, Callable]] | None = None,
+        check_resume: Callable[[dict], None] | None = None,
+    ):
         """With `resume`: the newest complete checkpoint at or before the last intact metric
         row (so no row goes missing), its state, its position, and the metric rows up to it
         (later ones, logged after it, are dropped: no row twice). A run killed before its
@@ -263,7 +269,9 @@ class Session:
         units), a run with a summary but no checkpoint, checkpoints without the rows they
         follow, and a `total` below the positions already run. `reshape(state, meta)`, where
         given, returns the state shaped as the checkpoint (`meta`) holds it and a function from
-        that to this run's state (SAC grows its replay buffer to a longer run's capacity)."""
+        that to this run's state (SAC grows its replay buffer to a longer run's capacity).
+        `check_resume(saved_config)`, where given, refuses settings whose state no longer fits
+        the newest checkpoint's (an algorithm config's `check_resume`), before the shapes are compared."""
         if self.store is not None:
             check_checkpointable(state)  # fails now, not at the first save
         if self.store is None or not self.resume:
@@ -274,7 +282,6 @@ class Session:
             check_kind(newest, step=steps[-1], kind=self.kind)
             if self.config is not None:  # changed settings, named before any count in their units
                 self.config_changes = self._config_changes(newest)
-            check_resume = getattr(self.config, "check_resume", None)  # an algorithm config's; a user's may lack it
             if check_resume is not None:  # a setting whose state no longer fits, named before the shapes are
                 check_resume(newest.get("config", {}))
         rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)
@@ -377,25 +384,28 @@ class Session:
         overlap, except where this call's state is still needed (a save or a stop). Returns the
         last state; `stopped` says why it ended early."""
         bar = progress.progress_bar(0, enabled=False)  # the real one after on_start's notes, not inside them
+
+        def dispatch(state):
+            self._dispatched = time.perf_counter()
+            return step(state)
+
         try:
             with self._stop_signals() as signals:
+                signal_name = lambda: signal.Signals(signals.received or signal.SIGTERM).name  # noqa: E731
                 # A signal before the loop (while the chunk compiled): stop before the first chunk.
                 early = self.position < self.total and parallel.any_process(signals.received is not None)
                 if early:
-                    self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
-                runs = self.position < self.total and not early
-                if on_start is not None and runs:
+                    self.stopped = signal_name()
+                if on_start is not None and self.position < self.total and not early:
                     on_start()
                 bar = progress.progress_bar(
                     self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
                 )
-                dispatched = time.perf_counter()
-                pending = step(state) if runs else None
+                pending = dispatch(state) if self.position < self.total and not early else None
                 while pending is not None:
-                    state, metrics = pending
-                    pending = None
+                    (state, metrics), pending = pending, None
                     metrics = jax.device_get(metrics)
-                    self.timing.run_seconds += time.perf_counter() - dispatched
+                    self.timing.run_seconds += time.perf_counter() - self._dispatched
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
                     after = self.position + per_call
@@ -404,26 +414,22 @@ class Session:
                         and self.checkpoint_every
                         and after - self._last_save >= self.checkpoint_every
                     )
-                    more = after < self.total
                     signalled = parallel.any_process(signals.received is not None)
-                    if more and not halted and not signalled and not due:
-                        dispatched = time.perf_counter()
-                        pending = step(state)
+                    go_on = after < self.total and not halted and not signalled
+                    if go_on and not due:  # dispatched before this call's rows are written: device and host overlap
+                        pending = dispatch(state)
                     new_rows = _until_halt(to_rows(metrics, self.position))
                     self.position += len(new_rows)
                     self.timing.positions_run += len(new_rows)
                     self._log(new_rows, bar)
                     if pending is not None:
                         continue
-                    if halted:
-                        self.stopped = "diverged"
-                    elif signalled:
-                        self.stopped = signal.Signals(signals.received or signal.SIGTERM).name
-                    if due or self.stopped or not more:
+                    if halted or signalled:
+                        self.stopped = "diverged" if halted else signal_name()
+                    if due or not go_on:
                         self.save(state, checkpoint_meta)
-                    if more and not self.stopped:
-                        dispatched = time.perf_counter()
-                        pending = step(state)
+                    if go_on:
+                        pending = dispatch(state)
         finally:
             bar.close()
         return state
@@ -468,23 +474,16 @@ class Session:
             if train_state is not None and self.config is not None:
                 report = halted_report(train_state, self.config.divergence_guard())
             raise DivergenceError((report or "training diverged") + where, summary)
+        if self.stopped is None:
+            return summary
+        at = f"{self.position_key} {self.position} of {self.total}"
         if untouched:  # stopped before the first chunk: nothing new to save, the directory as it was
             kept = f"; {self.path} is left as it was" if self.run_dir else ""
-            raise TrainingInterrupted(
-                f"{self.stopped} received before training began ({self.position_key} {self.position} of "
-                f"{self.total}): nothing was trained{kept}",
-                getattr(signal, self.stopped),
-                summary,
-            )
-        if self.stopped is not None:
+            message = f"{self.stopped} received before training began ({at}): nothing was trained{kept}"
+        else:
             hint = f"; continue with --resume --out {self.path}" if self.run_dir else ""
-            raise TrainingInterrupted(
-                f"{self.stopped} received: stopped after {self.position_key} {self.position} of {self.total}"
-                f"{where}{hint}",
-                getattr(signal, self.stopped),
-                summary,
-            )
-        return summary
+            message = f"{self.stopped} received: stopped after {at}{where}{hint}"
+        raise TrainingInterrupted(message, getattr(signal, self.stopped), summary)
 
     def steps_per_second(self, steps_per_position: int = 1) -> float:
         """Steps per second of `run` so far (waiting for compiled chunks; host work overlapped)."""

@@ -162,12 +162,3 @@ NAMED_WRITERS: dict[str, Callable[[pathlib.Path, str, dict], MetricWriter]] = {
     "tensorboard": lambda path, key, config: TensorBoardWriter(path / "tensorboard", key),
     "wandb": lambda path, key, config: WandbWriter(path, key, config=config),
 }
-
-
-def make_writer(spec, run_path: pathlib.Path, step_key: str, config: dict) -> MetricWriter:
-    """A writer from a name in `NAMED_WRITERS` ("tensorboard", "wandb") or a writer itself."""
-    if isinstance(spec, str):
-        if spec not in NAMED_WRITERS:
-            raise ValueError(f"unknown metric writer {spec!r}; choose from {', '.join(NAMED_WRITERS)}")
-        return NAMED_WRITERS[spec](pathlib.Path(run_path), step_key, config)
-    return spec

@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from genesis_jax.algos.ppo.core import mismatch_metrics
-from genesis_jax.algos.ppo.loss import Minibatch, bootstrap_truncated, compute_gae, ppo_loss
+from genesis_jax.algos.ppo.loss import Minibatch, bootstrap_truncated, compute_gae, mismatch_metrics, ppo_loss
 from genesis_jax.nets import distributions
 
 
@@ -108,7 +107,7 @@ def test_mismatch_metrics_definitions():
 
 @pytest.mark.parametrize("bound", [None, 3, 8, 2])
 def test_truncation_values_only_where_truncated_with_or_without_a_bound(bound):
-    from genesis_jax.algos.ppo.core import truncation_values
+    from genesis_jax.algos.ppo.loss import truncation_values
 
     final_obs = jax.random.normal(jax.random.PRNGKey(0), (16, 4, 3))
     truncated = jnp.zeros((16, 4), bool).at[(2, 9, 15), (0, 3, 1)].set(True)

@@ -34,10 +34,7 @@ def test_the_bar_keeps_the_newest_known_return():
     assert "ret" not in bar_fields({"episode_return": None}, shown)  # nothing finished yet: nothing shown
     assert bar_fields({"episode_return": 21.5}, shown)["ret"] == "21.5"
     assert bar_fields({"episode_return": None}, shown)["ret"] == "21.5"  # an update without an episode end keeps it
-    assert bar_fields({"recent_return": 30.0, "episode_return": 20.0, "epsilon": 0.5}, shown) == {
-        "ret": "30.0",  # DQN's and PQN's recent return before the row's own episodes
-        "eps": "0.50",
-    }
+    assert bar_fields({"episode_return": 20.0, "epsilon": 0.5}, shown) == {"ret": "20.0", "eps": "0.50"}
 
 
 @pytest.mark.slow  # a world-model run: 17-24 s

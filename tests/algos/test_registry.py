@@ -17,6 +17,7 @@ import signal
 import tomllib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -54,17 +55,18 @@ def test_a_wrong_declaration_is_refused_when_registered():
             check_declarations("ppo", broken)
 
 
-def test_update_without_a_required_metric_is_refused_when_compiled(monkeypatch):
+def test_the_template_reports_each_rows_scale_skips_and_halt(monkeypatch):
+    # The toy's update returns its loss alone: the scale, the skips and the guard's halt are the template's.
     monkeypatch.setitem(REGISTRY, "toy", ("tests.algos.toy_algorithm", "a toy regression"))
-    toy = get_algorithm("toy")
 
-    class NoHalted(toy):
-        def update(self, state, data):
-            state, metrics = super().update(state, data)
-            return state, {k: v for k, v in metrics.items() if k != "halted"}
+    def poison(grads, state):  # every 4th step's gradients not finite
+        return jax.tree.map(lambda g: g + jnp.where(state.step % 4 == 0, jnp.inf, 0.0).astype(g.dtype), grads)
 
-    with pytest.raises(TypeError, match="NoHalted.update returns no halted metric"):
-        NoHalted.train(tiny_config("toy"), progress=False)
+    result = get_algorithm("toy").train(tiny_config("toy", precision="fp16"), progress=False, grad_transform=poison)
+    rows = result.metrics
+    assert [r["skipped"] for r in rows[:5]] == [1, 0, 0, 0, 1] and sum(r["skipped"] for r in rows) == 8
+    assert [r["loss_scale"] for r in rows[:2]] == [2.0**15, 2.0**15] and rows[4]["loss_scale"] == 2.0**14
+    assert not any(r["halted"] for r in rows) and result.summary["skipped_updates"] == 8
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -42,6 +42,7 @@ def test_wide_data_is_the_system_seen_through_many_dimensions():
 @pytest.mark.slow  # two studies' normalisations on 1024 sequences: 12 s
 def test_loss_weight_weights_the_loss_trained_on_and_its_telemetry_not_the_losses_reported():
     from genesis_jax.algos import get_algorithm
+    from genesis_jax.amp.policy import get_precision
     from genesis_jax.cli.study.cells import loss_bounds
 
     config = WorldModelConfig(data="synthetic-wide", loss_weight=0.25, underflow_telemetry=True, **TINY)
@@ -49,7 +50,7 @@ def test_loss_weight_weights_the_loss_trained_on_and_its_telemetry_not_the_losse
     params, batch = trainer.init(jax.random.PRNGKey(0)).train_state.params, trainer.data[1]
     trainer.close()
     loss, aux = trainer.loss_fn(params, batch)
-    for weighted in (trainer.train_loss_fn, trainer.loss32):  # what is trained on, what the telemetry measures
+    for weighted in (trainer.train_loss_fn, trainer.loss_of(get_precision("fp32"))):  # trained on; the telemetry's
         weighted_loss, weighted_aux = weighted(params, batch)
         assert float(weighted_loss) == 0.25 * float(loss) and weighted_aux == aux  # 0.25: exact in binary
     # The study's untrained-model normalisation is unweighted: the same as at weight 1.
@@ -149,14 +150,16 @@ def test_per_epoch_skips_equal_injected_steps(tmp_path):
 
 @pytest.mark.slow  # trains PPO, then collects: 59 s
 def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
-    from genesis_jax.algos.ppo import PPOConfig, load_policy
+    from genesis_jax.algos.evaluate import load
+    from genesis_jax.algos.ppo import PPOConfig
     from genesis_jax.algos.ppo import train as train_ppo
 
     run = tmp_path / "ppo"
     train_ppo(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048), out_dir=str(run), progress=False)
-    act, env_id, name = load_policy(str(run))
-    assert env_id == "CartPole-v1"
-    trained = trajectories.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=act, policy_name=name)
+    policy = load(str(run), greedy=False)  # as in training: it samples
+    assert policy.spec.env_id == "CartPole-v1"
+    name = f"PPO checkpoint {run} update {policy.position}"
+    trained = trajectories.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=policy.act, policy_name=name)
     assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
     host = trajectories.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")
     assert host["obs"].shape == (4, 13, 4) and host["meta"]["source"].startswith("gymnasium:")

@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm
+from genesis_jax.algos.base import Algorithm, Config
 from genesis_jax.amp import TrainState
-from genesis_jax.run.config import MixedPrecisionConfig, SeedFields
-from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.run.config import SeedFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +29,7 @@ class ToyFields(SeedFields):
 
 
 @dataclasses.dataclass(frozen=True)
-class ToyConfig(ToyFields, MixedPrecisionConfig, ParallelConfig):
+class ToyConfig(ToyFields, Config):
     """The toy's whole config: its fields and the shared mixed-precision and parallel ones."""
 
     RESUMABLE = ("total_steps",)  # a longer run extends this one
@@ -63,13 +62,7 @@ class Toy(Algorithm):
         x = jax.random.normal(key, (self.config.batch_size, 3))
         y = x @ TRUE_W + 0.01 * jax.random.normal(rng, (self.config.batch_size,))
         ts, m = self.train_step(state.train_state, loss_fn, (x, y))
-        skipped = (~m["grads_finite"]).astype(jnp.int32)
-        return ToyState(ts, rng), {
-            "loss": m["loss"],
-            "loss_scale": m["loss_scale"],
-            "skipped": skipped,
-            "halted": m["halted"],
-        }
+        return ToyState(ts, rng), {"loss": m["loss"]}  # the scale, the skips and the guard's halt: the template's
 
     def summary(self, rows, state):
         return {"final_loss": rows[-1]["loss"]}

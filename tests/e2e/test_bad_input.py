@@ -280,7 +280,7 @@ def test_collect_dataset_checks_its_sizes_before_stepping_an_environment(monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("the environment was stepped")
 
-    monkeypatch.setattr(trajectories, "_collect_gymnax", refuse)
+    monkeypatch.setattr(trajectories, "_rollout", refuse)
     with pytest.raises(ValueError, match="GiB is available"):
         trajectories.collect_dataset("CartPole-v1", num_sequences=10**9, length=64)
     assert trajectories.dataset_bytes(2, 3, obs_dim=4, action_dim=2, continuous=False) == 2 * 4 * 4 * (2 * 4 + 1 + 2)

@@ -144,7 +144,7 @@ DQN_TAMPERED = {
         7,
         "buffer.current_index = 7, which must be 5 (steps = 5:",
     ),
-    "episodes negative": ("episodes", -1, "holds episodes = -1,"),
+    "optimizer step negative": ("train_state.step", -1, "holds train_state.step = -1,"),
     "adam count negative": ("opt_state.inner_state.0.count", -3, "train_state.opt_state.inner_state.0.count = -3,"),
 }
 

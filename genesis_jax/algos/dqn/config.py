@@ -7,37 +7,22 @@ import dataclasses
 import warnings
 from typing import Literal
 
+from genesis_jax.algos.base import ActingFields, Config
 from genesis_jax.algos.explore import EpsilonGreedyFields
-from genesis_jax.run.config import (
-    POSITIVE,
-    POSITIVE_INT,
-    RATE,
-    UNIT_INTERVAL,
-    EnvFields,
-    MixedPrecisionConfig,
-    NetworkFields,
-    ReplayFields,
-    RunFields,
-    SeedFields,
-)
-from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.run.config import POSITIVE, POSITIVE_INT, RATE, ReplayFields
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNFields(EpsilonGreedyFields, NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
-    """DQN's fields: the shared groups it composes (environments, run, seeds, replay, network,
+class DQNFields(EpsilonGreedyFields, ReplayFields, ActingFields):
+    """DQN's fields: the shared groups it composes (environments, run, seeds, network, replay,
     epsilon-greedy exploration) and its own (`DQNConfig` adds the shared mixed-precision and
     data-parallel ones). Each field's text is also its `--help` line."""
 
-    env: str = "CartPole-v1"
-    """A gymnax or gymnasium environment id with discrete actions (CartPole-v1, Breakout-MinAtar, ALE/Pong-v5, ...)."""
     num_envs: int = 10
     buffer_size: int = 10_000
     batch_size: int = 128
     lr: float = 2.5e-4
     """Adam's learning rate."""
-    gamma: float = 0.99
-    """Discount factor."""
     train_frequency: int = 10
     """Environment steps (all environments together) per gradient step; a multiple of num-envs."""
     target_update_interval: int = 500
@@ -65,35 +50,24 @@ class DQNFields(EpsilonGreedyFields, NetworkFields, ReplayFields, SeedFields, Ru
     """Deprecated (0.3's name; goes in 0.5): steps-per-row."""
 
 
+_NEVER = "epsilon never reaches epsilon-end in this run; epsilon-fraction 1 reaches it at the end"
+
+
 @dataclasses.dataclass(frozen=True)
-class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
-    """A DQN run: `DQNFields`, and the shared `MixedPrecisionConfig` and `ParallelConfig`
-    fields, as keyword arguments of one flat config."""
+class DQNConfig(DQNFields, Config):
+    """A DQN run: `DQNFields`, and the shared `Config` fields, as keyword arguments of one flat config."""
 
     max_grad_norm: float | None = None  # CleanRL and PureJaxRL's DQN do not clip
 
-    FIELD_BOUNDS = {
-        **{n: POSITIVE_INT for n in ("train_frequency", "target_update_interval", "epsilon_steps", "steps_per_row")},
-        "row_steps": POSITIVE_INT,
-        "lr": POSITIVE,
-        "gamma": UNIT_INTERVAL,
-        "tau": RATE,
-        "huber_delta": POSITIVE,
-    }
+    FIELD_BOUNDS = {n: POSITIVE_INT for n in ("train_frequency", "target_update_interval", "epsilon_steps")}
+    FIELD_BOUNDS |= {"steps_per_row": POSITIVE_INT, "row_steps": POSITIVE_INT, "lr": POSITIVE, "tau": RATE}
+    FIELD_BOUNDS |= {"huber_delta": POSITIVE}
+    RENAMED = {"row_steps": "steps_per_row"}
     # 0.3 recorded epsilon-steps and row-steps in every run: a resume compares what they give (`check_resume`).
     RESUMABLE = ("epsilon_steps", "row_steps", "steps_per_row")
-    FIELD_MULTIPLES = {  # gradient steps, target updates and rows fall on whole vector steps
-        "train_frequency": "num_envs",
-        "target_update_interval": "train_frequency",
-        "steps_per_row": "train_frequency",
-    }
-
-    def __post_init__(self):
-        if self.row_steps is not None:  # the old spelling, read for a release
-            warnings.warn("row-steps is deprecated and goes in 0.5: write steps-per-row", FutureWarning, stacklevel=3)
-            object.__setattr__(self, "steps_per_row", self.row_steps)
-            object.__setattr__(self, "row_steps", None)
-        super().__post_init__()
+    # Gradient steps, target updates and rows fall on whole vector steps.
+    FIELD_MULTIPLES = {"train_frequency": "num_envs", "target_update_interval": "train_frequency"}
+    FIELD_MULTIPLES |= {"steps_per_row": "train_frequency"}
 
     def check(self):
         if self.total_steps < self.steps_per_row:
@@ -106,17 +80,9 @@ class DQNConfig(DQNFields, MixedPrecisionConfig, ParallelConfig):
         self.validate_parallel("batch-size", self.batch_size)
         if self.epsilon_steps is not None:
             share = self.epsilon_steps / self.total_steps
-            same = (
-                f"epsilon-fraction {share:.6g} is the same schedule"
-                if share <= 1
-                else "epsilon never reaches epsilon-end in this run; epsilon-fraction 1 reaches it at the end"
-            )
-            warnings.warn(
-                f"epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of total-steps "
-                f"over which epsilon falls ({same})",
-                FutureWarning,
-                stacklevel=5,
-            )
+            same = f"epsilon-fraction {share:.6g} is the same schedule" if share <= 1 else _NEVER
+            text = "epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of total-steps over"
+            warnings.warn(f"{text} which epsilon falls ({same})", FutureWarning, stacklevel=5)
 
     @property
     def epsilon_horizon(self) -> float:
@@ -155,20 +121,7 @@ def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
     >>> minatar(total_steps=1_000_000).buffer_size
     100000
     """
-    settings = dict(
-        env=env,
-        total_steps=5_000_000,
-        num_envs=4,
-        buffer_size=100_000,
-        batch_size=32,
-        lr=1e-4,
-        train_frequency=4,
-        learning_starts=20_000,
-        target_update_interval=1_000,
-        epsilon_end=0.01,
-        epsilon_fraction=0.1,
-        steps_per_row=20_000,
-        network="cnn",
-        huber_delta=1.0,
-    )
+    settings = dict(env=env, total_steps=5_000_000, num_envs=4, buffer_size=100_000, batch_size=32, lr=1e-4)
+    settings |= dict(train_frequency=4, learning_starts=20_000, target_update_interval=1_000, epsilon_end=0.01)
+    settings |= dict(epsilon_fraction=0.1, steps_per_row=20_000, network="cnn", huber_delta=1.0)
     return DQNConfig(**{**settings, **overrides})

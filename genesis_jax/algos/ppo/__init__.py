@@ -2,6 +2,6 @@
 
 from genesis_jax.algos.base import RunResult as PPOResult
 from genesis_jax.algos.ppo.config import PPOConfig, PPOFields
-from genesis_jax.algos.ppo.train import PPO, load_policy, train
+from genesis_jax.algos.ppo.train import PPO, train
 
-__all__ = ["PPO", "PPOConfig", "PPOFields", "PPOResult", "load_policy", "train"]
+__all__ = ["PPO", "PPOConfig", "PPOFields", "PPOResult", "train"]

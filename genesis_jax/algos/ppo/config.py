@@ -5,23 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from genesis_jax.algos.base import ActingFields, Config
 from genesis_jax.algos.onpolicy import OnPolicyFields
 from genesis_jax.amp.policy import Precision, check_precision, get_precision
-from genesis_jax.run.config import (
-    NON_NEGATIVE,
-    POSITIVE,
-    EnvFields,
-    MixedPrecisionConfig,
-    NetworkFields,
-    ResMLPFields,
-    RunFields,
-    SeedFields,
-)
-from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.run.config import NON_NEGATIVE, POSITIVE, ResMLPFields
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOFields(OnPolicyFields, ResMLPFields, NetworkFields, SeedFields, RunFields, EnvFields):
+class PPOFields(OnPolicyFields, ResMLPFields, ActingFields):
     """PPO's fields: the shared groups it composes (run, environments, seeds, network, the
     on-policy update) and its own (`PPOConfig` adds the shared mixed-precision and data-parallel
     ones). Each field's text is also its `--help` line."""
@@ -41,18 +32,13 @@ class PPOFields(OnPolicyFields, ResMLPFields, NetworkFields, SeedFields, RunFiel
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig(PPOFields, MixedPrecisionConfig, ParallelConfig):
-    """A PPO run: `PPOFields`, and the shared `MixedPrecisionConfig` and `ParallelConfig`
-    fields, as keyword arguments of one flat config."""
+class PPOConfig(PPOFields, Config):
+    """A PPO run: `PPOFields`, and the shared `Config` fields, as keyword arguments of one flat config."""
 
     max_grad_norm: float | None = 0.5  # PPO's own default for the shared clipping field
 
     # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
-    FIELD_BOUNDS = {
-        "clip_eps": POSITIVE,
-        "ent_coef": NON_NEGATIVE,
-        "vf_coef": NON_NEGATIVE,
-    }
+    FIELD_BOUNDS = {"clip_eps": POSITIVE, "ent_coef": NON_NEGATIVE, "vf_coef": NON_NEGATIVE}
 
     def check(self):  # OnPolicyFields checks the rollout and its minibatches
         self.validate_parallel("num-envs", self.num_envs)

@@ -1,5 +1,6 @@
-"""PPO's learning math: the rollout's typed pytrees, generalised advantage estimation and the
-clipped loss (CleanRL / PureJaxRL formulation), every term in float32.
+"""PPO's learning math: the rollout's typed pytrees, truncations' bootstraps, generalised
+advantage estimation, the clipped loss (CleanRL / PureJaxRL formulation) and the
+rollout/learner mismatch, every term in float32.
 
 `Transition` is what a rollout records per step ([T, N, ...] once scanned or stacked; the
 update takes it with truncated episodes' rewards bootstrapped), and `Minibatch` what the
@@ -53,6 +54,35 @@ def bootstrap_truncated(rewards, truncated, terminated, final_values, gamma):
     return rewards + gamma * final_values * bootstrap.astype(jnp.float32)
 
 
+def truncation_values(truncated, final_obs, value_fn, max_truncations: int | None = None):
+    """[T, N] float32: V(pre-reset observation) where an episode was truncated, else 0.
+
+    With `max_truncations` (a bound that holds for the env: num_envs x ceil(T / time
+    limit)), only the truncated observations are evaluated, gathered into a fixed-size
+    batch; the whole-rollout pass remains the fallback should the bound ever not hold.
+    Without it, the whole-rollout pass runs when any episode was truncated."""
+    zeros = jnp.zeros(truncated.shape, jnp.float32)
+    count = jnp.sum(truncated)
+    full = lambda: jnp.where(truncated, value_fn(final_obs), 0.0).astype(jnp.float32)  # noqa: E731
+    if max_truncations is None:
+        return jax.lax.cond(count > 0, full, lambda: zeros)
+    flat_obs = final_obs.reshape((-1,) + final_obs.shape[2:])
+
+    def gathered():
+        index = jnp.nonzero(truncated.reshape(-1), size=max_truncations, fill_value=0)[0]
+        values = jnp.where(jnp.arange(max_truncations) < count, value_fn(flat_obs[index]), 0.0)
+        return zeros.reshape(-1).at[index].add(values.astype(jnp.float32)).reshape(truncated.shape)
+
+    return jax.lax.cond(count > max_truncations, full, gathered)
+
+
+def finish_rollout(traj: Transition, value_fn, gamma: float, max_truncations: int | None = None) -> Transition:
+    """The rollout with truncated episodes' rewards bootstrapped from V(pre-reset observation)
+    (`truncation_values`, `bootstrap_truncated`): what the update learns from."""
+    final_value = truncation_values(traj.truncated, traj.final_obs, value_fn, max_truncations)
+    return traj.replace(reward=bootstrap_truncated(traj.reward, traj.truncated, traj.terminated, final_value, gamma))
+
+
 def compute_gae(rewards, values, dones, last_value, gamma: float, gae_lambda: float):
     """(advantages, returns). `dones[t]` cuts the trace after step t (terminated or truncated);
     `last_value` is V(s_T) for the step after the rollout."""
@@ -100,3 +130,16 @@ def ppo_loss(
         "clip_fraction": (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32).mean(),
     }
     return total, aux
+
+
+def mismatch_metrics(log_mu, log_pi) -> dict:
+    """The Precision-RL training-inference mismatch between rollout (mu) and learner (pi),
+    from both policies' log-probabilities of the taken actions (densities for continuous
+    actions): KL estimators v1 and v2, the largest probability gap, the mean |ratio - 1|."""
+    diff = log_mu - log_pi
+    return {
+        "mismatch_kl_v1": jnp.mean(diff),
+        "mismatch_kl_v2": 0.5 * jnp.mean(jnp.square(diff)),
+        "mismatch_max_dp": jnp.max(jnp.abs(jnp.exp(log_mu) - jnp.exp(log_pi))),
+        "mismatch_ratio_dev": jnp.mean(jnp.abs(jnp.exp(log_pi - log_mu) - 1.0)),
+    }

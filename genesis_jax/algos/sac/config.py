@@ -6,24 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from genesis_jax.run.config import (
-    POSITIVE,
-    POSITIVE_INT,
-    RATE,
-    UNIT_INTERVAL,
-    EnvFields,
-    MixedPrecisionConfig,
-    NetworkFields,
-    ReplayFields,
-    ResMLPFields,
-    RunFields,
-    SeedFields,
-)
-from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.algos.base import ActingFields, Config
+from genesis_jax.run.config import POSITIVE, POSITIVE_INT, RATE, ReplayFields, ResMLPFields
 
 
 @dataclasses.dataclass(frozen=True)
-class SACFields(ResMLPFields, NetworkFields, ReplayFields, SeedFields, RunFields, EnvFields):
+class SACFields(ResMLPFields, ReplayFields, ActingFields):
     """SAC's fields: the shared groups it composes (environments, run, seeds, replay, network)
     and its own (`SACConfig` adds the shared mixed-precision and data-parallel ones). Each
     field's text is also its `--help` line."""
@@ -37,8 +25,6 @@ class SACFields(ResMLPFields, NetworkFields, ReplayFields, SeedFields, RunFields
     """Transitions the replay buffer holds, per seed (capped at total-steps: a larger buffer would never fill)."""
     learning_starts: int = 1_000
     """Environment steps of uniformly random actions before the first gradient step."""
-    gamma: float = 0.99
-    """Discount factor."""
     tau: float = 0.005
     """Polyak rate of the target critics: target <- (1 - tau) target + tau online, each iteration."""
     critic_lr: float = 1e-3
@@ -59,19 +45,15 @@ class SACFields(ResMLPFields, NetworkFields, ReplayFields, SeedFields, RunFields
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
-    """A SAC run: `SACFields`, and the shared `MixedPrecisionConfig` and `ParallelConfig`
-    fields, as keyword arguments of one flat config. The fault injection (inject-nonfinite,
-    inject-loss-spike) acts on the critics' step, counted by the critics' optimizer steps."""
+class SACConfig(SACFields, Config):
+    """A SAC run: `SACFields`, and the shared `Config` fields, as keyword arguments of one flat
+    config. The fault injection (inject-nonfinite, inject-loss-spike) acts on the critics' step,
+    counted by the critics' optimizer steps."""
 
     max_grad_norm: float | None = None  # SAC (CleanRL, SBX) does not clip
 
-    FIELD_BOUNDS = {
-        "steps_per_row": POSITIVE_INT,
-        **{n: POSITIVE for n in ("critic_lr", "actor_lr", "alpha_lr", "init_alpha")},
-        "gamma": UNIT_INTERVAL,
-        "tau": RATE,
-    }
+    FIELD_BOUNDS = {n: POSITIVE for n in ("critic_lr", "actor_lr", "alpha_lr", "init_alpha")}
+    FIELD_BOUNDS |= {"steps_per_row": POSITIVE_INT, "tau": RATE}
     FIELD_MULTIPLES = {"steps_per_row": "num_envs", "total_steps": "steps_per_row"}  # rows of whole vector steps
 
     def check(self):
@@ -83,11 +65,6 @@ class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
                 f"got {self.learning_starts}"
             )
         self.validate_parallel("batch-size", self.batch_size)
-
-    @property
-    def iterations(self) -> int:
-        """Environment iterations (each steps all num-envs environments once)."""
-        return self.total_steps // self.num_envs
 
     @property
     def torso(self) -> tuple:
@@ -102,9 +79,8 @@ class SACConfig(SACFields, MixedPrecisionConfig, ParallelConfig):
     @staticmethod
     def saved_capacity(saved: dict) -> int | None:
         """The replay capacity of the run whose config is `saved` (a dict; None where it does not say)."""
-        if not {"buffer_size", "total_steps"} <= set(saved):
-            return None
-        return min(saved["buffer_size"], saved["total_steps"])
+        known = {"buffer_size", "total_steps"} <= set(saved)
+        return min(saved["buffer_size"], saved["total_steps"]) if known else None
 
     def check_resume(self, saved: dict) -> None:
         """An extended run's replay buffer grows to the longer run's capacity (`SAC.from_checkpoint`),

@@ -18,27 +18,21 @@ from flax import struct
 from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.sac.config import SACConfig
 from genesis_jax.amp import TrainState, train_step, update_scaler
-from genesis_jax.data.replay import (
-    available_memory_bytes,
-    buffer_bytes,
-    check_replay_sizes,
-    empty_like,
-    grow,
-    make_replay,
-)
+from genesis_jax.data.replay import empty_like, grow
 from genesis_jax.envs.episodes import running_returns
 from genesis_jax.envs.in_loop import resolve_in_loop
 from genesis_jax.nets.sac import Net, TwinQ
+from genesis_jax.run.checkpoint import CountsReplay
 from genesis_jax.run.parallel import constrain
 
 OPTIMIZERS = ("critic", "actor", "alpha")
-COUNTS = ("updates", "episodes", "critic_skipped", "actor_skipped", "alpha_skipped", "skipped")  # skipped: all three
+COUNTS = ("updates", "episodes", "critic_skipped", "actor_skipped", "alpha_skipped")
 LOSSES = ("critic_loss", "actor_loss", "alpha_loss", "alpha", "q_mean", "entropy")
 # next_obs: the pre-reset observation where an episode ended; terminated, not truncated: a time limit bootstraps.
 Transition = collections.namedtuple("Transition", "obs action reward next_obs terminated")
 
 
-class SACState(struct.PyTreeNode):
+class SACState(struct.PyTreeNode, CountsReplay):
     critic: TrainState  # the twin Qs, one params tree
     actor: TrainState
     alpha: TrainState  # params: log(alpha)
@@ -70,9 +64,8 @@ STUDY = {
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
-    tiny = dict(
-        num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, buffer_size=64
-    )
+    tiny = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32)
+    tiny["buffer_size"] = 64
     bench_workloads, study_tasks = BENCH, STUDY
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
 
@@ -86,9 +79,7 @@ class SAC(Algorithm):
         self.low, self.high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
         self.target_entropy = -spec.action_dim if c.target_entropy is None else c.target_entropy
         obs, act, f32 = np.zeros(spec.obs_shape, np.float32), np.zeros(spec.action_dim, np.float32), np.float32
-        self.replay = make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
-        needed = buffer_bytes(jax.eval_shape(self.replay.init)) * c.num_seeds
-        check_replay_sizes(c.buffer_capacity, c.batch_size, needed, available_memory_bytes())
+        self.replay = self.make_replay(Transition(obs, act, f32(0), obs, np.bool_(0)), c.buffer_capacity, c.batch_size)
 
     def init(self, key) -> SACState:
         c, spec = self.config, self.spec
@@ -148,8 +139,7 @@ class SAC(Algorithm):
             action, logp = self.policy(params, obs, noise)
             return jnp.mean(alpha * logp - jnp.min(self.q(critic.params, obs, action), 0)), jnp.mean(logp)
 
-        hooks = {"faults": self.seed_faults(), "grad_transform": self.grad_transform}  # the critics' step only
-        critic, cm = train_step(state.critic, critic_loss, batch, has_aux=True, **hooks)
+        critic, cm = self.train_step(state.critic, critic_loss, batch)  # the faults and the hook: the critics' only
         actor, am = train_step(state.actor, actor_loss, batch.obs, has_aux=True)
         logp = jax.lax.stop_gradient(am["aux"])
         alpha_loss = lambda log_alpha: -jnp.exp(log_alpha) * (logp + self.target_entropy)  # noqa: E731
@@ -159,7 +149,7 @@ class SAC(Algorithm):
         new_states = dict(zip(OPTIMIZERS, (critic, actor, temperature)))
         skips = {f"{n}_skipped": new_states[n].skipped - getattr(state, n).skipped for n in OPTIMIZERS}
         losses = (cm["loss"], am["loss"], tm["loss"], alpha, cm["aux"]["q_mean"], -logp)
-        metrics = {**dict(zip(LOSSES, losses)), **skips, "skipped": sum(skips.values()), "updates": jnp.int32(1)}
+        metrics = {**dict(zip(LOSSES, losses)), **skips, "updates": jnp.int32(1)}
         target_params = optax.incremental_update(critic.params, state.target, c.tau)
         return state.replace(critic=critic, actor=actor, alpha=temperature, target=target_params), metrics
 
@@ -191,17 +181,12 @@ class SAC(Algorithm):
         return state, {
             **{k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)},
             **{k: jnp.sum(jnp.where(m["updates"] > 0, m[k], 0.0)) / jnp.sum(m["updates"]) for k in LOSSES},
-            "loss_scale": state.critic.scaler.loss_scale,
-            "halted": state.critic.halted | state.actor.halted | state.alpha.halted,
         }
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
         """Each optimizer's skips (the template's skipped_updates, total_updates and overflow_rate sum all three)."""
-        return {
-            "gradient_iterations": int(np.sum(state.critic.step)),
-            "buffer_bytes": buffer_bytes(state.buffer),
-            **{f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS},
-        }
+        skips = {f"{n}_skipped": int(np.sum(getattr(state, n).skipped)) for n in OPTIMIZERS}
+        return {"gradient_iterations": int(np.sum(state.critic.step)), "buffer_bytes": self.buffer_bytes, **skips}
 
 
 ALGORITHM = SAC

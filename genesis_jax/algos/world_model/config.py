@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from genesis_jax.run.config import OPEN_UNIT_INTERVAL, POSITIVE, POSITIVE_INT, MixedPrecisionConfig, SeedFields
-from genesis_jax.run.parallel import ParallelConfig
+from genesis_jax.algos.base import Config
+from genesis_jax.run.config import OPEN_UNIT_INTERVAL, POSITIVE, POSITIVE_INT, SeedFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +53,15 @@ _COUNTS = ("num_sequences", "sequence_length", "epochs", "batch_size", "width", 
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldModelConfig(WorldModelFields, MixedPrecisionConfig, ParallelConfig):
-    """A world-model run: `WorldModelFields`, and the shared `MixedPrecisionConfig` and
-    `ParallelConfig` fields (clipping at norm 1.0 by default), as one flat config."""
+class WorldModelConfig(WorldModelFields, Config):
+    """A world-model run: `WorldModelFields`, and the shared `Config` fields (clipping at norm
+    1.0 by default), as one flat config."""
 
     RESUMABLE = ("epochs",)  # more epochs extend the run
 
     # Each field's accepted range (types come from the annotations): `run.config.check_fields`.
-    FIELD_BOUNDS = {
-        **{name: POSITIVE_INT for name in _COUNTS},
-        "eval_fraction": OPEN_UNIT_INTERVAL,
-        "lr": POSITIVE,
-        "loss_weight": POSITIVE,
-    }
+    FIELD_BOUNDS = {name: POSITIVE_INT for name in _COUNTS}
+    FIELD_BOUNDS |= {"eval_fraction": OPEN_UNIT_INTERVAL, "lr": POSITIVE, "loss_weight": POSITIVE}
 
     def check(self):
         self.validate_parallel("batch-size", self.batch_size)

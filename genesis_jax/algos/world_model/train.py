@@ -19,8 +19,6 @@ from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
-from genesis_jax.amp.policy import get_precision
-from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.data import trajectories
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import probes
@@ -34,20 +32,23 @@ class WorldModelState(struct.PyTreeNode):
     rng: jax.Array  # the minibatch shuffles'
 
 
-def load_data(config: WorldModelConfig, precision=None) -> dict:
+SYNTHETIC = {
+    "synthetic": wm_data.synthetic_dataset,
+    "synthetic-small": wm_data.small_units_dataset,
+    "synthetic-wide": wm_data.wide_dataset,
+}
+
+
+def load_data(config: WorldModelConfig, precision) -> dict:
     """The run's dataset, checked (`trajectories.validate_dataset`) against what a run in `precision`
-    (default: the config's) can train on, before anything is compiled."""
-    precision = precision or config.train_precision()
-    if config.data == "synthetic":
-        data = wm_data.synthetic_dataset(config.num_sequences, config.sequence_length, config.seed)
-    elif config.data == "synthetic-small":
-        data = wm_data.small_units_dataset(config.num_sequences, config.sequence_length, config.seed)
-    elif config.data == "synthetic-wide":
-        data = wm_data.wide_dataset(config.num_sequences, config.sequence_length, config.seed)
+    can train on, before anything is compiled."""
+    size = (config.num_sequences, config.sequence_length, config.seed)
+    if config.data in SYNTHETIC:
+        data = SYNTHETIC[config.data](*size)
     elif config.data.endswith(".npz"):
         data = trajectories.load_dataset(config.data)
     else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
-        data = trajectories.collect_dataset(config.data, config.num_sequences, config.sequence_length, config.seed)
+        data = trajectories.collect_dataset(config.data, *size)
     trajectories.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
     return data
 
@@ -60,30 +61,9 @@ def windows(data: dict, horizon: int) -> dict:
         raise ValueError(f"horizon {horizon} is longer than the data's sequences ({length} steps)")
     next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
     starts = np.arange(length - horizon + 1)
-    take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])  # noqa: E731
-    samples = {
-        "obs": data["obs"][:, starts].reshape(n * len(starts), -1),
-        "action": take(data["action"]),
-        "next_obs": take(next_obs),
-        "reward": take(data["reward"]),
-        "terminated": take(data["terminated"]),
-    }
-    if "floor" in data:
-        samples["floor"] = take(data["floor"])
-    return samples
-
-
-def make_model(config: WorldModelConfig, meta: dict, obs_dim: int, precision) -> WorldModel:
-    return WorldModel(
-        obs_dim=obs_dim,
-        action_dim=int(meta["action_dim"]),
-        discrete_actions=bool(meta["discrete_actions"]),
-        width=config.width,
-        depth=config.depth,
-        core=config.core,
-        dtype=precision.compute_dtype,
-        param_dtype=jnp.float32,
-    )
+    take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])
+    samples = {k: take(data[k]) for k in ("action", "reward", "terminated", "floor") if k in data}
+    return {"obs": data["obs"][:, starts].reshape(n * len(starts), -1), "next_obs": take(next_obs), **samples}
 
 
 def make_loss_fn(model: WorldModel, weight: float = 1.0):
@@ -127,14 +107,11 @@ BENCH = tuple(
 # as an auxiliary loss's), whose gradients a float16 backward without scaling flushes to zero.
 _NOISE_FLOOR = "the data's noise floor (the true model's expected loss), as log10; 0: an untrained model's"
 _WM_EPOCHS = 20
+_WM_TASKS = {data: {"data": data} for data in ("synthetic", "synthetic-small", "synthetic-wide")}
+_WM_TASKS["small-loss"] = {"data": "synthetic-wide", "loss_weight": 1e-3}
 STUDY = {
-    **{
-        f"wm:{data}": StudyTask({"data": data, "num_sequences": 1024}, _WM_EPOCHS, None, _NOISE_FLOOR, score="loss")
-        for data in ("synthetic", "synthetic-small", "synthetic-wide")
-    },
-    "wm:small-loss": StudyTask(
-        {"data": "synthetic-wide", "num_sequences": 1024, "loss_weight": 1e-3}, _WM_EPOCHS, None, _NOISE_FLOOR, "loss"
-    ),
+    f"wm:{task}": StudyTask({**settings, "num_sequences": 1024}, _WM_EPOCHS, None, _NOISE_FLOOR, score="loss")
+    for task, settings in _WM_TASKS.items()
 }
 
 
@@ -165,14 +142,19 @@ class WorldModelTrainer(Algorithm):
                 f"epochs {config.epochs} x {self.batches_per_epoch} batches per epoch is more optimizer steps than "
                 f"the int32 step counters hold; at most {INT32_MAX // self.batches_per_epoch} epochs with this data"
             )
-        self.model = make_model(config, self.dataset["meta"], train_set["obs"].shape[-1], self.precision)
+        self.model = self.model_in(self.precision)
         self.loss_fn = make_loss_fn(self.model)  # the loss reported and evaluated
-        self.train_loss_fn = make_loss_fn(self.model, config.loss_weight)  # the loss trained on
-        obs_dim, meta = train_set["obs"].shape[-1], self.dataset["meta"]
-        self.loss32, self.loss16 = (  # the telemetry's: the gradients of the loss trained on
-            make_loss_fn(make_model(config, meta, obs_dim, get_precision(p)), config.loss_weight)
-            for p in ("fp32", "fp16")
-        )
+        self.train_loss_fn = self.loss_of(self.precision)
+
+    def model_in(self, precision) -> WorldModel:
+        """The model for the dataset's observations and actions, its hidden layers in `precision`."""
+        c, meta, obs_dim = self.config, self.dataset["meta"], self.data[0]["obs"].shape[-1]
+        shape = dict(width=c.width, depth=c.depth, core=c.core, dtype=precision.compute_dtype)
+        return WorldModel(obs_dim, int(meta["action_dim"]), bool(meta["discrete_actions"]), **shape)
+
+    def loss_of(self, precision):
+        """The loss trained on (times loss-weight), the model in `precision` (the telemetry's too)."""
+        return make_loss_fn(self.model_in(precision), self.config.loss_weight)
 
     def inputs(self) -> dict[str, str]:
         """The dataset's identity, as its source, size and digest: the same path (a .npz) may hold other data."""
@@ -191,58 +173,39 @@ class WorldModelTrainer(Algorithm):
         train_set, eval_set = data
         config, mesh = self.config, self.config.mesh()
         rng, perm_key = jax.random.split(state.rng)
-        perm = jax.random.permutation(perm_key, self.num_samples)[: self.batches_per_epoch * config.batch_size]
-        batches = jax.tree.map(
-            lambda x: x[perm].reshape((self.batches_per_epoch, config.batch_size) + x.shape[1:]), train_set
-        )
-        batches = constrain(batches, mesh, axis=1)
-        ts = state.train_state
-        skipped_before = ts.skipped
-        underflow = {}
-        if config.underflow_telemetry:  # the epoch's first batch, float32 and float16 backward, at the scale
-            first = jax.tree.map(lambda x: x[0], batches)
-            reference = jax.grad(lambda p: self.loss32(p, first)[0])(ts.params)
-            half = jax.grad(lambda p: self.loss16(p, first)[0] * ts.scaler.loss_scale)(ts.params)
-            underflow = underflow_metrics(reference, half)
-        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, self.train_loss_fn, b), ts, batches)
+        shape = (self.batches_per_epoch, config.batch_size)
+        perm = jax.random.permutation(perm_key, self.num_samples)[: shape[0] * shape[1]]
+        batches = constrain(jax.tree.map(lambda x: x[perm].reshape(shape + x.shape[1:]), train_set), mesh, axis=1)
+        underflow = self.underflow(self.loss_of, state.train_state, jax.tree.map(lambda x: x[0], batches))  # 1st batch
+        ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, self.train_loss_fn, b), state.train_state, batches)
         finite = metrics["grads_finite"]
-        applied = jnp.sum(finite)
-        applied_loss = jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / config.loss_weight
+        applied, applied_loss = jnp.sum(finite), jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / config.loss_weight
         return WorldModelState(ts, rng), {
             # The mean (unweighted) loss of the steps applied; NaN (null in metrics.jsonl) for an epoch with none.
             "train_loss": jnp.where(applied > 0, applied_loss / jnp.maximum(applied, 1), jnp.nan),
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
-            "skipped": ts.skipped - skipped_before,
-            "loss_scale": ts.scaler.loss_scale,
-            "halted": ts.halted,
             "steps_per_second": jnp.int32(self.batches_per_epoch),  # optimizer steps, "rate": per second
             **underflow,
         }
 
     def summary(self, rows: list[dict], state: WorldModelState) -> dict:
-        config, ts = self.config, state.train_state
-        seeds_ts = ts
-        if self.num_seeds > 1:  # the probes below take one seed's state
-            ts = jax.tree.map(lambda x: x[0], ts)
-        batch0 = jax.tree.map(lambda x: x[: config.batch_size], self.data[0])
-        step = lambda s, b: self.train_step(s, self.train_loss_fn, b)  # noqa: E731
-        return {
-            "data": self.dataset["meta"]["source"],
-            "width": config.width,
-            "depth": config.depth,
-            "batch_size": config.batch_size,
-            "horizon": config.horizon,
-            "final_train_loss": rows[-1]["train_loss"],
-            "eval_loss": rows[-1]["eval_loss"],
-            "eval_loss_per_seed": rows[-1].get("eval_loss_per_seed", [rows[-1]["eval_loss"]]),
-            "noise_floor": self.noise_floor,
-            "epochs": len(rows),
-            "applied_updates": int(np.sum(np.asarray(seeds_ts.step)) - np.sum(np.asarray(seeds_ts.skipped))),
-            "steps_per_second": self.session.steps_per_second(self.batches_per_epoch * self.num_seeds),
-            "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
-            "flops_per_step": probes.matmul_flops(step, ts, batch0),  # one optimizer step, for the achieved FLOP/s
-            "param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params))),
+        c, seeds, last = self.config, state.train_state, rows[-1]
+        ts = jax.tree.map(lambda x: x[0], seeds) if self.num_seeds > 1 else seeds  # the probes take one seed's
+        batch0 = jax.tree.map(lambda x: x[: c.batch_size], self.data[0])
+        step = lambda s, b: self.train_step(s, self.train_loss_fn, b)
+        summary = {"data": self.dataset["meta"]["source"], "width": c.width, "depth": c.depth}
+        summary |= {"batch_size": c.batch_size, "horizon": c.horizon, "final_train_loss": last["train_loss"]}
+        summary |= {
+            "eval_loss": last["eval_loss"],
+            "eval_loss_per_seed": last.get("eval_loss_per_seed", [last["eval_loss"]]),
         }
+        summary |= {"noise_floor": self.noise_floor, "epochs": len(rows)}
+        summary["applied_updates"] = int(np.sum(np.asarray(seeds.step)) - np.sum(np.asarray(seeds.skipped)))
+        summary["steps_per_second"] = self.session.steps_per_second(self.batches_per_epoch * self.num_seeds)
+        summary["activation_bytes"] = activation_bytes(self.loss_fn, ts.params, batch0)
+        summary["flops_per_step"] = probes.matmul_flops(step, ts, batch0)  # one optimizer step, for the achieved FLOP/s
+        summary["param_bytes"] = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params)))
+        return summary
 
 
 ALGORITHM = WorldModelTrainer

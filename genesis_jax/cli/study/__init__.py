@@ -13,6 +13,7 @@ and users run it on their own budgets and devices with the same flags as `train`
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import re
@@ -29,50 +30,23 @@ from genesis_jax.run.signals import StopSignals, TrainingInterrupted
 
 __all__ = ["PRECISIONS", "PRESETS", "TASKS", "run_plan", "run_study"]
 
+# The full study, for a GPU (`--preset gpu`), its tasks in this order: PPO on CartPole/Acrobot,
+# the four MinAtar games and the wide res-MLP, DQN on MinAtar, SAC on Pendulum, the world model
+# in its own units and on a small loss (where scaling matters); 32 seeds; PureJaxRL's budgets
+# (5e5 steps for classic control, 1e7 for MinAtar), SAC its own (CleanRL's Pendulum scale), the
+# world model its 20 epochs.
+MINATAR = [f"{algo}{game}-MinAtar" for algo in ("", "dqn:") for game in MINATAR_GAMES]
+GPU_STEPS = {"CartPole-v1": 500_000, "Acrobot-v1": 500_000, **dict.fromkeys(MINATAR, 10_000_000)}
+GPU_STEPS |= {"sac:Pendulum-v1": 20_000, "CartPole-v1-resmlp1024": 500_000, "wm:synthetic": 20, "wm:small-loss": 20}
 # Whole studies by name (`--preset`); flags given beside a preset override its values.
-PRESETS = {
-    # The full study, for a GPU: PPO on CartPole/Acrobot, the four MinAtar games and the wide
-    # res-MLP, DQN on MinAtar, SAC on Pendulum, the world model in its own units and on a small
-    # loss (where scaling matters); 32 seeds; PureJaxRL's budgets (5e5 steps for classic
-    # control, 1e7 for MinAtar), SAC its own (CleanRL's Pendulum scale), the world model its 20 epochs.
-    "gpu": {
-        "tasks": [
-            "CartPole-v1",
-            "Acrobot-v1",
-            "Breakout-MinAtar",
-            "Asterix-MinAtar",
-            "Freeway-MinAtar",
-            "SpaceInvaders-MinAtar",
-            "dqn:Breakout-MinAtar",
-            "dqn:Asterix-MinAtar",
-            "dqn:Freeway-MinAtar",
-            "dqn:SpaceInvaders-MinAtar",
-            "sac:Pendulum-v1",
-            "CartPole-v1-resmlp1024",
-            "wm:synthetic",
-            "wm:small-loss",
-        ],
-        "num_seeds": 32,
-        "total_steps": {
-            "CartPole-v1": 500_000,
-            "Acrobot-v1": 500_000,
-            **{f"{game}-MinAtar": 10_000_000 for game in MINATAR_GAMES},
-            **{f"dqn:{game}-MinAtar": 10_000_000 for game in MINATAR_GAMES},
-            "sac:Pendulum-v1": 20_000,
-            "CartPole-v1-resmlp1024": 500_000,
-            "wm:synthetic": 20,
-            "wm:small-loss": 20,
-        },
-    },
-}
+PRESETS = {"gpu": {"tasks": list(GPU_STEPS), "num_seeds": 32, "total_steps": GPU_STEPS}}
 
 
 def preset(name: str) -> dict:
     """A copy of the preset `name`'s settings, or one line naming the presets."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; accepted: {', '.join(PRESETS)}")
-    chosen = PRESETS[name]
-    return {**chosen, "tasks": list(chosen["tasks"]), "total_steps": dict(chosen["total_steps"])}
+    return copy.deepcopy(PRESETS[name])
 
 
 def _log(message: str) -> None:
@@ -83,39 +57,14 @@ def measure_cost(task: str, single: dict, multi: dict) -> list[str]:
     """The wall time of the study's N-seed fp32 cell of `task` (`multi`'s summary) against
     the same run with 1 seed (`single`'s, run once and kept under cost/)."""
     num_seeds, (steps, unit) = len(multi["seeds"]), cells.budget_of(multi)
-    ratio = multi["wall_seconds"] / single["wall_seconds"]
-    running = lambda s: s["wall_seconds"] - s["compile_seconds"]  # noqa: E731
-
-    def row(seeds: int, s: dict) -> str:
-        wall, compile_ = s["wall_seconds"], s["compile_seconds"]
-        return f"| {seeds} | {wall:.1f} | {compile_:.1f} | {wall - compile_:.1f} | {3600 * seeds / wall:.0f} |"
-
-    return [
-        f"{task}, {BASELINE}, {steps} {unit} per seed, on {multi['device']}:",
-        "",
-        "| seeds | wall seconds | compile seconds | wall - compile | seeds per hour |",
-        "|---|---|---|---|---|",
-        row(1, single),
-        row(num_seeds, multi),
-        "",
-        f"{num_seeds} seeds take {ratio:.2f}x the wall time of 1 seed "
-        f"({running(multi) / running(single):.2f}x without compilation).",
-    ]
-
-
-def check_numbers(num_seeds, reps) -> None:
-    """One line for a seed count or a bootstrap size the statistics cannot use."""
-    if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 2:
-        raise ValueError(f"a study needs at least 2 seeds per cell, got {num_seeds!r}")
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < stats.MIN_REPS:
-        raise ValueError(
-            f"reps must be an integer of at least {stats.MIN_REPS} (bootstrap replications per interval), got {reps!r}"
-        )
-
-
-def _span(values) -> str:
-    values = sorted(set(values))
-    return str(values[0]) if len(values) == 1 else f"{values[0]} to {values[-1]} (they differ)"
+    running = lambda s: s["wall_seconds"] - s["compile_seconds"]
+    times = lambda s: (f"{s['wall_seconds']:.1f}", f"{s['compile_seconds']:.1f}", f"{running(s):.1f}")
+    rows = [(n, *times(s), f"{3600 * n / s['wall_seconds']:.0f}") for n, s in ((1, single), (num_seeds, multi))]
+    head = "seeds | wall seconds | compile seconds | wall - compile | seeds per hour"
+    ratio = f"{multi['wall_seconds'] / single['wall_seconds']:.2f}x the wall time of 1 seed"
+    text = f"{num_seeds} seeds take {ratio} ({running(multi) / running(single):.2f}x without compilation)."
+    first = f"{task}, {BASELINE}, {steps} {unit} per seed, on {multi['device']}:"
+    return [first, "", *report.table(head, rows), "", text]
 
 
 def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: int, seconds: float) -> list[str]:
@@ -123,80 +72,54 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
     devices they ran, not the ones asked for."""
     cells_read = [s for by_precision in summaries.values() for s in by_precision.values()]
     seed_lists = sorted({tuple(s["seeds"]) for s in cells_read})
-    if len(seed_lists) == 1:
-        seeds = seed_lists[0]
-        rerun = "rerun seed k alone with --seed k"
-        if any("eval_loss" in s for s in cells_read):  # a world model's seeds share the first seed's data
-            rerun += " (a world model's seed k trains on the first seed's data: rerun it with --num-seeds)"
-        seed_text = f"{len(seeds)} seeds per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
-    else:
+    seeds, rerun = seed_lists[0], "rerun seed k alone with --seed k"
+    if any("eval_loss" in s for s in cells_read):  # a world model's seeds share the first seed's data
+        rerun += " (a world model's seed k trains on the first seed's data: rerun it with --num-seeds)"
+    seed_text = f"{len(seeds)} seeds per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
+    if len(seed_lists) > 1:
         seed_text = f"seeds per cell differ: {', '.join(str(list(s)) for s in seed_lists)}"
-    few = (
-        f" Fewer than {stats.MIN_SEEDS_FOR_VERDICT} seeds per cell: too few for a verdict."
-        if min(len(s) for s in seed_lists) < stats.MIN_SEEDS_FOR_VERDICT
-        else ""
-    )
-    steps = ", ".join(
-        f"{t}: {_span(cells.budget_of(s)[0] for s in by.values())} {cells.budget_of(next(iter(by.values())))[1]}"
-        for t, by in summaries.items()
-    )
-    return [
-        f"Command: `{command or 'run_study(...)'}`",
-        "",
-        f"{seed_text}, {steps} per seed (as the cells ran them).{few} "
-        "Scores: the final return, each seed's mean return over the episodes of its last 10% of updates "
-        "(a world model: log10 of its final eval loss), and the AUC, each seed's mean over the run's "
-        f"{cells.AUC_POINTS} equal windows of the same. "
+    few = f" Fewer than {stats.MIN_SEEDS_FOR_VERDICT} seeds per cell: too few for a verdict."
+    few = few if min(len(s) for s in seed_lists) < stats.MIN_SEEDS_FOR_VERDICT else ""
+    budgets = {t: [cells.budget_of(s) for s in by.values()] for t, by in summaries.items()}
+    span = lambda v: str(v[0]) if len(v) == 1 else f"{v[0]} to {v[-1]} (they differ)"
+    steps = ", ".join(f"{t}: {span(sorted({n for n, _ in b}))} {b[0][1]}" for t, b in budgets.items())
+    text = (
+        f"{seed_text}, {steps} per seed (as the cells ran them).{few} Scores: the final return, each seed's mean "
+        "return over the episodes of its last 10% of updates (a world model: log10 of its final eval loss), and the "
+        f"AUC, each seed's mean over the run's {cells.AUC_POINTS} equal windows of the same. "
         f"Device: {', '.join(sorted({s['device'] for s in cells_read}))}. "
-        f"{trained} cells trained in this invocation ({seconds:.0f} s), {len(cells_read) - trained} kept from before.",
-    ]
+        f"{trained} cells trained in this invocation ({seconds:.0f} s), {len(cells_read) - trained} kept from before."
+    )
+    return [f"Command: `{command or 'run_study(...)'}`", "", text]
 
 
-def stopped_message(stop: TrainingInterrupted, out: pathlib.Path, task: str, precision: str, command: str | None):
+def _interrupted(signum: int, out, where: str, command: str | None, this="", summary=None) -> TrainingInterrupted:
     """A signal's stop, told as the study's: the study command continues it, not the cell's."""
     again = f"run `{command}` again" if command else "run the study again with the same arguments"
-    return (
-        f"{signal.Signals(stop.signum).name} received: the study stopped in cell {task} {precision}; "
-        f"the finished cells are kept in {out} and this one resumes from its last checkpoint: to continue, {again}"
-    )
-
-
-def plan_cells(out: pathlib.Path, tasks, precisions, num_seeds: int, seed: int, budgets: dict[str, int]) -> dict:
-    """{cell directory: (task, precision, config)} for every task x precision cell, each config
-    built and given every check `train` makes (`cells.check_cell`) before anything is written."""
-    planned = {
-        cells.cell_dir(out, t, p): (t, p, cells.cell_config(t, p, num_seeds, seed, budgets[t]))
-        for t in tasks
-        for p in precisions
-    }
-    for task, _, config in planned.values():
-        cells.check_cell(task, config)
-    return planned
+    text = f"{signal.Signals(signum).name} received: the study stopped {where}; the finished cells are kept in {out}"
+    return TrainingInterrupted(f"{text}{this}: to continue, {again}", signum, summary)
 
 
 def _check_stop(stop: StopSignals, out: pathlib.Path, where: str, command: str | None) -> None:
     """Raises the study's stop where a signal arrived outside a cell's run (while a cell's
     program compiled before its run began, or while the statistics were computed)."""
     if stop.received is not None:
-        again = f"run `{command}` again" if command else "run the study again with the same arguments"
-        raise TrainingInterrupted(
-            f"{signal.Signals(stop.received).name} received: the study stopped {where}; "
-            f"the finished cells are kept in {out}: to continue, {again}",
-            stop.received,
-        )
+        raise _interrupted(stop.received, out, where, command)
 
 
-def train_cells(
-    out: pathlib.Path,
-    plan: dict,
-    progress: bool,
-    command: str | None,
-    stop: StopSignals | None = None,
-    executor=None,
-    before_cell=None,
-) -> tuple[dict, set]:
+def plan_cells(out: pathlib.Path, tasks, precisions, num_seeds: int, seed: int, budgets: dict[str, int]) -> dict:
+    """{cell directory: (task, precision, config)} for every task x precision cell, each config
+    built and given every check `train` makes (`cells.check_cell`) before anything is written."""
+    config = lambda t, p: cells.cell_config(t, p, num_seeds, seed, budgets[t])
+    planned = {cells.cell_dir(out, t, p): (t, p, config(t, p)) for t in tasks for p in precisions}
+    for task, _, config in planned.values():
+        cells.check_cell(task, config)
+    return planned
+
+
+def train_cells(out: pathlib.Path, plan: dict, progress: bool, command, stop=None, executor=None, before_cell=None):
     """Trains every cell of `plan` that has not finished. Returns ({cell directory: summary},
-    the directories trained now); a stop by a signal is told as the study's (`stopped_message`).
+    the directories trained now); a stop by a signal is told as the study's.
     `executor`: a submitit executor the cells run on as jobs (`cluster.run_jobs`), else here,
     one after another; `before_cell(path)`: called as a cell starts (a plan's record)."""
     stop = stop or StopSignals()
@@ -207,12 +130,10 @@ def train_cells(
         if summaries[path] is not None:
             _log(f"{task} {precision}: finished before, kept")
             continue
-        field = TASKS[task].budget_field
-        budget = f"{config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}"
-        is_cost = path.relative_to(out).parts[0] == "cost"
-        where = " (a job)" if executor is not None else ""
-        cost_run = "the cost run (for the report: N seeds against 1): " if is_cost else ""
-        _log(f"{cost_run}{task} {precision}: {budget}{where}")
+        field, cost_run = TASKS[task].budget_field, "the cost run (for the report: N seeds against 1): "
+        what = f"{task} {precision}: {config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}"
+        cost_run = cost_run if path.relative_to(out).parts[0] == "cost" else ""
+        _log(f"{cost_run}{what}{' (a job)' if executor is not None else ''}")
         cells.record_planned(out, path, config)
         if before_cell is not None:
             before_cell(path)
@@ -222,8 +143,8 @@ def train_cells(
         try:
             summaries[path] = cells.run_cell(path, task, config, progress)
         except TrainingInterrupted as stopped:
-            message = stopped_message(stopped, out, task, precision, command)
-            raise TrainingInterrupted(message, stopped.signum, stopped.summary) from stopped
+            this, where = " and this one resumes from its last checkpoint", f"in cell {task} {precision}"
+            raise _interrupted(stopped.signum, out, where, command, this, stopped.summary) from stopped
         trained.add(path)
     if pending:
         done = cluster.run_jobs(executor, pending, stopped=lambda: stop.received is not None)
@@ -234,63 +155,31 @@ def train_cells(
     return summaries, trained
 
 
-def task_scores(out: pathlib.Path, summaries: dict, tasks, precisions) -> tuple[dict, dict]:
-    """({precision: final returns [seeds, tasks]}, {precision: AUCs [seeds, tasks]}) of cells."""
-    final = {
-        p: np.stack([cells.seed_scores(summaries[t][p], "final_return") for t in tasks], axis=1) for p in precisions
-    }
-    auc = {
-        p: np.stack([cells.auc_scores(cells.read_rows(cells.cell_dir(out, t, p))) for t in tasks], axis=1)
-        for p in precisions
-    }
-    return final, auc
-
-
-PLAN_FILE = plan.PLAN_FILE
-read_plan = plan.read
-
-
 def plan_header(saved: dict | None, tasks, num_seeds: int, confirmed: str | None = None) -> list[str]:
     """The report's statement of the plan it ran under: "Confirmatory" with the plan's hash
     (`confirmed`), else "Exploratory" (with the hash of a plan in --out it did not run under)."""
+    if saved is None:
+        none = "Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."
+        return ["Exploratory: no plan (`--plan`) fixed this study before its cells ran.", "", none]
+    status = (
+        f"Exploratory: a plan (`{plan.plan_hash(saved)}`) is in this --out, but the study was not run as "
+        "its confirmatory study (`--confirmatory`)."
+    )
     if confirmed is not None:
         status = (
             f"Confirmatory: run under plan `{confirmed}` (the first 12 hex digits of the sha256 of plan.json's "
             "canonical JSON), written before its cells (preregistered.json records each cell's plan): its seeds, "
             "budgets, margin, statistics and thresholds were fixed before any of its cells ran."
         )
-    elif saved is None:
-        status = "Exploratory: no plan (`--plan`) fixed this study before its cells ran."
-    else:
-        status = (
-            f"Exploratory: a plan (`{plan.plan_hash(saved)}`) is in this --out, but the study was not run as "
-            "its confirmatory study (`--confirmatory`)."
-        )
-    if saved is None:
-        none = "Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."
-        return [status, "", none]
     asked = {t: saved["tasks"][t]["seeds"] for t in tasks if t in saved["tasks"]}
-    short = [t for t, n in asked.items() if num_seeds < n]
-    text = ", ".join(f"{t}: {n}" for t, n in asked.items()) or "none of these tasks"
-    verdict = (
-        f'this study ran {num_seeds}, fewer than planned for {", ".join(short)}: a "not shown" there may be '
-        "for want of seeds"
-        if short
-        else f"this study ran {num_seeds}, as many or more"
+    short = ", ".join(t for t, n in asked.items() if num_seeds < n)
+    ran = f'fewer than planned for {short}: a "not shown" there may be for want of seeds' if short else ""
+    text = (
+        f"Plan (`{saved['command']}`, a pilot of {saved['pilot_seeds']} seeds of fp32 and fp16 per task; plan.md): "
+        f"seeds per cell for a +-{stats.MARGIN:g} equivalence verdict: "
+        f"{', '.join(f'{t}: {n}' for t, n in asked.items()) or 'none of these tasks'}; this study ran {num_seeds}, "
     )
-    return [
-        status,
-        "",
-        f"Plan (`{saved['command']}`, a pilot of {saved['pilot_seeds']} seeds of fp32 and fp16 per task; "
-        f"plan.md): seeds per cell for a +-{stats.MARGIN:g} equivalence verdict: {text}; {verdict}.",
-    ]
-
-
-def underflow_lines(out: pathlib.Path, tasks, precisions) -> list[str]:
-    """The report's underflow section, from the cells that recorded the telemetry."""
-    from genesis_jax.cli.study import telemetry_report
-
-    return telemetry_report.section(out, tasks, precisions)
+    return [status, "", text + (ran or "as many or more") + "."]
 
 
 def report_only_lines(out: pathlib.Path, moved: dict[pathlib.Path, list[str]]) -> list[str]:
@@ -309,22 +198,42 @@ def report_only_lines(out: pathlib.Path, moved: dict[pathlib.Path, list[str]]) -
     return [f"{text}. Where they differ (as the cell ran -> what today's settings give): {differ}"]
 
 
-def announce(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, statistics: bool = False) -> None:
-    """Says what the study will train and an estimate of its time (`cost.estimate_lines`):
-    on stdout for --dry-run, which then writes nothing, else on stderr before the first cell."""
+def _prepare(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, report=False, statistics=False):
+    """Checks `cell_plan` ({cell: (task, precision, config)}) against the cells already in `out`
+    (`cells.check_kept_cells`; its return, with `report`), then says what the study will train
+    and an estimate of its time (`cost.estimate_lines`): on stdout for --dry-run, which then
+    writes nothing, else on stderr before the first cell."""
+    moved = cells.check_kept_cells(out, {path: config for path, (_, _, config) in cell_plan.items()}, report=report)
     lines = cost.estimate_lines(out, cell_plan, cost_path, statistics)
     if dry_run:
         print("\n".join([*lines, "--dry-run: nothing trained, nothing written"]))
     else:
-        for line in lines:
-            _log(line)
+        print("\n".join(f"study: {line}" for line in lines), file=sys.stderr, flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+    return moved
 
 
 def _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps):
+    """The study's choices checked (one line for a bad one): (tasks, precisions, budgets, out)."""
     tasks, precisions = list(tasks), list(precisions)
     cells.check_choices(tasks, precisions)
-    check_numbers(num_seeds, reps)
+    cells.check_count(num_seeds, 2, "a study needs at least {} seeds per cell")
+    refusal = "reps must be an integer of at least {} (bootstrap replications per interval)"
+    cells.check_count(reps, stats.MIN_REPS, refusal)
     return tasks, precisions, cells.budgets(tasks, total_steps), pathlib.Path(out_dir)
+
+
+def _scores(out: pathlib.Path, done: dict, tasks, precisions, seed: int, fixed: dict) -> tuple:
+    """Of the cells trained (`done`: {cell: summary}): ({task: {precision: summary}}, {precision:
+    final scores [seeds, tasks]}, {precision: AUCs [seeds, tasks]}, {precision: {task: metric rows}},
+    {task: random floor}, {task: known reference or None}: the plan's (`fixed`), else measured)."""
+    summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
+    rows = {p: {t: cells.read_rows(cells.cell_dir(out, t, p)) for t in tasks} for p in precisions}
+    final = {p: np.stack([cells.seed_scores(summaries[t][p]) for t in tasks], axis=1) for p in precisions}
+    auc = {p: np.stack([cells.auc_scores(rows[p][t]) for t in tasks], axis=1) for p in precisions}
+    randoms = {t: fixed[t]["random"] if fixed else cells.random_floor(t, seed) for t in tasks}
+    known = {t: fixed[t]["reference"] if fixed else cells.reference_score(t, seed) for t in tasks}
+    return summaries, final, auc, rows, randoms, known
 
 
 def run_plan(
@@ -347,95 +256,65 @@ def run_plan(
     at the seeds the plan asks for or `num_seeds` if more, on fresh seeds after the pilot's.
     Returns plan.md's path (None with `dry_run`: the pilot's cells and estimate printed,
     nothing written). A plan that differs from one whose cells already started is refused."""
-    if isinstance(pilot_seeds, bool) or not isinstance(pilot_seeds, int) or pilot_seeds < plan.MIN_PILOT_SEEDS:
-        raise ValueError(f"a pilot needs at least {plan.MIN_PILOT_SEEDS} seeds per cell, got {pilot_seeds!r}")
+    cells.check_count(pilot_seeds, plan.MIN_PILOT_SEEDS, "a pilot needs at least {} seeds per cell")
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
     pilot_out = out / "plan"
     cell_plan = plan_cells(pilot_out, tasks, plan.PILOT_PRECISIONS, pilot_seeds, seed, budgets)
-    cells.check_kept_cells(pilot_out, {path: config for path, (_, _, config) in cell_plan.items()})
-    announce(pilot_out, cell_plan, dry_run)
+    _prepare(pilot_out, cell_plan, dry_run)
     if dry_run:
         return None
-    pilot_out.mkdir(parents=True, exist_ok=True)
     with StopSignals() as stop:
         done, _ = train_cells(pilot_out, cell_plan, progress, command, stop)
-        summaries = {t: {p: done[cells.cell_dir(pilot_out, t, p)] for p in plan.PILOT_PRECISIONS} for t in tasks}
-        final, auc = task_scores(pilot_out, summaries, tasks, plan.PILOT_PRECISIONS)
-        randoms = {task: cells.random_floor(task, seed) for task in tasks}
-        known = {task: cells.reference_score(task, seed) for task in tasks}
+        summaries, final, auc, _, randoms, known = _scores(pilot_out, done, tasks, plan.PILOT_PRECISIONS, seed, {})
         _check_stop(stop, out, "before its plan was written", command)
-    random, reference = [randoms[t] for t in tasks], [r for r, _ in report.references(final, tasks, randoms, known)]
-    normalised = {p: stats.normalise(m, random, reference) for p, m in final.items()}
-    auc_normalised = {p: stats.normalise(m, random, reference) for p, m in auc.items()}
     refs = report.references(final, tasks, randoms, known)
-    bounds = {
-        t: (randoms[t], ref, source if known[t] is not None else f"the pilot's fp32 IQM ({pilot_seeds} seeds)")
-        for t, (ref, source) in zip(tasks, refs)
-    }
+    random, reference = [randoms[t] for t in tasks], [r for r, _ in refs]
+    normalised = {p: stats.normalise(m, random, reference) for p, m in final.items()}
+    auc = {p: stats.normalise(m, random, reference) for p, m in auc.items()}
+    pilot_iqm = f"the pilot's fp32 IQM ({pilot_seeds} seeds)"
+    bounds = {t: (randoms[t], r, source if known[t] is not None else pilot_iqm) for t, (r, source) in zip(tasks, refs)}
     steps = {t: "{} {}".format(*cells.budget_of(summaries[t][BASELINE])) for t in tasks}
     # the report's rule for "did not learn": the spread of such runs says nothing of runs that learn
     learnt = report.learned_flags(normalised, stats.per_task(final), tasks, random)
     plan.check_learned(tasks, normalised, learnt, steps, pilot_out)
-    plans = {
-        task: plan.task_plan(
-            {p: m[:, i] for p, m in normalised.items()},
-            {p: m[:, i] for p, m in auc_normalised.items()},
-            summaries[task],
-            precisions,
-        )
-        for i, task in enumerate(tasks)
-    }
+    col = lambda scores, i: {p: m[:, i] for p, m in scores.items()}
+    plans = {t: plan.task_plan(col(normalised, i), col(auc, i), summaries[t], precisions) for i, t in enumerate(tasks)}
     device = ", ".join(sorted({s["device"] for by in summaries.values() for s in by.values()}))
-    seeds = max([p["seeds"] for p in plans.values()] + [num_seeds or 0])
-    settings = {
-        "tasks": tasks,
-        "precisions": precisions,
-        "total_steps": budgets,
-        "seed": seed + pilot_seeds,  # fresh seeds, after the pilot's
-        "num_seeds": seeds,
-        "reps": reps,
-    }
-    pilot = {"pilot_seeds": pilot_seeds, "pilot_seed_range": [seed, seed + pilot_seeds - 1]}
+    needed = max(p["seeds"] for p in plans.values())
+    first, seeds = seed + pilot_seeds, max(needed, num_seeds or 0)  # fresh seeds, after the pilot's
+    settings = dict(tasks=tasks, precisions=precisions, total_steps=budgets, seed=first, num_seeds=seeds, reps=reps)
+    pilot = {"pilot_seeds": pilot_seeds, "pilot_seed_range": [seed, first - 1]}
     saved = plan.plan_record(plans, pilot, command or "run_plan(...)", device, settings, bounds)
-    digest, before = plan.plan_hash(saved), read_plan(out)
-    if before is not None and plan.plan_hash(before) != digest and plan.read_record(out):
+    digest, before = plan.plan_hash(saved), plan.read(out)
+    if before is not None and plan.plan_hash(before) != digest and cells.load_json(out / plan.RECORD):
         raise ValueError(
             f"{out} holds plan {plan.plan_hash(before)}, under which cells have started: a plan is not changed "
             "after its study began; plan the new study in another --out"
         )
     study = re.sub(r" --(seed|num-seeds|reps) \S+", "", study_command or "genesis-jax study")
-    study += f" --seed {seed + pilot_seeds} --num-seeds {seeds} --reps {reps} --confirmatory"
-    needed = max(p["seeds"] for p in plans.values())
+    study += f" --seed {first} --num-seeds {seeds} --reps {reps} --confirmatory"
     floor = f" (--num-seeds {num_seeds}: more than the {needed} the pilot asks for)" if seeds > needed else ""
-    lines = [
+    rows = []
+    for t, v in saved["tasks"].items():
+        raw = {k: f"{v[k]:.4g}" for k in ("random", "reference", "margin_raw", "threshold_raw", "fail_below_raw")}
+        rows.append((t, raw["random"], f"{raw['reference']} ({v['reference_source']})", *list(raw.values())[2:]))
+    head = "task | random | reference (source) | margin (raw) | threshold (raw) | failure below (raw)"
+    paragraphs = [
         "# Study plan",
-        "",
         f"Command: `{command or 'run_plan(...)'}`",
-        "",
         f"Plan `{digest}` (the first 12 hex digits of the sha256 of plan.json's canonical JSON: the confirmatory "
         "study's report quotes it).",
-        "",
-        *plan.plan_lines(plans, steps, device),
-        "",
-        f"The confirmatory study: {seeds} seeds per cell{floor}, "
-        f"seeds {seed + pilot_seeds} to {seed + pilot_seeds + seeds - 1} (fresh: the pilot ran {seed} to "
-        f"{seed + pilot_seeds - 1}), judged on the paired IQM, mean and CVaR{stats.TAIL:.0%} of each score, "
+        "\n".join(plan.plan_lines(plans, steps, device)),
+        f"The confirmatory study: {seeds} seeds per cell{floor}, seeds {first} to {first + seeds - 1} (fresh: the "
+        f"pilot ran {seed} to {first - 1}), judged on the paired IQM, mean and CVaR{stats.TAIL:.0%} of each score, "
         f"equivalent only where all three are within +-{stats.MARGIN:g}; learning speed as the time to "
         f"{stats.THRESHOLD:g} normalised; seeds ending below {stats.FAIL_BELOW:g} counted as failures. "
         "Per task in raw units:",
-        "",
-        "| task | random | reference (source) | margin (raw) | threshold (raw) | failure below (raw) |",
-        "|---|---|---|---|---|---|",
-        *(
-            f"| {t} | {v['random']:.4g} | {v['reference']:.4g} ({v['reference_source']}) | {v['margin_raw']:.4g} "
-            f"| {v['threshold_raw']:.4g} | {v['fail_below_raw']:.4g} |"
-            for t, v in saved["tasks"].items()
-        ),
-        "",
+        "\n".join(report.table(head, rows)),
         f"To run it: `{study}`",
     ]
-    (out / PLAN_FILE).write_text(json.dumps(saved, indent=1) + "\n")
-    (out / "plan.md").write_text("\n".join(lines) + "\n")
+    (out / plan.PLAN_FILE).write_text(json.dumps(saved, indent=1) + "\n")
+    (out / "plan.md").write_text("\n\n".join(paragraphs) + "\n")
     return out / "plan.md"
 
 
@@ -487,81 +366,44 @@ def run_study(
             have finished at these study settings (seeds, budgets, seed, precisions); the
             algorithm's other settings are read as the cells ran them, not checked against
             today's (a default changed since), and the report lists where they differ
-            (`cells.check_report_cells`). For re-judging committed cells under new statistics.
+            (`cells.check_kept_cells`). For re-judging committed cells under new statistics.
     """
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps)
     cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
-    saved_plan, digest = read_plan(out), None
-    if confirmatory:
-        settings = {
-            "tasks": tasks,
-            "precisions": precisions,
-            "total_steps": budgets,
-            "seed": seed,
-            "num_seeds": num_seeds,
-            "reps": reps,
-        }
-        digest = plan.check_confirmatory(out, saved_plan, settings, list(cell_plan))
+    study_cells, saved_plan = list(cell_plan), plan.read(out)
+    settings = dict(tasks=tasks, precisions=precisions, total_steps=budgets, seed=seed, num_seeds=num_seeds, reps=reps)
+    digest = plan.check_confirmatory(out, saved_plan, settings, study_cells) if confirmatory else None
     cluster.check_executor(executor, executor_options or {})
-    cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE)
+    cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE) if cost else None
     if cost:  # the first task's fp32 cell again, with 1 seed
         cell_plan.update(plan_cells(out / "cost", tasks[:1], [BASELINE], 1, seed, budgets))
-    configs = {path: config for path, (_, _, config) in cell_plan.items()}
-    moved = cells.check_report_cells(out, configs) if report_only else {}
-    if not report_only:
-        cells.check_kept_cells(out, configs)
-    announce(out, cell_plan, dry_run, cost_path if cost else None, statistics=True)
+    moved = _prepare(out, cell_plan, dry_run, cost_path, report=report_only, statistics=True)
     if dry_run:
         return None
-    out.mkdir(parents=True, exist_ok=True)
     jobs = None if executor == "inline" else cluster.make_executor(executor, out / "submitit", executor_options or {})
     with StopSignals() as stop:  # a signal outside a cell's run (compiling, statistics) stops the study too
         started = time.perf_counter()
         record = None if digest is None else (lambda path: plan.record_cell(out, path, digest))
         done, trained = train_cells(out, cell_plan, progress, command, stop, jobs, record)
         seconds = time.perf_counter() - started
-        summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
-        cost_lines = (
-            measure_cost(tasks[0], done[cost_path], summaries[tasks[0]][BASELINE]) if cost else ["not measured"]
-        )
         _log("statistics and plots")
-        raw, auc = task_scores(out, summaries, tasks, precisions)
         fixed = {}
         if confirmatory:  # the plan's normalisation and thresholds, and no cell under another plan
-            digest = plan.check_confirmatory(out, read_plan(out), settings, [p for p in cell_plan if p != cost_path])
+            digest = plan.check_confirmatory(out, plan.read(out), settings, study_cells)
             fixed = {t: saved_plan["tasks"][t] for t in tasks}
-        randoms = {t: fixed[t]["random"] if fixed else cells.random_floor(t, seed) for t in tasks}
-        known = {t: fixed[t]["reference"] if fixed else cells.reference_score(t, seed) for t in tasks}
+        summaries, raw, auc, rows, randoms, known = _scores(out, done, tasks, precisions, seed, fixed)
         sources = {t: f"{v['reference_source']}, fixed by plan {digest}" for t, v in fixed.items()}
-        thresholds = {t: v["threshold"] for t, v in fixed.items()}
         _check_stop(stop, out, "while computing its statistics", command)
-        rows = {p: {t: cells.read_rows(cells.cell_dir(out, t, p)) for t in tasks} for p in precisions}
-        analysis = report.analyse(
-            raw, tasks, randoms, reps, auc=auc, known=known, rows=rows, thresholds=thresholds, sources=sources
-        )
-        curves = {
-            task: {
-                p: cells.learning_curve(cells.read_rows(cells.cell_dir(out, task, p)), curve_points) for p in precisions
-            }
-            for task in tasks
-        }
-        curve_files = report.plot_curves(curves, out, reps=min(reps, 500))
-        plot_files = report.plot_summary(analysis, out)
-        planned = {t: v["seeds"] for t, v in saved_plan["tasks"].items()} if saved_plan else None
+        thresholds = {t: v["threshold"] for t, v in fixed.items()}
+        analysis = report.analyse(raw, tasks, randoms, reps, 0, auc, known, rows, thresholds, sources)
+        curves = {t: {p: cells.learning_curve(rows[p][t], curve_points) for p in precisions} for t in tasks}
+        plots = report.plot_curves(curves, out, reps=min(reps, 500)), report.plot_summary(analysis, out)
         lines = header(command, summaries, len(trained - {cost_path}), seconds)
         lines += ["", *plan_header(saved_plan, tasks, num_seeds, digest)]
-        if report_only:
-            lines += ["", *report_only_lines(out, moved)]
-        underflow = underflow_lines(out, tasks, precisions)
+        lines += ["", *report_only_lines(out, moved)] if report_only else []
+        first = summaries[tasks[0]][BASELINE]
+        cost_lines = measure_cost(tasks[0], done[cost_path], first) if cost else ["not measured"]
+        sections = (("Underflow (opt-in telemetry)", report.underflow_section(out, rows)),)
         _check_stop(stop, out, "while computing its statistics", command)
-        return report.write_report(
-            out,
-            analysis,
-            summaries,
-            curve_files,
-            plot_files,
-            lines,
-            cost_lines,
-            planned=planned,
-            sections=(("Underflow (opt-in telemetry)", underflow),),
-        )
+        planned = {t: v["seeds"] for t, v in saved_plan["tasks"].items()} if saved_plan else None
+        return report.write_report(out, analysis, summaries, *plots, lines, cost_lines, planned, sections)

@@ -42,20 +42,15 @@ def _registered_tasks() -> dict[str, Task]:
         for task, t in algorithm.study_tasks.items():
             if task in tasks:
                 raise ValueError(f"study task {task!r} is named by {tasks[task].algo} and {name}")
-            fields = dataclasses.asdict(t)
-            tasks[task] = Task(name, budget_field=algorithm.budget_field, **fields)
+            tasks[task] = Task(name, budget_field=algorithm.budget_field, **dataclasses.asdict(t))
     return tasks
 
 
 TASKS = _registered_tasks()
 
 # What each precision of a study means as config fields; fp16-unscaled shows what scaling buys.
-PRECISIONS = {
-    "fp32": {"precision": "fp32"},
-    "bf16": {"precision": "bf16"},
-    "fp16": {"precision": "fp16"},
-    "fp16-unscaled": {"precision": "fp16", "loss_scaling": "none"},
-}
+PRECISIONS = {name: {"precision": name} for name in ("fp32", "bf16", "fp16")}
+PRECISIONS["fp16-unscaled"] = {"precision": "fp16", "loss_scaling": "none"}
 BASELINE = "fp32"
 # The precisions whose cells record the underflow telemetry (where the algorithm measures it).
 TELEMETRY_PRECISIONS = ("fp16", "fp16-unscaled")
@@ -66,27 +61,31 @@ def check_choices(tasks, precisions) -> None:
     for kind, chosen, known in (("task", tasks, TASKS), ("precision", precisions, PRECISIONS)):
         if not chosen:
             raise ValueError(f"the study names no {kind}; accepted: {', '.join(known)}")
-        unknown = [c for c in chosen if c not in known]
-        if unknown:
-            raise ValueError(f"unknown {kind} {unknown[0]!r}; accepted: {', '.join(known)}")
-        repeated = [c for i, c in enumerate(chosen) if c in chosen[:i]]
-        if repeated:
-            raise ValueError(f"{kind} {repeated[0]!r} is given twice; name each {kind} once")
+        for i, c in enumerate(chosen):
+            if c not in known:
+                raise ValueError(f"unknown {kind} {c!r}; accepted: {', '.join(known)}")
+            if c in chosen[:i]:
+                raise ValueError(f"{kind} {c!r} is given twice; name each {kind} once")
     if BASELINE not in precisions:
         raise ValueError(f"a study compares with {BASELINE}: include it in the precisions")
+
+
+def check_count(value, least: int, refusal: str) -> None:
+    """One line (`refusal`, `least` in its braces, then the value) for a count that is not an
+    integer of at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{refusal.format(least)}, got {value!r}")
 
 
 def budgets(tasks, total_steps) -> dict[str, int]:
     """Environment steps per seed of each task: `total_steps` for all, a {task: steps}
     mapping, or None (each task's default)."""
     chosen = total_steps if isinstance(total_steps, dict) else {t: total_steps for t in tasks}
-    unknown = set(chosen) - set(tasks)
-    if unknown:
+    if unknown := set(chosen) - set(tasks):
         raise ValueError(f"total-steps names {sorted(unknown)[0]!r}, which is not among the study's tasks")
     out = {task: TASKS[task].total_steps if chosen.get(task) is None else chosen[task] for task in tasks}
     for task, steps in out.items():
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"total-steps of {task} must be a positive integer, got {steps!r}")
+        check_count(steps, 1, f"total-steps of {task} must be a positive integer")
         fields = {f.name for f in dataclasses.fields(get_algorithm(TASKS[task].algo).config_class)}
         if TASKS[task].budget_field not in fields:  # its budget is counted in something else (epochs, say)
             raise ValueError(
@@ -117,13 +116,25 @@ def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
     return out / "cells" / task / precision
 
 
+def load_json(path: pathlib.Path, default=None):
+    """The JSON in `path`, or `default` where there is no such file (or a torn one)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def add_json(path: pathlib.Path, key: str, value, sort_keys: bool = False) -> None:
+    """Adds `key`: `value` to the JSON object in `path` (atomically: a new file, then renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**load_json(path, {}), key: value}, indent=1, sort_keys=sort_keys) + "\n")
+    tmp.replace(path)
+
+
 def read_summary(path: pathlib.Path) -> dict | None:
     """The cell's summary if it finished (all its steps, not stopped by a signal), else None."""
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    finished = summary.get("stopped") in (None, "diverged") and summary.get("failed") is None
+    summary = load_json(path / "summary.json")
+    finished = summary is not None and summary.get("stopped") in (None, "diverged") and summary.get("failed") is None
     return summary if finished else None
 
 
@@ -134,13 +145,11 @@ def read_rows(path: pathlib.Path) -> list[dict]:
 def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
     """Trains one cell (resuming it when it has a checkpoint); returns its summary, as
     summary.json holds it (the config included)."""
-    algorithm = get_algorithm(TASKS[task].algo)
     started = (path / "checkpoints").is_dir() and any((path / "checkpoints").iterdir())
     options = {"resume": True} if started else {"overwrite": path.exists()}
-    steps = getattr(config, TASKS[task].budget_field)
+    every, train = max(1, getattr(config, TASKS[task].budget_field) // 4), get_algorithm(TASKS[task].algo).train
     try:
-        result = algorithm.train(config, str(path), checkpoint_every=max(1, steps // 4), progress=progress, **options)
-        summary = result.summary
+        summary = train(config, str(path), checkpoint_every=every, progress=progress, **options).summary
     except DivergenceError as stop:  # every seed halted: the cell's result is what they reached
         summary = stop.summary
     return read_summary(path) or summary
@@ -151,6 +160,9 @@ def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
 PLANNED = "planned.json"
 # The study's flags, by the config field each sets: a refusal names the flag to change.
 FLAGS = {"num_seeds": "--num-seeds", "total_steps": "--total-steps", "epochs": "--total-steps", "seed": "--seed"}
+# What makes a cell the cell a study asks for: its flags' fields and its precision's. A report
+# (`check_report_cells`) reads cells whose other settings (the algorithm's) may have moved since.
+STUDY_FIELDS = {*FLAGS, *(field for fields in PRECISIONS.values() for field in fields)}
 
 
 def as_json(config) -> dict:
@@ -158,19 +170,9 @@ def as_json(config) -> dict:
     return json.loads(json.dumps(jsonable(config.to_dict()), default=str))
 
 
-def read_planned(out: pathlib.Path) -> dict[str, dict]:
-    try:
-        return json.loads((out / PLANNED).read_text())
-    except FileNotFoundError:
-        return {}
-
-
 def record_planned(out: pathlib.Path, path: pathlib.Path, config) -> None:
     """Adds the settings of the cell at `path` to the study's record (atomically)."""
-    planned = {**read_planned(out), path.relative_to(out).as_posix(): as_json(config)}
-    tmp = out / f"{PLANNED}.tmp"
-    tmp.write_text(json.dumps(planned, indent=1) + "\n")
-    tmp.replace(out / PLANNED)
+    add_json(out / PLANNED, path.relative_to(out).as_posix(), as_json(config))
 
 
 def recorded_settings(out: pathlib.Path, path: pathlib.Path) -> dict | None:
@@ -178,34 +180,41 @@ def recorded_settings(out: pathlib.Path, path: pathlib.Path) -> dict | None:
     (nothing where the cell is gone: one deleted to be trained again is not judged)."""
     if not path.exists():
         return None
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        summary = {}
-    if "config" in summary:
-        return summary["config"]
-    return read_planned(out).get(path.relative_to(out).as_posix())
+    summary, name = load_json(path / "summary.json", {}), path.relative_to(out).as_posix()
+    return summary["config"] if "config" in summary else load_json(out / PLANNED, {}).get(name)
 
 
-def settings_changes(recorded: dict, planned: dict) -> list[str]:
-    """'field: recorded -> planned' for each differing field (study flags by their flag). A
-    field only one side has comes from another version of genesis-jax and is not compared."""
-    return [
-        f"{FLAGS.get(name, name)}: {recorded[name]!r} -> {planned[name]!r}"
-        for name in sorted(set(recorded) & set(planned))
-        if recorded[name] != planned[name]
-    ]
+def settings_changes(recorded: dict, planned: dict, fields=None) -> list[str]:
+    """'field: recorded -> planned' for each differing field (of `fields`, default all; study
+    flags by their flag). A field only one side has comes from another version of genesis-jax
+    and is not compared."""
+    names = [n for n in sorted(set(recorded) & set(planned)) if recorded[n] != planned[n] and n in (fields or planned)]
+    return [f"{FLAGS.get(n, n)}: {recorded[n]!r} -> {planned[n]!r}" for n in names]
 
 
-def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> None:
+def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object], report: bool = False) -> dict:
     """Refuses, in one line, a study whose `--out` holds cells trained with other settings
-    than `plan` ({cell path: config}) asks for: reusing them would report what did not run."""
-    recorded = {path: recorded_settings(out, path) for path in plan}
-    changed = {
-        path: changes
-        for path, config in plan.items()
-        if recorded[path] is not None and (changes := settings_changes(recorded[path], as_json(config)))
-    }
+    than `plan` ({cell path: config}) asks for: reusing them would report what did not run.
+
+    `report` (`run_study(report_only=True)`, which trains nothing; `check_report_cells`): a
+    cell of `plan` that has not finished is refused too, and only the study settings
+    (`STUDY_FIELDS`: seeds, budget, seed, precision) are checked. Returns {cell path: changes}
+    of the settings in which a cell differs from what these settings give today (an
+    algorithm's default that changed since it ran): the report states them."""
+    changed, moved = {}, {}
+    for path, config in plan.items():
+        if report and read_summary(path) is None:
+            raise ValueError(
+                f"{path} has not finished: a report (--report-only) trains nothing; run the study without "
+                "--report-only to train it (or --no-cost where it is the cost run)"
+            )
+        if (recorded := recorded_settings(out, path)) is None:
+            continue
+        planned = as_json(config)
+        if changes := settings_changes(recorded, planned, STUDY_FIELDS if report else None):
+            changed[path] = changes
+        elif changes := settings_changes(recorded, planned):
+            moved[path] = changes
     if changed:
         path, changes = next(iter(changed.items()))
         more = f" (and {len(changed) - 1} more cells)" if len(changed) > 1 else ""
@@ -213,55 +222,25 @@ def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> Non
             f"{path} was trained with other settings than this study asks for ({'; '.join(changes)}){more}: "
             "run the study with the settings it was made with, or give another --out for the new ones"
         )
-
-
-# What makes a cell the cell a study asks for: its flags' fields and its precision's. A report
-# (`check_report_cells`) reads cells whose other settings (the algorithm's) may have moved since.
-STUDY_FIELDS = {*FLAGS, *(field for fields in PRECISIONS.values() for field in fields)}
-
-
-def check_report_cells(out: pathlib.Path, plan: dict[pathlib.Path, object]) -> dict[pathlib.Path, list[str]]:
-    """`check_kept_cells` for a report of cells that trains nothing (`run_study(report_only=True)`):
-    refuses, in one line, a cell of `plan` that has not finished, or that ran with other study
-    settings (`STUDY_FIELDS`: seeds, budget, seed, precision) than `plan` asks for. Returns
-    {cell path: changes} of the settings in which a cell differs from what these settings
-    give today (an algorithm's default that changed since it ran): the report states them."""
-    for path in plan:
-        if read_summary(path) is None:
-            raise ValueError(
-                f"{path} has not finished: a report (--report-only) trains nothing; run the study without "
-                "--report-only to train it (or --no-cost where it is the cost run)"
-            )
-    moved = {}
-    for path, config in plan.items():
-        recorded, planned = recorded_settings(out, path), as_json(config)
-        study = {n for n in set(recorded) & set(planned) if n in STUDY_FIELDS and recorded[n] != planned[n]}
-        if study:
-            raise ValueError(
-                f"{path} was trained with other settings than this study asks for "
-                f"({'; '.join(settings_changes({n: recorded[n] for n in study}, planned))}): "
-                "run the study with the settings it was made with"
-            )
-        if changes := settings_changes(recorded, planned):
-            moved[path] = changes
     return moved
 
 
-def seed_scores(summary: dict, score: str) -> np.ndarray:
-    """The final score of each seed of a cell: `score` ("final_return"), or for a world
-    model's cell log10 of its final eval loss."""
+check_report_cells = functools.partial(check_kept_cells, report=True)
+
+
+def seed_scores(summary: dict) -> np.ndarray:
+    """The final return of each seed of a cell, or for a world model's cell log10 of its
+    final eval loss."""
     if "eval_loss_per_seed" in summary or summary.get("eval_loss") is not None and "final_return" not in summary:
         per_seed = summary.get("eval_loss_per_seed") or [summary["eval_loss"]]
         return np.log10(np.asarray([np.nan if v is None else v for v in per_seed], np.float64))
-    per_seed = summary.get(f"{score}_per_seed")
-    return np.asarray(per_seed if per_seed is not None else [summary[score]], np.float64)
+    per_seed = summary.get("final_return_per_seed")
+    return np.asarray(per_seed if per_seed is not None else [summary["final_return"]], np.float64)
 
 
 def budget_of(summary: dict) -> tuple[int, str]:
     """(the budget a cell ran, its unit): environment steps, or a world model's epochs."""
-    if "total_steps" in summary:
-        return summary["total_steps"], "steps"
-    return summary["epochs"], "epochs"
+    return (summary["total_steps"], "steps") if "total_steps" in summary else (summary["epochs"], "epochs")
 
 
 def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -270,23 +249,19 @@ def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarra
     the rows carry only each seed's recent return (DQN: its last 10 episodes), that return at
     the window's end."""
     windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
+    ends = [w[-1] for w in windows]
+    nan = lambda values: [np.nan if v is None else v for v in values]
     if "eval_loss" in rows[0]:  # a world model: log10 of each seed's eval loss, averaged in the window
-        steps = np.asarray([r["epoch"] for r in rows])
-        per_seed = [r.get("eval_loss_per_seed") or [r["eval_loss"]] for r in rows]
-        logs = np.log10(np.asarray([[np.nan if v is None else v for v in s] for s in per_seed], np.float64))
-        return steps[[w[-1] for w in windows]], np.stack([logs[w].mean(0) for w in windows], axis=1)
-    steps = np.asarray([r["step"] for r in rows])
+        per_seed = [nan(r.get("eval_loss_per_seed") or [r["eval_loss"]]) for r in rows]
+        logs = np.log10(np.asarray(per_seed, np.float64))
+        return np.asarray([r["epoch"] for r in rows])[ends], np.stack([logs[w].mean(0) for w in windows], axis=1)
+    steps = np.asarray([r["step"] for r in rows])[ends]
     if "return_sum_per_seed" not in rows[0] and "recent_return_per_seed" in rows[0]:
-        recent = [[np.nan if v is None else v for v in rows[w[-1]]["recent_return_per_seed"]] for w in windows]
-        return steps[[w[-1] for w in windows]], np.asarray(recent, np.float64).T
-    per_seed = lambda r, key: r[f"{key}_per_seed"] if f"{key}_per_seed" in r else [r[key]]  # noqa: E731
-    sums = np.asarray([per_seed(r, "return_sum") for r in rows], np.float64)
-    episodes = np.asarray([per_seed(r, "episodes") for r in rows], np.float64)
-    returns = [
-        np.divide(sums[w].sum(0), episodes[w].sum(0), out=np.full(sums.shape[1], np.nan), where=episodes[w].sum(0) > 0)
-        for w in windows
-    ]
-    return steps[[w[-1] for w in windows]], np.stack(returns, axis=1)
+        return steps, np.asarray([nan(rows[i]["recent_return_per_seed"]) for i in ends], np.float64).T
+    per_seed = lambda key: np.asarray([r.get(f"{key}_per_seed", [r.get(key)]) for r in rows], np.float64)
+    sums, episodes = per_seed("return_sum"), per_seed("episodes")
+    mean = lambda s, n: np.divide(s, n, out=np.full(len(s), np.nan), where=n > 0)
+    return steps, np.stack([mean(sums[w].sum(0), episodes[w].sum(0)) for w in windows], axis=1)
 
 
 # Windows of a learning curve its AUC averages over (equal shares of the run's rows).
@@ -324,17 +299,13 @@ def threshold_times(rows: list[dict], reached, points: int = SPEED_POINTS) -> tu
 def reference_score(task: str, seed: int = 0) -> float | None:
     """A task's known reference score: its published return, a loss task's log10 noise
     floor (`loss_bounds`), or None (the study's own fp32 IQM)."""
-    if TASKS[task].score == "loss":
-        return loss_bounds(task, seed)[1]
-    return TASKS[task].reference
+    return loss_bounds(task, seed)[1] if TASKS[task].score == "loss" else TASKS[task].reference
 
 
 def random_floor(task: str, seed: int = 0) -> float:
     """The score of a task's normalisation floor: the random policy's return, or for a loss
     task log10 of an untrained model's eval loss (`loss_bounds`)."""
-    if TASKS[task].score == "loss":
-        return loss_bounds(task, seed)[0]
-    return random_return(TASKS[task].settings["env"])
+    return loss_bounds(task, seed)[0] if TASKS[task].score == "loss" else random_return(TASKS[task].settings["env"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -357,32 +328,21 @@ def random_return(env: str, episodes: int = 64, seed: int = 0, max_steps: int = 
     import jax
     import jax.numpy as jnp
 
+    from genesis_jax.data.trajectories import random_policy
     from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 
     vec = GymnaxVecEnv(env, episodes)
-    spec = vec.spec
+    act = random_policy(vec.spec, episodes)  # uniform: in the action box, or over the actions
 
-    def random_action(key):
-        if spec.continuous:  # uniform in the action box
-            shape = (episodes, spec.action_dim)
-            return jax.random.uniform(
-                key, shape, minval=jnp.asarray(spec.action_low), maxval=jnp.asarray(spec.action_high)
-            )
-        return jax.random.randint(key, (episodes,), 0, spec.action_dim)
+    def step(carry, key):
+        state, total, done = carry
+        act_key, step_key = jax.random.split(key)
+        _, state, reward, ended, cut, _ = vec.step(jax.random.split(step_key, episodes), state, act(act_key, None))
+        return (state, total + jnp.where(done, 0.0, reward), done | ended | cut), None
 
     def run(key):
-        _, state = vec.reset(key)
-
-        def step(carry, key):
-            state, total, done = carry
-            act_key, step_key = jax.random.split(key)
-            action = random_action(act_key)
-            _, state, reward, terminated, truncated, _ = vec.step(jax.random.split(step_key, episodes), state, action)
-            return (state, total + jnp.where(done, 0.0, reward), done | terminated | truncated), None
-
-        start = (state, jnp.zeros(episodes), jnp.zeros(episodes, bool))
-        (_, total, done), _ = jax.lax.scan(step, start, jax.random.split(key, max_steps))
-        return total, done
+        start = (vec.reset(key)[1], jnp.zeros(episodes), jnp.zeros(episodes, bool))
+        return jax.lax.scan(step, start, jax.random.split(key, max_steps))[0][1:]
 
     totals, done = jax.jit(run)(jax.random.PRNGKey(seed))
     if not bool(jnp.all(done)):

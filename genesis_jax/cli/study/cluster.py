@@ -37,18 +37,14 @@ class JobFailed(OSError):
 def parse_options(text: str | None) -> dict:
     """--executor-options KEY=VALUE,...: submitit's parameters (integers and floats as numbers)."""
     options = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
+    for part in filter(str.strip, (text or "").split(",")):
         if "=" not in part:
             raise ValueError(f"--executor-options takes KEY=VALUE,KEY=VALUE, got {part.strip()!r}")
         key, value = (x.strip() for x in part.split("=", 1))
         for kind in (int, float):
-            try:
+            with contextlib.suppress(ValueError):
                 value = kind(value)
                 break
-            except ValueError:
-                continue
         options[key] = value
     return options
 
@@ -95,9 +91,8 @@ def run_jobs(executor, pending: dict, stopped=lambda: False, poll_seconds: float
         jobs = [executor.submit(run_cell_job, str(path), task, config) for path, (task, _, config) in items]
     while not all(job.done() for job in jobs):
         if stopped():
-            for job in jobs:
-                if not job.done():
-                    job.cancel(check=False)
+            for job in (job for job in jobs if not job.done()):
+                job.cancel(check=False)
             return None
         time.sleep(poll_seconds)
     summaries, failed = {}, []

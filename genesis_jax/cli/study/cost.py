@@ -47,34 +47,31 @@ MACHINE = "a 2-core x86-64 CPU"
 # weighs its 4 checkpoints and first rows more: wm:synthetic-wide's (4 epochs) took 5x a seed
 # of the same program in wm:small-loss's committed cells, so that task takes theirs.
 SHORT = "a 4-seed fp32 cell on a shared machine"
+CPU = "benchmarks/precision-study-cpu"
 COSTS = {
     # 2.5 s a seed (the cells of 64 seeds) to 27 s; plan/ 2 cells of 8 seeds, cost/ 1 of 1
-    "CartPole-v1": SeedCost(
-        59.1, 6.60, 262_144, "benchmarks/precision-study-cpu{,-cartpole64}, 11 cells of 1 to 64 seeds"
-    ),
-    "Acrobot-v1": SeedCost(59.8, 7.77, 262_144, "benchmarks/precision-study-cpu, 4 cells of 32 seeds"),
+    "CartPole-v1": SeedCost(59.1, 6.60, 262_144, f"{CPU}{{,-cartpole64}}, 11 cells of 1 to 64 seeds"),
+    "Acrobot-v1": SeedCost(59.8, 7.77, 262_144, f"{CPU}, 4 cells of 32 seeds"),
     # an earlier version of the trainer, the same settings
     "Breakout-MinAtar": SeedCost(118.8, 76.73, 65_536, "benchmarks/study-cpu, 4 cells of 8 seeds"),
     "SpaceInvaders-MinAtar": SeedCost(56.1, 21.28, 32_768, "benchmarks/study-cpu, 4 cells of 8 seeds"),
     "Asterix-MinAtar": SeedCost(104.0, 14.32, 32_768, SHORT),  # load 5.1 to 5.6
     "Freeway-MinAtar": SeedCost(84.5, 17.85, 32_768, SHORT),  # load 5.0 to 5.1
     "CartPole-v1-resmlp1024": SeedCost(46.7, 102.79, 2_048, SHORT),  # load 5.0 to 5.5
-    "wm:synthetic": SeedCost(9.9, 5.04, 20, "benchmarks/precision-study-cpu-scaling, 6 cells of 8 and 32 seeds"),
-    "wm:synthetic-small": SeedCost(32.0, 34.67, 20, "benchmarks/precision-study-cpu-wm, 4 cells of 8 seeds"),
+    "wm:synthetic": SeedCost(9.9, 5.04, 20, f"{CPU}-scaling, 6 cells of 8 and 32 seeds"),
+    "wm:synthetic-small": SeedCost(32.0, 34.67, 20, f"{CPU}-wm, 4 cells of 8 seeds"),
     # the same network and data as wm:small-loss, whose loss weight alone differs: its cells' figure
     # (a short cell of 4 epochs, load 4.4 to 5.6: 66.1 s compiling, 8.94 s a seed, 44.7 s at 20)
     "wm:synthetic-wide": SeedCost(10.9, 8.47, 20, "wm:small-loss's cells (the same program, but its loss weight)"),
-    "wm:small-loss": SeedCost(10.9, 8.47, 20, "benchmarks/precision-study-cpu-scaling, 6 cells of 8 and 32 seeds"),
-    "dqn:CartPole-v1": SeedCost(16.1, 15.15, 300_000, "benchmarks/precision-study-cpu, 6 cells of 8 and 32 seeds"),
+    "wm:small-loss": SeedCost(10.9, 8.47, 20, f"{CPU}-scaling, 6 cells of 8 and 32 seeds"),
+    "dqn:CartPole-v1": SeedCost(16.1, 15.15, 300_000, f"{CPU}, 6 cells of 8 and 32 seeds"),
     "dqn:Acrobot-v1": SeedCost(49.5, 14.30, 100_000, SHORT),  # load 7.7 to 9.2
     "dqn:Breakout-MinAtar": SeedCost(26.2, 114.27, 100_000, SHORT),  # load 5.0 to 1.8
     "dqn:Asterix-MinAtar": SeedCost(19.5, 98.68, 100_000, SHORT),  # load 1.8 to 1.5
     "dqn:Freeway-MinAtar": SeedCost(24.1, 143.29, 100_000, SHORT),  # load 1.5 to 4.6
     "dqn:SpaceInvaders-MinAtar": SeedCost(26.2, 156.57, 100_000, SHORT),  # load 4.6 to 5.0
     "sac:Pendulum-v1": SeedCost(61.5, 196.17, 5_000, SHORT),  # load 8.4 to 9.2
-    "sac:Pendulum-v1-mlp64": SeedCost(
-        15.3, 11.41, 10_000, "benchmarks/precision-study-cpu-sac, 6 cells of 8 and 32 seeds"
-    ),
+    "sac:Pendulum-v1-mlp64": SeedCost(15.3, 11.41, 10_000, f"{CPU}-sac, 6 cells of 8 and 32 seeds"),
     "pqn:CartPole-v1": SeedCost(48.8, 9.59, 65_536, SHORT),  # load 6.7 to 7.7
 }
 
@@ -101,13 +98,6 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def _pilot(out: pathlib.Path, task: str, steps: int) -> dict | None:
-    """{precision: summary} of this --out's pilot cells of `task` where they ran `steps`."""
-    field = TASKS[task].budget_field
-    pilot = {p: cells.read_summary(cells.cell_dir(out / "plan", task, p)) for p in plan.PILOT_PRECISIONS}
-    return pilot if all(s and s.get("config", {}).get(field) == steps for s in pilot.values()) else None
-
-
 def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     """What the cells `planned` ([(path, precision, config)], of one task) will train, with
     their estimated seconds: (a line, the seconds)."""
@@ -118,8 +108,9 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     what = f"{_count(len(planned), 'cell')} x {_count(seeds, 'seed')} x {steps} {field.replace('total_', '')}{kept}"
     if not todo:
         return what, 0.0
-    pilot = _pilot(out, task, steps)
-    if pilot is not None:
+    # this --out's pilot cells of the task, where they ran these steps
+    pilot = {p: cells.read_summary(cells.cell_dir(out / "plan", task, p)) for p in plan.PILOT_PRECISIONS}
+    if all(s and s.get("config", {}).get(field) == steps for s in pilot.values()):
         seconds = sum(plan.estimate_seconds(pilot, c.num_seeds, [p]) for p, c in todo)
         device = ", ".join(sorted({s["device"] for s in pilot.values()}))
         return f"{what}: about {duration(seconds)} (from this --out's pilot, on {device})", seconds
@@ -129,41 +120,28 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     return f"{what}: about {duration(seconds)} ({how})", seconds
 
 
-def estimate_lines(
-    out: pathlib.Path, cell_plan: dict, cost_path: pathlib.Path | None = None, statistics: bool = False
-) -> list[str]:
+def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistics: bool = False) -> list[str]:
     """What the study of `cell_plan` ({cell path: (task, precision, config)}) will train and
     an estimate of its wall time, as lines (the module docstring says from what); with
     `statistics`, the report's statistics and plots after the cells too."""
     study = {path: v for path, v in cell_plan.items() if path != cost_path}
     tasks = list(dict.fromkeys(t for t, _, _ in study.values()))
     precisions = list(dict.fromkeys(p for _, p, _ in study.values()))
-    seeds = max(c.num_seeds for _, _, c in study.values())
     kinds = f"{_count(len(tasks), 'task')} x {_count(len(precisions), 'precision')} ({', '.join(precisions)})"
-    lines = [f"{len(study)} cells: {kinds}"]
-    total = 0.0
-    for task in tasks:
-        line, seconds = estimate(out, task, [(path, p, c) for path, (t, p, c) in study.items() if t == task])
-        lines.append(f"  {task}: {line}")
-        total += seconds
+    parts = [(task, task, [(path, p, c) for path, (t, p, c) in study.items() if t == task]) for task in tasks]
     if cost_path is not None:
-        task, precision, config = cell_plan[cost_path]
-        line, seconds = estimate(out, task, [(cost_path, precision, config)])
-        lines.append(
-            f"  the cost run ({task} {precision} again with 1 seed, for the report's {seeds} seeds against 1; "
-            f"--no-cost skips it): {line}"
-        )
-        total += seconds
+        task, p, config = cell_plan[cost_path]
+        seeds = max(c.num_seeds for _, _, c in study.values())
+        label = f"the cost run ({task} {p} again with 1 seed, for the report's {seeds} seeds against 1; --no-cost"
+        parts.append((f"{label} skips it)", task, [(cost_path, p, config)]))
+    estimates = [(label, *estimate(out, task, planned)) for label, task, planned in parts]
     if statistics:
         seconds = STATISTICS_SECONDS * len(tasks)
-        lines.append(f"  then the statistics and plots: about {duration(seconds)} ({STATISTICS_SOURCE})")
-        total += seconds
-    lines.append(
-        f"estimated wall time: about {duration(total)}. An estimate: each cell's compilation, then its seeds in "
-        "proportion; a busy machine, float16 on a CPU or another device than the figures' changes it "
-        "(docs/study.md#cost)"
-    )
-    return lines
+        estimates.append(("then the statistics and plots", f"about {duration(seconds)} ({STATISTICS_SOURCE})", seconds))
+    total = f"estimated wall time: about {duration(sum(seconds for *_, seconds in estimates))}. An estimate: each "
+    total += "cell's compilation, then its seeds in proportion; a busy machine, float16 on a CPU or another device "
+    total += "than the figures' changes it (docs/study.md#cost)"
+    return [f"{len(study)} cells: {kinds}", *(f"  {label}: {line}" for label, line, _ in estimates), total]
 
 
 def task_rows() -> list[tuple[str, ...]]:
@@ -193,7 +171,5 @@ def help_text(width: int = 100) -> str:
 
 def markdown_table() -> str:
     """docs/study.md's table of the tasks (tests/e2e/test_study_cost.py keeps it current)."""
-    head = "| task | algorithm | default budget | compiling a cell | a seed at that budget | measured from |"
-    return "\n".join(
-        [head, "| --- | --- | --- | --- | --- | --- |", *(f"| `{r[0]}` | {' | '.join(r[1:])} |" for r in task_rows())]
-    )
+    head = "| task | algorithm | default budget | compiling a cell | a seed at that budget | measured from |\n"
+    return head + "| --- " * 6 + "|\n" + "\n".join(f"| `{r[0]}` | {' | '.join(r[1:])} |" for r in task_rows())

@@ -40,17 +40,25 @@ import numpy as np
 import scipy.stats
 
 from genesis_jax.cli.study import stats
+from genesis_jax.cli.study.cells import add_json, load_json
 
 POWER = 0.8  # the chance of "equivalent" when the precisions truly are alike
 PILOT_PRECISIONS = ("fp32", "fp16")
 MIN_PILOT_SEEDS = 3  # a standard deviation from fewer is a guess
-# The compute precision whose pilot cell stands in for each study precision's time.
 # The one-sided level of the upper confidence bound on the pilot's SD the seeds are sized from.
 SD_LEVEL = 0.8
 # The variance of a 25% CVaR estimate over the mean's (the normal's, asymptotically: 2.03;
 # the IQM's is 1.19): the seeds the mean needs, times this, give the tail the same precision.
 TAIL_FACTOR = 2.03
+# The compute precision whose pilot cell stands in for each study precision's time.
 TIME_LIKE = {"fp32": "fp32", "bf16": "fp16", "fp16": "fp16", "fp16-unscaled": "fp16"}
+PLAN_FILE = "plan.json"
+# {cell: the hash of the plan it started under}, written as each confirmatory cell starts.
+RECORD = "preregistered.json"
+z = NormalDist().inv_cdf
+# What plan.json says of its statistics besides their numbers.
+SD_BOUND = f"the {SD_LEVEL:.0%} chi-square upper bound of the SD of the pilot's paired differences fp16 - fp32"
+BOOTSTRAP = "percentile, paired: seed indices drawn once per task for every precision"
 
 
 def seeds_needed(sd: float, margin: float = stats.MARGIN, confidence: float = stats.CONFIDENCE, power=POWER) -> int:
@@ -58,29 +66,20 @@ def seeds_needed(sd: float, margin: float = stats.MARGIN, confidence: float = st
     never fewer than `stats.MIN_SEEDS_FOR_VERDICT` (below it the study gives no verdict)."""
     if not math.isfinite(sd):
         raise ValueError(f"the pilot's standard deviation is not finite ({sd}): no plan can be made from it")
-    alpha = (1.0 - confidence) / 2.0
-    z = NormalDist().inv_cdf
-    n = 2.0 * (z(1.0 - alpha) + z(1.0 - (1.0 - power) / 2.0)) ** 2 * sd**2 / margin**2
+    n = 2.0 * (z(1.0 - (1.0 - confidence) / 2.0) + z(1.0 - (1.0 - power) / 2.0)) ** 2 * sd**2 / margin**2
     return max(stats.MIN_SEEDS_FOR_VERDICT, math.ceil(n))
 
 
-def sd_upper(sd: float, dof: int, level: float = SD_LEVEL) -> float:
-    """The one-sided `level` upper confidence bound of a standard deviation `sd` estimated
-    with `dof` degrees of freedom (chi-square: sd sqrt(dof / chi2_{1 - level}(dof)))."""
-    if dof < 1 or not math.isfinite(sd):
-        return float("nan")
-    return float(sd * math.sqrt(dof / scipy.stats.chi2.ppf(1.0 - level, dof)))
-
-
 def paired_seeds(x, y) -> tuple[float, float, int]:
-    """(the SD of the paired differences x - y, its `sd_upper`, the seeds per cell a paired
+    """(the SD of the paired differences x - y, its one-sided `SD_LEVEL` chi-square upper
+    confidence bound sd sqrt(dof / chi2_{1 - level}(dof)), the seeds per cell a paired
     verdict needs from it: `seeds_needed` of the bound / sqrt 2, times `TAIL_FACTOR`)."""
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    d = (x - y)[np.isfinite(x - y)]
+    d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+    d = d[np.isfinite(d)]
     if d.size < 2:
         return float("nan"), float("nan"), 0
     sd = float(np.std(d, ddof=1))
-    upper = sd_upper(sd, d.size - 1)
+    upper = float(sd * math.sqrt((d.size - 1) / scipy.stats.chi2.ppf(1.0 - SD_LEVEL, d.size - 1)))
     return sd, upper, seeds_needed(upper * math.sqrt(TAIL_FACTOR / 2.0))
 
 
@@ -94,9 +93,7 @@ def pooled_sd(*columns) -> float:
     """The pooled standard deviation (ddof 1) of the seeds' scores of several cells."""
     columns = [np.asarray(c, np.float64)[np.isfinite(c)] for c in columns]
     dof = sum(len(c) - 1 for c in columns)
-    if dof < 1:
-        return float("nan")
-    return float(math.sqrt(sum(np.sum((c - c.mean()) ** 2) for c in columns) / dof))
+    return float(math.sqrt(sum(np.sum((c - c.mean()) ** 2) for c in columns) / dof)) if dof >= 1 else float("nan")
 
 
 def estimate_seconds(pilot: dict, seeds: int, precisions) -> float:
@@ -104,35 +101,22 @@ def estimate_seconds(pilot: dict, seeds: int, precisions) -> float:
     ({precision: summary}): each study precision costs like its `TIME_LIKE` pilot cell, its
     compilation once and its training in proportion to the seeds (as on a CPU, where every
     seed costs compute; on a GPU seeds cost less)."""
-    total = 0.0
-    for precision in precisions:
-        s = pilot[TIME_LIKE.get(precision, "fp16")]
-        training = max(0.0, s["wall_seconds"] - s["compile_seconds"])
-        total += s["compile_seconds"] + training * seeds / len(s["seeds"] if "seeds" in s else [0])
-    return total
+    training = lambda s: max(0.0, s["wall_seconds"] - s["compile_seconds"]) * seeds / len(s.get("seeds", [0]))
+    ran = [pilot[TIME_LIKE.get(precision, "fp16")] for precision in precisions]
+    return sum(s["compile_seconds"] + training(s) for s in ran)
 
 
 def task_plan(normalised: dict, auc: dict, pilot: dict, precisions) -> dict:
     """One task's plan from its pilot: the pooled SD of the normalised final return and AUC,
     the SD of their paired differences fp16 - fp32 and its upper bound (`paired_seeds`), the
     seeds each needs, the seeds per cell (the larger) and the wall-time estimate."""
-    sd_final, sd_auc = pooled_sd(*normalised.values()), pooled_sd(*auc.values())
     diff_final, upper_final, final = paired_seeds(normalised["fp16"], normalised["fp32"])
     diff_auc, upper_auc, area = paired_seeds(auc["fp16"], auc["fp32"])
     seeds = max(final, area)
-    return {
-        "pilot_seeds": min(len(v) for v in normalised.values()),
-        "sd_final": sd_final,
-        "sd_auc": sd_auc,
-        "sd_diff_final": diff_final,
-        "sd_diff_final_upper": upper_final,
-        "sd_diff_auc": diff_auc,
-        "sd_diff_auc_upper": upper_auc,
-        "seeds_final": final,
-        "seeds_auc": area,
-        "seeds": seeds,
-        "estimated_seconds": estimate_seconds(pilot, seeds, precisions),
-    }
+    out = dict(pilot_seeds=min(len(v) for v in normalised.values()), sd_final=pooled_sd(*normalised.values()))
+    out.update(sd_auc=pooled_sd(*auc.values()), sd_diff_final=diff_final, sd_diff_final_upper=upper_final)
+    out.update(sd_diff_auc=diff_auc, sd_diff_auc_upper=upper_auc, seeds_final=final, seeds_auc=area, seeds=seeds)
+    return {**out, "estimated_seconds": estimate_seconds(pilot, seeds, precisions)}
 
 
 def check_learned(tasks, normalised: dict, learnt: dict, steps: dict, pilot_out) -> None:
@@ -141,13 +125,10 @@ def check_learned(tasks, normalised: dict, learnt: dict, steps: dict, pilot_out)
     policy's floor says nothing of the spread of runs that learn."""
     failed = []
     for i, task in enumerate(tasks):
-        names = [p for p in PILOT_PRECISIONS if not learnt[p][i]]
-        if names:
+        if names := [p for p in PILOT_PRECISIONS if not learnt[p][i]]:
             scores = ", ".join(f"{p} {stats.iqm(normalised[p][:, [i]]):.3f}" for p in PILOT_PRECISIONS)
-            failed.append(
-                f"{task} at {steps[task]} per seed (did not learn: {', '.join(names)}; IQM normalised "
-                f"final score {scores})"
-            )
+            what = f"did not learn: {', '.join(names)}; IQM normalised final score {scores}"
+            failed.append(f"{task} at {steps[task]} per seed ({what})")
     if failed:
         raise ValueError(
             f"no plan from a pilot that did not learn: {'; '.join(failed)}; a run learns from "
@@ -177,36 +158,17 @@ def plan_lines(plans: dict[str, dict], steps: dict[str, int], device: str) -> li
             f"| {p['seeds_final']} | {p['seeds_auc']} | {p['seeds']} | {p['estimated_seconds'] / 60:.0f} min |"
         )
     total = sum(p["estimated_seconds"] for p in plans.values())
-    lines += ["", f"All tasks: {total / 3600:.1f} h at the planned seeds."]
-    return lines
-
-
-PLAN_FILE = "plan.json"
-# {cell: the hash of the plan it started under}, written as each confirmatory cell starts.
-RECORD = "preregistered.json"
+    return [*lines, "", f"All tasks: {total / 3600:.1f} h at the planned seeds."]
 
 
 def read(out) -> dict | None:
     """The plan in `out` (plan.json), or None."""
-    try:
-        return json.loads((out / PLAN_FILE).read_text())
-    except FileNotFoundError:
-        return None
-
-
-def read_record(out) -> dict[str, str]:
-    try:
-        return json.loads((out / RECORD).read_text())
-    except FileNotFoundError:
-        return {}
+    return load_json(out / PLAN_FILE)
 
 
 def record_cell(out, path, digest: str) -> None:
     """Records that the cell at `path` starts under the plan `digest` (atomically)."""
-    record = {**read_record(out), path.relative_to(out).as_posix(): digest}
-    tmp = out / f"{RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out / RECORD)
+    add_json(out / RECORD, path.relative_to(out).as_posix(), digest, sort_keys=True)
 
 
 def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> str:
@@ -219,8 +181,7 @@ def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> s
             f"no plan in {out}: a confirmatory study runs under a plan written before its cells "
             f"(genesis-jax study --plan, in this --out), {exploratory}"
         )
-    digest = plan_hash(saved)
-    fixed = saved.get("study")
+    digest, fixed = plan_hash(saved), saved.get("study")
     if fixed is None:
         raise ValueError(
             f"the plan in {out} ({digest}) fixes no study settings (an earlier version's plan): "
@@ -232,7 +193,7 @@ def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> s
             f"this study is not the one plan {digest} fixed ({'; '.join(changes)}): run it with the plan's "
             f"settings (plan.md says the command), {exploratory}"
         )
-    record = read_record(out)
+    record = load_json(out / RECORD, {})
     for path in cell_paths:
         name = path.relative_to(out).as_posix()
         if path.exists() and record.get(name) != digest:
@@ -244,45 +205,20 @@ def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> s
     return digest
 
 
-def plan_record(
-    plans: dict, pilot: dict, command: str, device: str, settings: dict, bounds: dict[str, tuple[float, float, str]]
-) -> dict:
+def plan_record(plans: dict, pilot: dict, command: str, device: str, settings: dict, bounds: dict) -> dict:
     """plan.json: the study's settings, the statistics and, per task, its power plan with the
     margin, the threshold and the failure threshold in normalised and raw units.
     `bounds`: {task: (random, reference, its source)} the normalisation the study then uses."""
-    raw = lambda task, x: bounds[task][0] + x * (bounds[task][1] - bounds[task][0])  # noqa: E731
-    first, seeds = settings["seed"], settings["num_seeds"]
-    return {
-        "version": 2,
-        "command": command,
-        "device": device,
-        **pilot,
-        "study": settings,
-        "statistics": {
-            "confidence": stats.CONFIDENCE,
-            "z": round(NormalDist().inv_cdf(1.0 - (1.0 - stats.CONFIDENCE) / 2.0), 4),
-            "power": POWER,
-            "sd": f"the {SD_LEVEL:.0%} chi-square upper bound of the SD of the pilot's paired differences fp16 - fp32",
-            "tail_factor": TAIL_FACTOR,
-            "statistics": list(stats.STATISTICS),
-            "tail": stats.TAIL,
-            "bootstrap": "percentile, paired: seed indices drawn once per task for every precision",
-            "verdict": "equivalent only where the IQM, the mean and the CVaR all are",
-        },
-        "tasks": {
-            task: {
-                **p,
-                "margin": stats.MARGIN,
-                "margin_raw": stats.MARGIN * abs(bounds[task][1] - bounds[task][0]),
-                "random": bounds[task][0],
-                "reference": bounds[task][1],
-                "reference_source": bounds[task][2],
-                "threshold": stats.THRESHOLD,
-                "threshold_raw": raw(task, stats.THRESHOLD),
-                "fail_below": stats.FAIL_BELOW,
-                "fail_below_raw": raw(task, stats.FAIL_BELOW),
-                "seed_range": [first, first + seeds - 1],
-            }
-            for task, p in plans.items()
-        },
-    }
+    statistics = dict(confidence=stats.CONFIDENCE, z=round(z(1.0 - (1.0 - stats.CONFIDENCE) / 2.0), 4), power=POWER)
+    statistics.update(sd=SD_BOUND, tail_factor=TAIL_FACTOR, statistics=list(stats.STATISTICS), tail=stats.TAIL)
+    statistics.update(bootstrap=BOOTSTRAP, verdict="equivalent only where the IQM, the mean and the CVaR all are")
+    tasks, first, seeds = {}, settings["seed"], settings["num_seeds"]
+    for task, p in plans.items():
+        low, high, source = bounds[task]
+        raw = lambda x: low + x * (high - low)
+        tasks[task] = {**p, "margin": stats.MARGIN, "margin_raw": stats.MARGIN * abs(high - low), "random": low}
+        tasks[task].update(reference=high, reference_source=source, threshold=stats.THRESHOLD)
+        tasks[task].update(threshold_raw=raw(stats.THRESHOLD), fail_below=stats.FAIL_BELOW)
+        tasks[task].update(fail_below_raw=raw(stats.FAIL_BELOW), seed_range=[first, first + seeds - 1])
+    head = dict(version=2, command=command, device=device, **pilot)
+    return {**head, "study": settings, "statistics": statistics, "tasks": tasks}

@@ -19,8 +19,7 @@ Every function here is pure: numbers in, numbers out; the report draws and write
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
+import typing
 import warnings
 
 import numpy as np
@@ -54,16 +53,12 @@ THRESHOLD = 0.5
 FAIL_BELOW = 0.5
 
 
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """A point estimate and its confidence interval."""
+class Estimate(typing.NamedTuple):
+    """A point estimate and its confidence interval (stats.json holds it as [point, low, high])."""
 
     point: float
     low: float
     high: float
-
-    def as_tuple(self) -> tuple[float, float, float]:
-        return (self.point, self.low, self.high)
 
 
 def normalise(raw, random, reference) -> np.ndarray:
@@ -85,19 +80,13 @@ def cvar(scores, level: float = TAIL, axis: int = -1) -> np.ndarray:
     >>> float(cvar([6.0, 1.0, 5.0, 2.0, 4.0, 3.0]))  # the worst 1.5 of 6: (1 + 0.5 x 2) / 1.5
     1.3333333333333333
     """
-    values = np.sort(np.asarray(scores, np.float64), axis=axis)
-    values = np.moveaxis(values, axis, -1)
+    values = np.moveaxis(np.sort(np.asarray(scores, np.float64), axis=axis), axis, -1)
     k = level * values.shape[-1]
-    weights = np.clip(k - np.arange(values.shape[-1]), 0.0, 1.0)
-    return np.sum(values * weights, axis=-1) / k
+    return np.sum(values * np.clip(k - np.arange(values.shape[-1]), 0.0, 1.0), axis=-1) / k
 
 
-# Each statistic over the last axis (seeds), for `paired`'s resamples.
-FUNCS = {
-    "IQM": lambda x: scipy.stats.trim_mean(x, 0.25, axis=-1),  # rliable's aggregate_iqm
-    "Mean": lambda x: np.mean(x, axis=-1),
-    "CVaR": cvar,
-}
+# Each statistic over the last axis (seeds), for `paired`'s resamples (the IQM: rliable's aggregate_iqm).
+FUNCS = {"IQM": lambda x: scipy.stats.trim_mean(x, 0.25, axis=-1), "Mean": lambda x: np.mean(x, axis=-1), "CVaR": cvar}
 
 
 def resample_indices(num_seeds: int, reps: int, seed: int = 0) -> np.ndarray:
@@ -112,9 +101,8 @@ def paired(x, y, func, indices: np.ndarray) -> Estimate:
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if x.shape != y.shape:
         raise ValueError(f"a paired difference needs the same seeds on both sides, got {len(x)} and {len(y)}")
-    differences = func(x[indices]) - func(y[indices])
     tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
-    low, high = np.percentile(differences, [tail, 100.0 - tail])
+    low, high = np.percentile(func(x[indices]) - func(y[indices]), [tail, 100.0 - tail])
     return Estimate(float(func(x) - func(y)), float(low), float(high))
 
 
@@ -127,9 +115,7 @@ def combine(verdicts) -> str:
         return verdicts[0]
     if "worse" in verdicts and "better" not in verdicts:
         return "worse"
-    if all(v in ("equivalent", "better") for v in verdicts):
-        return "better"
-    return "not shown"
+    return "better" if set(verdicts) <= {"equivalent", "better"} else "not shown"
 
 
 def iqm(scores) -> float:
@@ -137,76 +123,60 @@ def iqm(scores) -> float:
     return float(metrics.aggregate_iqm(np.asarray(scores)))
 
 
-AGGREGATES = {
-    "IQM": metrics.aggregate_iqm,
-    "Mean": metrics.aggregate_mean,
-    "Median": metrics.aggregate_median,
-    "Optimality gap": metrics.aggregate_optimality_gap,
-}
+AGGREGATES = {"IQM": metrics.aggregate_iqm, "Mean": metrics.aggregate_mean, "Median": metrics.aggregate_median}
+AGGREGATES["Optimality gap"] = metrics.aggregate_optimality_gap
+# Each task's statistics over its seeds (the median over seeds: rliable's is over task means).
+PER_TASK = {"Mean": metrics.aggregate_mean, "Median": np.median, "IQM": metrics.aggregate_iqm}
+PER_TASK["CVaR"] = lambda x: cvar(x.ravel())
 
 
-def _rng(seed: int) -> np.random.RandomState:
-    return np.random.RandomState(seed)
-
-
-@contextlib.contextmanager
-def _seeded_global_numpy(seed: int):
-    """rliable 1.2 draws its resamples from numpy's global generator (its random_state is
-    not used): seed it for reproducible intervals, and give the caller's state back after."""
+def _rliable(seed: int, function, *args, **options):
+    """rliable's `function` at our confidence, reproducibly: rliable 1.2 draws its resamples
+    from numpy's global generator (its random_state is not used), so that is seeded with
+    `seed`, and the caller's state given back after."""
     saved = np.random.get_state()
     np.random.seed(seed)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # arch: random_state is deprecated
-            yield
+            return function(*args, confidence_interval_size=CONFIDENCE, **options)
     finally:
         np.random.set_state(saved)
 
 
 def _estimates(score_dict, func, reps: int, seed: int) -> dict[str, list[Estimate]]:
     """rliable's stratified-bootstrap interval estimates, as one `Estimate` per output of `func`."""
-    with _seeded_global_numpy(seed):
-        points, intervals = rly.get_interval_estimates(
-            score_dict, func, reps=reps, confidence_interval_size=CONFIDENCE, random_state=_rng(seed)
-        )
-    return {
-        key: [Estimate(float(p), float(lo), float(hi)) for p, lo, hi in zip(points[key], *intervals[key])]
-        for key in score_dict
-    }
+    random_state = np.random.RandomState(seed)
+    points, intervals = _rliable(
+        seed, rly.get_interval_estimates, score_dict, func, reps=reps, random_state=random_state
+    )
+    return {key: [Estimate(*map(float, e)) for e in zip(points[key], *intervals[key])] for key in score_dict}
 
 
 def per_task(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, list[Estimate]]]:
-    """For each precision and each statistic (Mean, Median, IQM, CVaR over seeds), one `Estimate`
-    per task: rliable on one task's column at a time (a stratified bootstrap over seeds)."""
-    funcs = {
-        "Mean": lambda x: np.array([metrics.aggregate_mean(x)]),
-        "Median": lambda x: np.array([np.median(x)]),  # over seeds (rliable's median is over task means)
-        "IQM": lambda x: np.array([metrics.aggregate_iqm(x)]),
-        "CVaR": lambda x: np.array([cvar(x.ravel())]),
-    }
-    num_tasks = next(iter(scores.values())).shape[1]
-    out = {key: {name: [] for name in funcs} for key in scores}
-    for task in range(num_tasks):
-        column = {key: matrix[:, [task]] for key, matrix in scores.items()}
-        for name, func in funcs.items():
-            for key, (estimate,) in _estimates(column, func, reps, seed).items():
+    """For each precision and each statistic (`PER_TASK`), one `Estimate` per task: rliable
+    on one task's column at a time (a stratified bootstrap over seeds; the resamples do not
+    depend on the statistic, so one bootstrap gives them all)."""
+    func = lambda x: np.array([f(x) for f in PER_TASK.values()])
+    out = {key: {name: [] for name in PER_TASK} for key in scores}
+    for task in range(next(iter(scores.values())).shape[1]):
+        for key, values in _estimates({k: m[:, [task]] for k, m in scores.items()}, func, reps, seed).items():
+            for name, estimate in zip(PER_TASK, values):
                 out[key][name].append(estimate)
     return out
 
 
 def aggregate(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, Estimate]]:
     """IQM, mean, median and optimality gap over all tasks and seeds of each precision."""
-    func = lambda x: np.array([f(x) for f in AGGREGATES.values()])  # noqa: E731
+    func = lambda x: np.array([f(x) for f in AGGREGATES.values()])
     return {key: dict(zip(AGGREGATES, values)) for key, values in _estimates(scores, func, reps, seed).items()}
 
 
-def probability_of_improvement(
-    scores: dict[str, np.ndarray], baseline: str, reps: int = 2000, seed: int = 0
-) -> dict[str, Estimate]:
+def probability_of_improvement(scores: dict, baseline: str, reps: int = 2000, seed: int = 0) -> dict[str, Estimate]:
     """P(X > baseline) for every other precision X, averaged over tasks, with its CI
     (rliable's pairs: each matrix resampled independently)."""
     pairs = {key: [scores[key], scores[baseline]] for key in scores if key != baseline}
-    func = lambda x, y: np.array([metrics.probability_of_improvement(x, y)])  # noqa: E731
+    func = lambda x, y: np.array([metrics.probability_of_improvement(x, y)])
     return {key: values[0] for key, values in _estimates(pairs, func, reps, seed).items()}
 
 
@@ -215,53 +185,24 @@ def verdict(difference: Estimate, margin: float = MARGIN) -> str:
     it lies below 0 and is not within the margin; "better" above 0 likewise; else "not shown"."""
     if -margin <= difference.low and difference.high <= margin:
         return "equivalent"
-    if difference.high < 0:
-        return "worse"
-    if difference.low > 0:
-        return "better"
-    return "not shown"
+    return "worse" if difference.high < 0 else "better" if difference.low > 0 else "not shown"
 
 
 def learned(scores: dict[str, np.ndarray]) -> dict[str, list[bool]]:
     """Per precision and task: whether the IQM of its normalised scores reaches `LEARNED_FROM`
     (a NaN IQM, seeds without a finished episode, is not called unlearned: it is unknown)."""
-    below = lambda matrix, task: iqm(matrix[:, [task]]) < LEARNED_FROM  # noqa: E731
-    return {key: [not below(matrix, task) for task in range(matrix.shape[1])] for key, matrix in scores.items()}
+    return {key: [not iqm(m[:, [task]]) < LEARNED_FROM for task in range(m.shape[1])] for key, m in scores.items()}
 
 
-def judged_verdict(difference: Estimate, seeds: int, both_learned: bool, margin: float = MARGIN) -> str:
-    """The `verdict` where the scores can carry one: "did not learn" where either precision
-    stayed at the random policy's floor, "too few seeds" below `MIN_SEEDS_FOR_VERDICT`."""
-    if not both_learned:
-        return "did not learn"
-    if seeds < MIN_SEEDS_FOR_VERDICT:
-        return "too few seeds"
-    return verdict(difference, margin)
-
-
-def above_floor(raw_iqm_low: float, random: float) -> bool:
-    """Whether a precision learned a task whose reference is that precision's own IQM (the
-    study's fp32 on a task without a published return, so its normalised IQM is 1 by
-    construction): the lower end of the 95% CI of its raw IQM lies above the random
-    policy's return, so its seeds did better than acting at random."""
-    return bool(raw_iqm_low > random)
-
-
-def judge(
-    scores: dict[str, np.ndarray],
-    baseline: str,
-    reps: int = 2000,
-    seed: int = 0,
-    margin: float = MARGIN,
-    learnt: dict[str, list[bool]] | None = None,
-    lower_is_better: bool = False,
-) -> dict[str, list[dict[str, tuple[Estimate, str]]]]:
-    """Per precision and task: {statistic: (the paired difference X - baseline with its CI,
-    its `judged_verdict`)} for each of `STATISTICS`, from one draw of seed indices per task
-    shared by every precision (`paired`). `learnt`: which precision learned which task
-    (default: `learned(scores)`). `lower_is_better` (a time): the statistics are taken of the
-    negated scores and the differences told back in the scores' units, so "worse" is a
-    longer time and the tail is the slowest seeds."""
+def judge(scores, baseline: str, reps=2000, seed=0, margin=MARGIN, learnt=None, lower_is_better=False) -> dict:
+    """`scores`: {precision: [seeds, tasks]}. Per precision and task: {statistic: (the paired
+    difference X - baseline with its CI, its verdict)} for each of `STATISTICS`, from one draw
+    of seed indices per task shared by every precision (`paired`). The verdict is "did not
+    learn" where either precision stayed at the random policy's floor (`learnt`, default
+    `learned(scores)`), "too few seeds" below `MIN_SEEDS_FOR_VERDICT`, else `verdict`'s.
+    `lower_is_better` (a time): the statistics are taken of the negated scores and the
+    differences told back in the scores' units, so "worse" is a longer time and the tail is
+    the slowest seeds."""
     num_seeds, num_tasks = scores[baseline].shape
     learnt = learned(scores) if learnt is None else learnt
     sign = -1.0 if lower_is_better else 1.0
@@ -269,13 +210,12 @@ def judge(
     for task in range(num_tasks):
         indices = resample_indices(num_seeds, reps, seed)
         for key in out:
-            seeds = min(scores[key].shape[0], num_seeds)
-            both_learned = learnt[key][task] and learnt[baseline][task]
-            judged = {}
+            judged, few = {}, min(scores[key].shape[0], num_seeds) < MIN_SEEDS_FOR_VERDICT
             for name in STATISTICS:
                 e = paired(sign * scores[key][:, task], sign * scores[baseline][:, task], FUNCS[name], indices)
                 told = e if sign > 0 else Estimate(0.0 - e.point, 0.0 - e.high, 0.0 - e.low)
-                judged[name] = (told, judged_verdict(e, seeds, both_learned, margin))
+                said = "too few seeds" if few else verdict(e, margin)
+                judged[name] = (told, said if learnt[key][task] and learnt[baseline][task] else "did not learn")
             out[key].append(judged)
     return out
 
@@ -283,27 +223,23 @@ def judge(
 def equivalence(judged: dict[str, list[dict[str, tuple[Estimate, str]]]]) -> dict[str, list[tuple[Estimate, str]]]:
     """Per precision and task: (the IQM difference, the verdict all statistics agree on:
     `combine`; "did not learn" and "too few seeds" as each statistic says them)."""
-    return {
-        key: [(task["IQM"][0], combine(v for _, v in task.values())) for task in per_task]
-        for key, per_task in judged.items()
-    }
+    combined = lambda task: (task["IQM"][0], combine(v for _, v in task.values()))
+    return {key: [combined(task) for task in per_task] for key, per_task in judged.items()}
 
 
 def failure_rate(scores: np.ndarray, below: float = FAIL_BELOW) -> tuple[int, int]:
     """(seeds whose normalised score ends below `below`, seeds with a score)."""
-    scores = np.asarray(scores, np.float64)
-    finite = scores[np.isfinite(scores)]
+    finite = np.asarray(scores, np.float64)[np.isfinite(scores)]
     return int(np.sum(finite < below)), int(finite.size)
 
 
 def performance_profiles(scores: dict[str, np.ndarray], taus, reps: int = 2000, seed: int = 0):
     """rliable's score distributions (the fraction of runs above each tau) with CIs."""
-    with _seeded_global_numpy(seed):
-        return rly.create_performance_profile(scores, np.asarray(taus), reps=reps, confidence_interval_size=CONFIDENCE)
+    return _rliable(seed, rly.create_performance_profile, scores, np.asarray(taus), reps=reps)
 
 
 def curves(curve_scores: dict[str, np.ndarray], reps: int = 500, seed: int = 0) -> dict[str, list[Estimate]]:
     """The IQM over seeds at each point of a learning curve (`[runs, points]` per precision);
     a resample draws whole runs, so a run's points stay together (rliable's curve recipe)."""
-    func = lambda x: np.array([metrics.aggregate_iqm(x[..., i]) for i in range(x.shape[-1])])  # noqa: E731
+    func = lambda x: np.array([metrics.aggregate_iqm(x[..., i]) for i in range(x.shape[-1])])
     return _estimates({key: np.asarray(c)[:, None, :] for key, c in curve_scores.items()}, func, reps, seed)
