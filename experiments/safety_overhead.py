@@ -53,7 +53,7 @@ WORKLOADS = {
     "ppo-mlp": ("ppo", {}, 16),
     "ppo-resmlp-1024": ("ppo", {"network": "resmlp", "width": 1024, "depth": 2, **SMALL_PPO}, 1),
     "ppo-cnn-minatar": ("ppo", {"env": "Breakout-MinAtar", "network": "cnn", **SMALL_PPO}, 4),
-    "dqn": ("dqn", {"learning_starts": 1000, "row_steps": 1000}, 2),
+    "dqn": ("dqn", {"learning_starts": 1000, "steps_per_row": 1000}, 2),
     "sac": ("sac", {"learning_starts": 256, "steps_per_row": 50}, 2),
     "world-model": ("world-model", {"width": 128, "depth": 2, "batch_size": 512, "num_sequences": 1024}, 1),
 }
