@@ -4,8 +4,9 @@
 # - Flax's TrainState -> amp.TrainState.create(..., precision=...): a loss scaler beside the
 #   params, and the optimizer (the optax chain with clip_by_global_norm) wrapped to skip
 #   non-finite steps; the clip sees unscaled gradients;
-# - jax.value_and_grad -> amp.value_and_grad: it takes the loss scaler first and returns the
-#   finite decision and the adjusted scaler, which apply_gradients is given;
+# - jax.value_and_grad -> amp.scaled_value_and_grad: it takes the train state first (its loss
+#   scaler) and returns the finite decision, the gradient norm and the adjusted scaler, which
+#   apply_gradients is given;
 # - ActorCritic gets a `dtype` field, the precision's compute dtype, which its four hidden
 #   Dense layers compute in; the two heads keep no dtype, so that they compute in float32
 #   (half-precision hidden activations promoted to the float32 params), as the library's own
@@ -223,11 +224,11 @@ def make_train(config):
                         )
                         return total_loss, (value_loss, loss_actor, entropy)
 
-                    grad_fn = amp.value_and_grad(_loss_fn, has_aux=True)
-                    total_loss, grads, finite, loss_scale = grad_fn(
-                        train_state.loss_scale, train_state.params, traj_batch, advantages, targets
+                    grad_fn = amp.scaled_value_and_grad(_loss_fn, has_aux=True)
+                    total_loss, grads, finite, norm, scaler = grad_fn(
+                        train_state, train_state.params, traj_batch, advantages, targets
                     )
-                    train_state = train_state.apply_gradients(grads=grads, grads_finite=finite, loss_scale=loss_scale)
+                    train_state = train_state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
                     return train_state, total_loss
 
                 train_state, traj_batch, advantages, targets, rng = update_state
