@@ -246,8 +246,14 @@ def bar_fields(row: dict, shown: dict) -> dict:
 
 
 # Summary fields measured while training: a resume with nothing left to run keeps the run's own.
-MEASURED = ("steps_per_second", "compile_seconds", "wall_seconds")
-MEASURED += ("train_step_bytes", "compiled_temp_bytes", "peak_device_bytes")
+MEASURED = (
+    "steps_per_second",
+    "compile_seconds",
+    "wall_seconds",
+    "train_step_bytes",
+    "compiled_temp_bytes",
+    "peak_device_bytes",
+)
 
 
 def _largest_divisor_at_most(total: int, limit: int) -> int:
@@ -519,20 +525,32 @@ class Algorithm:
         injected = [self.config.fault_injection(int(s)).count_nonfinite(int(n)) for s, n in zip(seeds, steps_per_seed)]
         compiled = getattr(self, "compiled", None)
         memory = compiled.memory_analysis() if compiled is not None else None
-        step_bytes = probes.step_memory_bytes(compiled) if compiled is not None else None
-        temp_bytes = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None
-        speed = session.steps_per_second(self.steps_per_row * self.num_seeds)
-        measured = (speed, compile_seconds, session.elapsed(), step_bytes, temp_bytes, probes.peak_device_bytes())
-        summary = {"precision": self.config.train_precision().name, "seed": self.config.seed}
-        summary["num_seeds"] = self.num_seeds
-        summary |= dict(zip(MEASURED, measured, strict=True))
-        summary |= {"loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))), "skipped_updates": skipped}
-        summary |= {"total_updates": total_updates, "overflow_rate": skipped / total_updates if total_updates else 0.0}
-        summary |= {"injected_nonfinite": sum(injected), "iterations": len(rows), "device": probes.device_name()}
+        summary = {
+            "precision": self.config.train_precision().name,
+            "seed": self.config.seed,
+            "num_seeds": self.num_seeds,
+            "steps_per_second": session.steps_per_second(self.steps_per_row * self.num_seeds),
+            "compile_seconds": compile_seconds,
+            "wall_seconds": session.elapsed(),
+            "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
+            "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
+            "peak_device_bytes": probes.peak_device_bytes(),
+            "loss_scale": float(np.mean(np.asarray(ts.scaler.loss_scale))),
+            "skipped_updates": skipped,
+            "total_updates": total_updates,
+            "overflow_rate": skipped / total_updates if total_updates else 0.0,
+            "injected_nonfinite": sum(injected),
+            "iterations": len(rows),
+            "device": probes.device_name(),
+        }
         if self.num_seeds > 1:
-            summary |= {"seeds": seeds.tolist(), "skipped_updates_per_seed": skipped_per_seed.tolist()}
-            summary |= {"loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist()}
-            summary |= {"halted_per_seed": np.asarray(ts.halted).tolist(), "injected_nonfinite_per_seed": injected}
+            summary |= {
+                "seeds": seeds.tolist(),
+                "skipped_updates_per_seed": skipped_per_seed.tolist(),
+                "loss_scale_per_seed": np.asarray(ts.scaler.loss_scale, float).tolist(),
+                "halted_per_seed": np.asarray(ts.halted).tolist(),
+                "injected_nonfinite_per_seed": injected,
+            }
         if self.spec is not None:
             summary |= {"env": self.config.env, "env_backend": self.spec.backend}
             summary |= {"total_steps": rows[-1]["step"] if rows else 0, **self.greedy_evaluation(state)}
@@ -598,9 +616,20 @@ class Algorithm:
         every = max(1, checkpoint_every // self.steps_per_row) if checkpoint_every else 0
         if every and out_dir is not None:
             per_chunk = _largest_divisor_at_most(self.num_rows, min(per_chunk, every))
-        run = dict(kind=self.name, train_state_path=self.train_state_path, total=self.num_rows, inputs=self.inputs())
-        units = dict(position_key=self.row_key, meta_key=self.checkpoint_key, unit_size=self.steps_per_row)
-        session = Session(out_dir, self.config, checkpoint_every=every, unit=self.unit, **run, **units, **run_options)
+        session = Session(
+            out_dir,
+            self.config,
+            kind=self.name,
+            train_state_path=self.train_state_path,
+            total=self.num_rows,
+            position_key=self.row_key,
+            meta_key=self.checkpoint_key,
+            unit_size=self.steps_per_row,
+            unit=self.unit,
+            checkpoint_every=every,
+            inputs=self.inputs(),
+            **run_options,
+        )
         session.postfix = self._progress(session)
         self.session = session
         with session:
