@@ -121,7 +121,20 @@ def minatar(env: str = "Breakout-MinAtar", **overrides) -> DQNConfig:
     >>> minatar(total_steps=1_000_000).buffer_size
     100000
     """
-    settings = dict(env=env, total_steps=5_000_000, num_envs=4, buffer_size=100_000, batch_size=32, lr=1e-4)
-    settings |= dict(train_frequency=4, learning_starts=20_000, target_update_interval=1_000, epsilon_end=0.01)
-    settings |= dict(epsilon_fraction=0.1, steps_per_row=20_000, network="cnn", huber_delta=1.0)
+    settings = dict(
+        env=env,
+        total_steps=5_000_000,
+        num_envs=4,
+        buffer_size=100_000,
+        batch_size=32,
+        lr=1e-4,
+        train_frequency=4,
+        learning_starts=20_000,
+        target_update_interval=1_000,
+        epsilon_end=0.01,
+        epsilon_fraction=0.1,
+        steps_per_row=20_000,
+        network="cnn",
+        huber_delta=1.0,
+    )
     return DQNConfig(**{**settings, **overrides})

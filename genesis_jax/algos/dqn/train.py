@@ -64,10 +64,24 @@ STUDY |= base.minatar_tasks("dqn:{game}-MinAtar", minatar_settings, 5_000_000)
 
 class DQN(EpsilonGreedy, Algorithm):
     name, config_class, row_key, checkpoint_key = "dqn", DQNConfig, "row", "step"  # a row: steps_per_row env steps
-    metrics = {"episodes": "episodes per seed", "loss": "nanmean", "q": "nanmean", "updates": "sum"}
-    metrics |= {"buffer_size": "sum"}
-    tiny = dict(total_steps=400, num_envs=2, train_frequency=2, steps_per_row=200, learning_starts=100, hidden=(16,))
-    tiny |= dict(buffer_size=400, batch_size=16, target_update_interval=2)
+    metrics = {
+        "episodes": "episodes per seed",
+        "loss": "nanmean",
+        "q": "nanmean",
+        "updates": "sum",
+        "buffer_size": "sum",
+    }
+    tiny = dict(
+        total_steps=400,
+        num_envs=2,
+        train_frequency=2,
+        steps_per_row=200,
+        learning_starts=100,
+        hidden=(16,),
+        buffer_size=400,
+        batch_size=16,
+        target_update_interval=2,
+    )
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
@@ -126,9 +140,15 @@ class DQN(EpsilonGreedy, Algorithm):
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
         count = learned.sum()
         per_update = lambda x: jnp.where(count > 0, jnp.where(learned, x, 0.0).sum() / count, jnp.nan)  # noqa: E731
-        metrics = {"loss": per_update(loss), "q": per_update(q), "epsilon": self.config.epsilon(s.steps)}
-        metrics |= {"episodes": episodes.sum(), "return_sum": return_sum.sum(), "updates": s.train_state.step}
-        return s, {**metrics, "buffer_size": self.replay.size(s.buffer)}
+        return s, {
+            "loss": per_update(loss),
+            "q": per_update(q),
+            "epsilon": self.config.epsilon(s.steps),
+            "episodes": episodes.sum(),
+            "return_sum": return_sum.sum(),
+            "updates": s.train_state.step,
+            "buffer_size": self.replay.size(s.buffer),
+        }
 
     def summary(self, rows: list[dict], state: DQNState) -> dict:
         buffer_dtypes = {k: str(leaf.stored) for k, leaf in self.replay.added.items()}

@@ -193,13 +193,18 @@ class WorldModelTrainer(Algorithm):
         ts = jax.tree.map(lambda x: x[0], seeds) if self.num_seeds > 1 else seeds  # the probes take one seed's
         batch0 = jax.tree.map(lambda x: x[: c.batch_size], self.data[0])
         step = lambda s, b: self.train_step(s, self.train_loss_fn, b)
-        summary = {"data": self.dataset["meta"]["source"], "width": c.width, "depth": c.depth}
-        summary |= {"batch_size": c.batch_size, "horizon": c.horizon, "final_train_loss": last["train_loss"]}
-        summary |= {
+        summary = {
+            "data": self.dataset["meta"]["source"],
+            "width": c.width,
+            "depth": c.depth,
+            "batch_size": c.batch_size,
+            "horizon": c.horizon,
+            "final_train_loss": last["train_loss"],
             "eval_loss": last["eval_loss"],
             "eval_loss_per_seed": last.get("eval_loss_per_seed", [last["eval_loss"]]),
+            "noise_floor": self.noise_floor,
+            "epochs": len(rows),
         }
-        summary |= {"noise_floor": self.noise_floor, "epochs": len(rows)}
         summary["applied_updates"] = int(np.sum(np.asarray(seeds.step)) - np.sum(np.asarray(seeds.skipped)))
         summary["steps_per_second"] = self.session.steps_per_second(self.batches_per_epoch * self.num_seeds)
         summary["activation_bytes"] = activation_bytes(self.loss_fn, ts.params, batch0)
