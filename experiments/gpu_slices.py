@@ -18,6 +18,7 @@ that fetches them into `.whl/` (see the device notes), and the device command in
 from __future__ import annotations
 
 import argparse
+import csv
 import pathlib
 import subprocess
 import sys
@@ -32,16 +33,25 @@ from genesis_jax.cli.study import PRESETS  # noqa: E402
 STUDY_DIR = ROOT / "benchmarks" / "study-gpu"
 BENCH_DIR = ROOT / "benchmarks" / "bench-bignet-gpu"
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-unscaled")
-# The big-network workloads, 2 seeds, three precisions: about 5 minutes on an H100.
-BENCH_WORKLOADS = "ppo-resmlp-1024,ppo-cnn-minatar,pqn-cnn-minatar,sac-resmlp-1024"
+# The big-network workloads, 2 seeds, three precisions, a slice each: on a fresh H200,
+# 1-2 minutes each for the PPO and PQN ones, about 5 for SAC.
+BENCH_WORKLOADS = ("ppo-resmlp-1024", "ppo-cnn-minatar", "pqn-cnn-minatar", "sac-resmlp-1024")
 # The device has jax, flax, optax, chex and orbax; these it lacks (Python 3.12 wheels).
 WHEELS = "jmp gymnasium farama-notifications gymnax tyro docstring-parser typeguard shtab flashbax rliable arch"
 
 
+def benched_workloads(bench_dir: pathlib.Path) -> set[str]:
+    """The workloads with a row in any results.csv under `bench_dir` (one folder a bench run)."""
+    rows = (row for path in bench_dir.rglob("results.csv") for row in csv.DictReader(path.open()))
+    return {row["workload"] for row in rows}
+
+
 def pending_slices(study_dir: pathlib.Path = STUDY_DIR, bench_dir: pathlib.Path = BENCH_DIR) -> list[tuple]:
-    """The slices not yet done, in order: ("bench",) while the bench has no results, then
-    ("task", task, precisions) for every task of the GPU preset with cells still to run."""
-    todo = [] if (bench_dir / "results.csv").exists() else [("bench",)]
+    """The slices not yet done, in order: ("bench", workload) for each big-network workload with
+    no results yet, then ("task", task, precisions) for every task of the GPU preset with cells
+    still to run."""
+    benched = benched_workloads(bench_dir)
+    todo = [("bench", w) for w in BENCH_WORKLOADS if w not in benched]
     for task in PRESETS["gpu"]["tasks"]:
         missing = tuple(p for p in PRECISIONS if not (study_dir / "cells" / task / p / "summary.json").exists())
         if missing:
@@ -86,8 +96,8 @@ def run(
         if left < 30:
             break
         if item[0] == "bench":
-            cmd = [sys.executable, "-m", "genesis_jax.cli", "bench", "--workloads", BENCH_WORKLOADS]
-            cmd += ["--precisions", "fp32,bf16,fp16", "--out", str(bench_dir)]
+            cmd = [sys.executable, "-m", "genesis_jax.cli", "bench", "--workloads", item[1]]
+            cmd += ["--precisions", "fp32,bf16,fp16", "--out", str(bench_dir / item[1])]
         else:
             cmd = task_command(item[1], study_dir, num_seeds)
         print("slice:", *item[:2], *item[2:3], f"({left:.0f} s left)", flush=True)
@@ -128,7 +138,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.verb == "next":
         todo = pending_slices()
-        print("next slice:", *(todo[0][:2] if todo else ("none: the GPU study is complete",)), *todo[0][2:3])
+        print("next slice:", *(todo[0] if todo else ("none: the GPU study is complete",)))
         print(f"{len(todo)} slices left; device command (carry ['.whl']):\n  {device_command()}")
     elif args.verb == "wheels":
         print(
