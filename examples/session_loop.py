@@ -74,9 +74,9 @@ def main():
     with Session(
         args.out,
         config,
-        kind="regression",
-        total=config.chunks,
-        position_key="chunk",
+        name="regression",
+        num_rows=config.chunks,
+        row_key="chunk",
         unit="chunk",
         checkpoint_every=10,
         resume=args.resume,

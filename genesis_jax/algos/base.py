@@ -58,7 +58,15 @@ from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
 from genesis_jax.envs.play import play_gymnax
 from genesis_jax.run import plots, probes
 from genesis_jax.run.checkpoint import at_path
-from genesis_jax.run.config import UNIT_INTERVAL, EnvFields, MixedPrecisionConfig, NetworkFields, RunFields, SeedFields
+from genesis_jax.run.config import (
+    NON_NEGATIVE,
+    UNIT_INTERVAL,
+    EnvFields,
+    MixedPrecisionConfig,
+    NetworkFields,
+    RunFields,
+    SeedFields,
+)
 from genesis_jax.run.parallel import ParallelConfig, replicated, start_distributed
 from genesis_jax.run.session import Session
 
@@ -98,7 +106,6 @@ def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> in
 
 
 SEED_AXIS = "seed"  # the vmap axis of seeds trained together
-EVAL_ENVS = 32  # greedy episodes at the end of a run that acts (gymnax): the summary's eval_return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +116,10 @@ class ActingFields(NetworkFields, SeedFields, RunFields, EnvFields):
 
     gamma: float = 0.99
     """Discount factor."""
+    eval_episodes: int = 32
+    """Greedy episodes played after training, for the summary's eval_return (gymnax; 0: none)."""
 
-    FIELD_BOUNDS = {"gamma": UNIT_INTERVAL}
+    FIELD_BOUNDS = {"gamma": UNIT_INTERVAL, "eval_episodes": NON_NEGATIVE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -562,20 +571,23 @@ class Algorithm:
         }
 
     def greedy_evaluation(self, state) -> dict:
-        """The summary's `eval_return` (and per seed): the mean return of EVAL_ENVS episodes of the
+        """The summary's `eval_return` (and per seed): the mean return of `eval_episodes` episodes of the
         greedy policy (`act(state, greedy=True)`) after training, played as `genesis-jax eval` plays
         them (`envs.play`), seed k's from seed + k (as a 1-seed run of that seed). Empty where the
         algorithm does not act, or its episodes cannot all end under jit (a host environment, no time limit)."""
         if self.act is None or self.spec.backend != "gymnax" or self.spec.max_episode_steps is None:
             return {}
+        episodes = self.config.eval_episodes
+        if not episodes:
+            return {}
         act = lambda state, key, obs: self.act(state, greedy=True)(key, obs)
         seeds = [jax.tree.map(lambda x: x[k], state) for k in range(self.num_seeds)] if self.num_seeds > 1 else [state]
-        played = [play_gymnax(self.spec, act, s, EVAL_ENVS, self.config.seed + k) for k, s in enumerate(seeds)]
+        played = [play_gymnax(self.spec, act, s, episodes, self.config.seed + k) for k, s in enumerate(seeds)]
         per_seed = [float(np.mean(p.returns)) for p in played]
         return {
             "eval_return": float(np.mean(per_seed)),
             "eval_return_per_seed": per_seed,
-            "eval_return_is": f"the mean return of {EVAL_ENVS} greedy episodes after training",
+            "eval_return_is": f"the mean return of {episodes} greedy episodes after training",
         }
 
     def _progress(self, session: Session) -> Callable[[dict], dict]:
@@ -619,12 +631,12 @@ class Algorithm:
         session = Session(
             out_dir,
             self.config,
-            kind=self.name,
+            name=self.name,
             train_state_path=self.train_state_path,
-            total=self.num_rows,
-            position_key=self.row_key,
-            meta_key=self.checkpoint_key,
-            unit_size=self.steps_per_row,
+            num_rows=self.num_rows,
+            row_key=self.row_key,
+            checkpoint_key=self.checkpoint_key,
+            steps_per_row=self.steps_per_row,
             unit=self.unit,
             checkpoint_every=every,
             inputs=self.inputs(),
@@ -634,7 +646,7 @@ class Algorithm:
         self.session = session
         with session:
             state = session.restore(self.initial_state(), self.from_checkpoint, self.config.check_resume)
-            remaining = session.total - session.position
+            remaining = session.num_rows - session.position
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
             if remaining and session.progress:  # past every refusal: a note never joins a one-line error
@@ -653,11 +665,11 @@ class Algorithm:
             call = self.compile_chunk(state, per_chunk) if remaining else None
             compile_seconds = self.init_compile_seconds + time.perf_counter() - start
             state = session.run(state, call, self.rows, per_chunk, on_start=on_start)
-            if session.stopped and not session.timing.positions_run:
+            if session.stopped and not session.rows_run:
                 session.finish({})  # a signal before the first chunk: nothing to sum up, it raises
             summary = self.common_summary(session.rows, state, session, compile_seconds)
             summary |= self.summary(session.rows, state)
-            if not session.timing.positions_run:  # nothing ran here: what the run measured when it ran stays
+            if not session.rows_run:  # nothing ran here: what the run measured when it ran stays
                 summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
             plot = lambda rows, path: self.plot(rows, path, summary)  # noqa: E731
             summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import optax
@@ -20,19 +20,6 @@ from genesis_jax.amp.loss_scale import INT32_MAX, check_loss_scale_args
 from genesis_jax.amp.policy import Precision, check_precision, get_precision, resolve_precision_name
 from genesis_jax.amp.state import TrainState
 from genesis_jax.amp.testing import FaultInjection
-
-# Config fields a resumed run may change (how it runs, not what it computes): the device
-# layout, and the divergence guard's limits. A field group adds its own (`RESUMABLE`).
-RESUMABLE_BASE_FIELDS = (
-    "devices",
-    "coordinator_address",
-    "num_processes",
-    "process_id",
-    "heartbeat_timeout",
-    "guard_min_scale",
-    "max_consecutive_skips",
-    "underflow_telemetry",
-)
 
 # -- field checks: every trainer config's types and ranges, in one place ----------------------
 
@@ -75,31 +62,16 @@ def flag_name(field: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _field_types(cls) -> tuple[tuple[str, Any], ...]:
+def _field_table(cls) -> tuple[tuple[str, Any, Bounds | None], ...]:
+    """(name, annotation, bounds) of each field: the `FIELD_BOUNDS` tables of `cls` and its
+    bases, a subclass's entries winning."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init)
-
-
-@functools.lru_cache(maxsize=None)
-def _field_bounds(cls) -> dict[str, Bounds]:
-    """The `FIELD_BOUNDS` tables of `cls` and its bases, a subclass's entries winning."""
-    bounds: dict[str, Bounds] = {}
-    for klass in reversed(cls.__mro__):
-        bounds.update(klass.__dict__.get("FIELD_BOUNDS", {}))
-    return bounds
-
-
-def _own_checks(cls) -> list[Callable]:
-    """The `check` methods `cls` and its bases define themselves, bases first."""
-    return [klass.__dict__["check"] for klass in reversed(cls.__mro__) if "check" in klass.__dict__]
+    bounds = {name: b for klass in reversed(cls.__mro__) for name, b in vars(klass).get("FIELD_BOUNDS", {}).items()}
+    return tuple((f.name, hints[f.name], bounds.get(f.name)) for f in dataclasses.fields(cls) if f.init)
 
 
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _checked(value, kind, bounds: Bounds | None):
@@ -131,7 +103,8 @@ def _checked(value, kind, bounds: Bounds | None):
         bounds = bounds or _INT32
         return (int(value), None) if _is_int(value) and bounds.holds(value) else (None, bounds.text)
     if kind is float:
-        if not _is_number(value) or not abs(value) <= FLOAT32_MAX:
+        number = isinstance(value, (float, np.floating)) or _is_int(value)
+        if not number or not abs(value) <= FLOAT32_MAX:
             return None, "a finite number" + (f" {bounds.text}" if bounds else "")
         return (float(value), None) if bounds is None or bounds.holds(value) else (None, bounds.text)
     return value, None  # a type this table does not know: its own check decides
@@ -142,11 +115,9 @@ def check_fields(config) -> None:
     takes an int; names are strings; a Literal's choices) and the `FIELD_BOUNDS` tables of its
     classes; each value is stored back as a plain Python value. The first bad field raises a
     `ValueError` naming the field, the value and what is accepted."""
-    cls = type(config)
-    bounds = _field_bounds(cls)
-    for name, kind in _field_types(cls):
+    for name, kind, bounds in _field_table(type(config)):
         value = getattr(config, name)
-        checked, accepted = _checked(value, kind, bounds.get(name))
+        checked, accepted = _checked(value, kind, bounds)
         if accepted is not None:
             raise ValueError(f"{flag_name(name)} must be {accepted}, got {value!r}")
         object.__setattr__(config, name, checked)
@@ -156,45 +127,14 @@ def check_relations(config) -> None:
     """The relations between a config's fields, once each field is known good: its classes'
     `FIELD_MULTIPLES` tables (field -> the field it must be a multiple of), then each class's
     own `check`, base classes first."""
-    cls = type(config)
-    for klass in reversed(cls.__mro__):
-        for name, of in klass.__dict__.get("FIELD_MULTIPLES", {}).items():
+    for klass in reversed(type(config).__mro__):
+        for name, of in vars(klass).get("FIELD_MULTIPLES", {}).items():
             value, base = getattr(config, name), getattr(config, of)
             if value % base:
                 raise ValueError(f"{flag_name(name)} {value} must be a multiple of {flag_name(of)} {base}")
-    for check in _own_checks(cls):
-        check(config)
-
-
-def resumable_fields(cls) -> tuple[str, ...]:
-    """The fields a resume may change: `RESUMABLE_BASE_FIELDS`, and the `RESUMABLE` (and any
-    `RESUMABLE_FIELDS` written by hand, as configs did before the groups) of every class of the config."""
-    own = (
-        f
-        for klass in reversed(cls.__mro__)
-        for f in (*klass.__dict__.get("RESUMABLE", ()), *klass.__dict__.get("RESUMABLE_FIELDS", ()))
-    )
-    return tuple(dict.fromkeys((*RESUMABLE_BASE_FIELDS, *own)))
-
-
-# The shared fields' bounds (MixedPrecisionConfig's and ParallelConfig's, and every trainer's
-# seed); finer checks (the loss scale's float32 range, the guard's) stay with the amp pieces
-# that use the values.
-SHARED_FIELD_BOUNDS = {
-    "seed": SEED,  # every trainer's: the PRNG key's
-    "init_loss_scale": POSITIVE,
-    "growth_interval": POSITIVE_INT,
-    "min_loss_scale": POSITIVE,
-    "max_grad_norm": POSITIVE,
-    "guard_min_scale": NON_NEGATIVE,
-    "max_consecutive_skips": POSITIVE_INT,
-    "inject_nonfinite": Bounds("a rate in [0, 1]", 0, 1),
-    "loss_spike_factor": POSITIVE,
-    "devices": POSITIVE_INT,
-    "num_processes": POSITIVE_INT,
-    "process_id": Bounds(f"an integer from 0 to {INT32_MAX}", 0, INT32_MAX),
-    "heartbeat_timeout": POSITIVE_INT,
-}
+    for klass in reversed(type(config).__mro__):
+        if "check" in vars(klass):
+            vars(klass)["check"](config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,8 +176,37 @@ class MixedPrecisionConfig:
     backward at the current loss scale flushes to 0 or leaves below float16's smallest normal
     (one float32 and one float16 backward more per update; PPO and the world model)."""
 
-    FIELD_BOUNDS = SHARED_FIELD_BOUNDS  # a subclass adds its own table (see `check_fields`)
-    RESUMABLE_FIELDS = RESUMABLE_BASE_FIELDS  # a subclass's: `resumable_fields`
+    # The shared fields' bounds (this class's and ParallelConfig's, and every trainer's seed); a
+    # subclass adds its own table (`check_fields`). Finer checks (the loss scale's float32
+    # range, the guard's) stay with the amp pieces that use the values.
+    FIELD_BOUNDS = {
+        "seed": SEED,
+        "init_loss_scale": POSITIVE,
+        "growth_interval": POSITIVE_INT,
+        "min_loss_scale": POSITIVE,
+        "max_grad_norm": POSITIVE,
+        "guard_min_scale": NON_NEGATIVE,
+        "max_consecutive_skips": POSITIVE_INT,
+        "inject_nonfinite": Bounds("a rate in [0, 1]", 0, 1),
+        "loss_spike_factor": POSITIVE,
+        "devices": POSITIVE_INT,
+        "num_processes": POSITIVE_INT,
+        "process_id": Bounds(f"an integer from 0 to {INT32_MAX}", 0, INT32_MAX),
+        "heartbeat_timeout": POSITIVE_INT,
+    }
+    # The fields a resume may change (how it runs, not what it computes): the device layout and
+    # the guard's limits here; a field group adds its own (`RESUMABLE`).
+    RESUMABLE = (
+        "devices",
+        "coordinator_address",
+        "num_processes",
+        "process_id",
+        "heartbeat_timeout",
+        "guard_min_scale",
+        "max_consecutive_skips",
+        "underflow_telemetry",
+    )
+    RESUMABLE_FIELDS = RESUMABLE  # a subclass's: every class's `RESUMABLE` (`__init_subclass__`)
 
     def __post_init__(self):
         check_fields(self)  # every field's type and range, the subclass's too, before anything else
@@ -252,7 +221,13 @@ class MixedPrecisionConfig:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.RESUMABLE_FIELDS = resumable_fields(cls)
+        # Every class's `RESUMABLE`, and a `RESUMABLE_FIELDS` written by hand (as configs did before the groups).
+        names = (
+            f
+            for klass in cls.__mro__
+            for f in (*vars(klass).get("RESUMABLE", ()), *vars(klass).get("RESUMABLE_FIELDS", ()))
+        )
+        cls.RESUMABLE_FIELDS = tuple(dict.fromkeys(names))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields):
@@ -270,9 +245,6 @@ class MixedPrecisionConfig:
 
     def train_precision(self) -> Precision:
         return get_precision(self.precision, self.loss_scaling)
-
-    def make_loss_scale(self):
-        return self.train_precision().scaler(self.init_loss_scale, self.growth_interval, self.min_loss_scale)
 
     def divergence_guard(self):
         return DivergenceGuard(self.guard_min_scale, self.max_consecutive_skips)
@@ -300,12 +272,13 @@ class MixedPrecisionConfig:
         """An `amp.TrainState` as this config says: the precision, its loss scaler, clipping
         and the divergence guard on `tx` (wrapped in `skip_nonfinite`); `shared_scaler` for
         optimizers sharing one scaler (`amp.update_scaler`)."""
+        precision = self.train_precision()
         return TrainState.create(
             params=params,
             tx=tx,
             apply_fn=apply_fn,
-            scaler=self.make_loss_scale(),
-            precision=self.train_precision(),
+            scaler=precision.scaler(self.init_loss_scale, self.growth_interval, self.min_loss_scale),
+            precision=precision,
             max_grad_norm=self.max_grad_norm,
             guard=self.divergence_guard(),
             strict=self.strict_finite_checks,

@@ -159,8 +159,6 @@ def split_visible_devices(visible: str | None, num_gpus: int, num_processes: int
     >>> split_visible_devices(None, 0, 2)
     [None, None]
     """
-    if num_processes < 1:
-        raise ValueError(f"processes must be >= 1, got {num_processes}")
     if visible is None:
         ids = [str(i) for i in range(num_gpus)]
     else:
@@ -246,16 +244,11 @@ def exit_with_launcher(grace_seconds: float = ORPHAN_GRACE_SECONDS, interval: fl
 # -- the launcher -------------------------------------------------------------------------------
 
 
-def _describe(status: int) -> str:
-    if status < 0:
-        return f"was killed by {signal.Signals(-status).name}"
-    return f"exited with status {status}"
-
-
-def _tail(path: str, lines: int = 8) -> str:
+def _tail(path: str) -> str:
+    """The last 8 lines of a log that say something (the runtime's stack frames left out)."""
     with open(path, errors="replace") as f:
         kept = [line.rstrip() for line in f if line.strip() and not line.startswith("    @ ")]
-    return "\n".join(kept[-lines:])
+    return "\n".join(kept[-8:])
 
 
 def _out_dir(command: list[str]) -> str | None:
@@ -304,12 +297,11 @@ def launch(
         tempfile.NamedTemporaryFile("w+", prefix=f"genesis-launch-{i}-", suffix=".log", delete=False)
         for i in range(1, processes)
     ]
-    procs = []
     preexec = _die_with_parent()
-    for i, argv in enumerate(argvs):  # from this (the main) thread: PR_SET_PDEATHSIG follows the thread
-        procs.append(
-            subprocess.Popen(argv, env=process_env(local_devices, shares[i]), stderr=logs[i], preexec_fn=preexec)
-        )
+    procs = [  # started from this (the main) thread: PR_SET_PDEATHSIG follows the thread
+        subprocess.Popen(argv, env=process_env(local_devices, share), stderr=log, preexec_fn=preexec)
+        for argv, share, log in zip(argvs, shares, logs)
+    ]
     print(
         f"genesis-jax launch: {processes} processes, pids {' '.join(str(p.pid) for p in procs)}",
         file=sys.stderr,
@@ -345,7 +337,7 @@ def _origin(procs, failed_first: list[int]) -> int:
     return (own or failed_first)[0]
 
 
-def _supervise(procs, logs, grace_seconds: float, out: str | None = None) -> int:
+def _supervise(procs, logs, grace_seconds: float, out: str | None) -> int:
     """Waits for every process; on the first bad end, stops the rest within `grace_seconds`."""
     while True:
         statuses = [p.poll() for p in procs]
@@ -364,7 +356,8 @@ def _supervise(procs, logs, grace_seconds: float, out: str | None = None) -> int
         procs[i].kill()
         procs[i].wait()
     status = procs[first].returncode
-    message = f"genesis-jax launch: process {first} {_describe(status)}"
+    ended = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+    message = f"genesis-jax launch: process {first} {ended}"
     if stragglers:
         message += f"; stopped process(es) {', '.join(map(str, stragglers))} after {grace_seconds:g} s"
     others = [i for i in range(len(procs)) if i != first and i not in stragglers]

@@ -4,7 +4,9 @@ A `Session` owns what a run does around its compiled steps: the run directory (r
 `resume` or `overwrite`), the checkpoint store and resume, the metric writers, the progress
 bar, SIGINT / SIGTERM, the divergence-guard stop, the save cadence, `summary.json` and the
 final exception. A trainer supplies its initial state, one compiled chunk (`step`), the
-metric rows of a chunk (`to_rows`) and its summary fields:
+metric rows of a chunk (`to_rows`) and its summary fields. Its keywords are the algorithm
+template's (`algos.base`), in the words of the glossary: a *row* is one line of
+`metrics.jsonl`, and `position` counts the rows run so far:
 
 >>> import jax.numpy as jnp
 >>> from genesis_jax.run.session import Session
@@ -12,7 +14,7 @@ metric rows of a chunk (`to_rows`) and its summary fields:
 ...     return w * 0.5, {"loss": w}
 >>> def to_rows(metrics, done):                       # the chunk's metric rows (host)
 ...     return [{"update": done + 1, "loss": float(metrics["loss"])}]
->>> with Session(None, kind="toy", total=3, progress=False) as session:
+>>> with Session(None, name="toy", num_rows=3, progress=False) as session:
 ...     w = session.restore(jnp.float32(8.0))
 ...     w = session.run(w, step, to_rows)
 ...     summary = session.finish({"final_loss": session.rows[-1]["loss"]})
@@ -31,11 +33,12 @@ on every stop so their collectives stay in step.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
 import logging
 import signal
 import sys
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -83,28 +86,42 @@ def _until_halt(rows: list[dict]) -> list[dict]:
     return rows
 
 
-@dataclasses.dataclass
-class Timing:
-    """Seconds spent in `Session.run` waiting for compiled chunks, and the positions they ran."""
+# 0.3's spellings of Session's keywords, read until 0.4 with a FutureWarning: old -> new.
+RENAMED_KEYWORDS = {
+    "kind": "name",
+    "total": "num_rows",
+    "position_key": "row_key",
+    "meta_key": "checkpoint_key",
+    "unit_size": "steps_per_row",
+}
 
-    run_seconds: float = 0.0
-    positions_run: int = 0
+
+def _renamed_keywords(init):
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        for old in RENAMED_KEYWORDS.keys() & kwargs.keys():
+            new = RENAMED_KEYWORDS[old]
+            warnings.warn(f"Session({old}=) is now Session({new}=); {old}= goes in 0.4", FutureWarning, stacklevel=2)
+            kwargs[new] = kwargs.pop(old)
+        return init(self, *args, **kwargs)
+
+    return wrapper
 
 
 class Session:
-    """A run of `total` positions (updates, epochs: whatever one metric row counts).
+    """A run of `num_rows` rows (updates, epochs: whatever one metric row counts).
 
     Args:
         out_dir: run directory, or None for a run that writes nothing.
         config: the trainer's config (`to_dict()`, `RESUMABLE_FIELDS`, `divergence_guard()`);
             None for a loop without one (no config check on resume, no guard advice).
-        kind: the workload's name, stored in checkpoints; resume refuses another kind's.
-        total: positions in the whole run.
-        position_key: the metric rows' position field ("update", "epoch").
-        meta_key: the checkpoint meta's position field (default: `position_key`).
-        unit_size: progress-bar units per position (PPO: environment steps per update).
+        name: the workload's name, stored in checkpoints (as `kind`); resume refuses another's.
+        num_rows: rows in the whole run.
+        row_key: the rows' counter field ("update", "epoch").
+        checkpoint_key: the checkpoint meta's field for it (default: `row_key`).
+        steps_per_row: progress-bar units per row (PPO: environment steps per update).
         unit: the progress bar's unit name.
-        checkpoint_every: positions between checkpoints (0: only at the end and on a stop).
+        checkpoint_every: rows between checkpoints (0: only at the end and on a stop).
         resume, overwrite, allow_config_change: as the CLI's flags of the same names.
         allow_unverified: resume from a checkpoint without a checksum (refused otherwise; the
             CLI's --allow-unverified-checkpoint); the summary records its step as `unverified_checkpoint`.
@@ -121,16 +138,17 @@ class Session:
             resume compares them as settings (refused, or recorded in `config_changes`).
     """
 
+    @_renamed_keywords
     def __init__(
         self,
         out_dir: str | None,
         config: Any = None,
         *,
-        kind: str,
-        total: int,
-        position_key: str = "update",
-        meta_key: str | None = None,
-        unit_size: int = 1,
+        name: str,
+        num_rows: int,
+        row_key: str = "update",
+        checkpoint_key: str | None = None,
+        steps_per_row: int = 1,
         unit: str = "update",
         checkpoint_every: int = 0,
         resume: bool = False,
@@ -155,9 +173,9 @@ class Session:
             raise ValueError(f"metric writers {', '.join(map(str, writers))} need an output directory (--out)")
         # Every process checks the directory before any process writes to it.
         self.run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
-        self.config, self.kind, self.total = config, kind, total
-        self.position_key, self.meta_key = position_key, meta_key or position_key
-        self.unit_size, self.unit = unit_size, unit
+        self.config, self.name, self.num_rows = config, name, num_rows
+        self.row_key, self.checkpoint_key = row_key, checkpoint_key or row_key
+        self.steps_per_row, self.unit = steps_per_row, unit
         self.checkpoint_every, self.resume, self.max_to_keep = checkpoint_every, resume, max_to_keep
         self.allow_config_change = allow_config_change
         self.allow_unverified, self.unverified_checkpoint = allow_unverified, None
@@ -170,11 +188,12 @@ class Session:
         self._replay_dropped = 0  # what a grown replay buffer dropped (`checkpoint.replay_dropped`)
         self.store: CheckpointStore | None = None
         self.writers: list[MetricWriter] = []
-        self.position = 0
+        self.position = 0  # rows run, those restored included
         self.rows: list[dict] = []
         self.config_changes: list[str] = []
         self.stopped: str | None = None
-        self.timing = Timing()
+        self.rows_run = 0  # rows `run` ran in this session
+        self.run_seconds = 0.0  # seconds `run` waited for compiled chunks
         self.wall_start = time.perf_counter()
         self._last_save = 0
         self._saved = False  # whether this session saved a checkpoint
@@ -202,7 +221,7 @@ class Session:
                 self.writers = [JsonlWriter(self.run_dir)]
                 for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
                     named = NAMED_WRITERS.get(spec) if isinstance(spec, str) else None
-                    self.writers.append(named(self.run_dir.path, self.position_key, config) if named else spec)
+                    self.writers.append(named(self.run_dir.path, self.row_key, config) if named else spec)
             parallel.barrier("genesis-session-opened")
             self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
         except BaseException:
@@ -226,9 +245,7 @@ class Session:
                         self._write_failure(exc_type, exc)
                     # An old run set aside by --overwrite goes only once the new one saved a checkpoint; a run
                     # that failed before its first row takes the files it made with it (the same call runs again).
-                    self.run_dir.close(
-                        clean and self._saved, wrote=clean or self._saved or bool(self.timing.positions_run)
-                    )
+                    self.run_dir.close(clean and self._saved, wrote=clean or self._saved or bool(self.rows_run))
             finally:
                 if self._signals is not None:
                     self._signals.__exit__()
@@ -237,7 +254,7 @@ class Session:
     def _write_failure(self, exc_type, exc) -> None:
         """A fresh summary.json for a run that failed after training something: where it
         got to (`iterations`) and why (`error`); `stopped` is "failed"."""
-        if not self.timing.positions_run:
+        if not self.rows_run:
             return  # nothing new trained: the directory keeps the summary it had
         detail = str(exc).strip().splitlines()[0][:300] if exc is not None and str(exc).strip() else ""
         summary = {
@@ -267,7 +284,7 @@ class Session:
         first checkpoint starts cleanly from `state`; without `resume`, `state`. Refused in
         one sentence: changed settings (named first, before anything is counted in their
         units), a run with a summary but no checkpoint, checkpoints without the rows they
-        follow, and a `total` below the positions already run. `reshape(state, meta)`, where
+        follow, and a `num_rows` below the rows already run. `reshape(state, meta)`, where
         given, returns the state shaped as the checkpoint (`meta`) holds it and a function from
         that to this run's state (SAC grows its replay buffer to a longer run's capacity).
         `check_resume(saved_config)`, where given, refuses settings whose state no longer fits
@@ -279,19 +296,19 @@ class Session:
         steps = self.store.all_steps()
         if steps:  # another workload's run is named as such, before its rows are read as this one's
             newest = self.store.read_meta(steps[-1])
-            check_kind(newest, step=steps[-1], kind=self.kind)
+            check_kind(newest, step=steps[-1], kind=self.name)
             if self.config is not None:  # changed settings, named before any count in their units
                 self.config_changes = self._config_changes(newest)
             if check_resume is not None:  # a setting whose state no longer fits, named before the shapes are
                 check_resume(newest.get("config", {}))
-        rows = self.run_dir.read_metrics(self.position_key, warn=self.primary)
+        rows = self.run_dir.read_metrics(self.row_key, warn=self.primary)
         step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
             target, fit = reshape(state, self.store.read_meta(step)) if reshape else (state, lambda s: s)
             try:
                 restored, meta = self.store.restore(
-                    target, step, self.kind, self.train_state_path, allow_unverified=self.allow_unverified
+                    target, step, self.name, self.train_state_path, allow_unverified=self.allow_unverified
                 )
             except CheckpointShapeError as err:
                 if not self.config_changes:
@@ -303,11 +320,11 @@ class Session:
                 ) from None
             state = fit(restored)
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
-            self.position = position_of(meta, self.meta_key, step, self.store.directory)
+            self.position = position_of(meta, self.checkpoint_key, step, self.store.directory)
             self.unverified_checkpoint = None if "digest" in meta else step
             if self.config is not None:  # against the checkpoint resumed (the newest's, above, may differ)
                 self.config_changes = self._config_changes(meta)
-        self.rows = [row for row in rows if row[self.position_key] <= self.position]
+        self.rows = [row for row in rows if row[self.row_key] <= self.position]
         if self.primary:  # of several processes, one trims metrics.jsonl; the others only read it
             self.run_dir.keep_metrics(len(self.rows))
         self._last_save = self.position
@@ -318,12 +335,12 @@ class Session:
 
     def _resume_step(self, steps: list[int], rows: list[dict]) -> int | None:
         """The checkpoint step to resume from (None: start cleanly), or a refusal."""
-        key, where = self.position_key, self.run_dir.path
+        key, where = self.row_key, self.run_dir.path
         last_row = rows[-1][key] if rows else 0
         done = max([last_row, *steps])
-        if done > self.total:
+        if done > self.num_rows:
             raise runs.RunDirectoryError(
-                f"{where} has run {self._amount(done)} already, more than the {self._amount(self.total)} "
+                f"{where} has run {self._amount(done)} already, more than the {self._amount(self.num_rows)} "
                 f"asked for; ask for at least {self._amount(done)} to continue it"
             )
         if not steps:
@@ -341,27 +358,27 @@ class Session:
             )
         return max(usable)
 
-    def _amount(self, positions: int) -> str:
-        """`positions` in the run's units: '8 updates (4096 steps)', or '3 epochs'; in positions alone where
-        settings changed (allowed): the positions already run may have counted other units."""
+    def _amount(self, rows: int) -> str:
+        """`rows` in the run's units: '8 updates (4096 steps)', or '3 epochs'; in rows alone where
+        settings changed (allowed): the rows already run may have counted other units."""
         plural = lambda n, name: f"{n} {name}" + ("" if n == 1 else "s")  # noqa: E731
-        text = plural(positions, self.position_key)
-        if self.unit_size != 1 and not self.config_changes:
-            text += f" ({plural(positions * self.unit_size, self.unit)})"
+        text = plural(rows, self.row_key)
+        if self.steps_per_row != 1 and not self.config_changes:
+            text += f" ({plural(rows * self.steps_per_row, self.unit)})"
         return text
 
-    def save(self, state, meta: dict | None = None) -> None:
+    def save(self, state) -> None:
         """A checkpoint of `state` at the current position (every process takes part)."""
         if self.store is None:
             return
-        full_meta = {"kind": self.kind, self.meta_key: self.position, **(meta or {})}
+        meta = {"kind": self.name, self.checkpoint_key: self.position}
         if self.config is not None:
-            full_meta["config"] = self.config.to_dict()
+            meta["config"] = self.config.to_dict()
         if self.inputs:
-            full_meta["inputs"] = self.inputs
+            meta["inputs"] = self.inputs
         if self._replay_dropped:
-            full_meta["replay_dropped"] = self._replay_dropped
-        self.store.save(self.position, state, full_meta, force=True, train_state_path=self.train_state_path)
+            meta["replay_dropped"] = self._replay_dropped
+        self.store.save(self.position, state, meta, force=True, train_state_path=self.train_state_path)
         self._last_save = self.position
         self._saved = True
 
@@ -373,10 +390,9 @@ class Session:
         step: Callable,
         to_rows: Callable[[Any, int], list[dict]],
         per_call: int = 1,
-        checkpoint_meta: dict | None = None,
         on_start: Callable[[], None] | None = None,
     ):
-        """Calls `step(state) -> (state, metrics)` until `total` positions ran, the guard halted
+        """Calls `step(state) -> (state, metrics)` (`per_call` rows) until `num_rows` rows ran, the guard halted
         (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, position)` and saves on
         the cadence and at the end. `on_start()` is called once just before the first step, when
         one runs: past every refusal, so a note it prints never joins a one-line error. The next
@@ -389,23 +405,23 @@ class Session:
             self._dispatched = time.perf_counter()
             return step(state)
 
+        # The session's handlers, installed since `__enter__`; a run outside `with` installs its own.
+        handlers = StopSignals() if self._signals is None else contextlib.nullcontext(self._signals)
         try:
-            with self._stop_signals() as signals:
+            with handlers as signals:
                 signal_name = lambda: signal.Signals(signals.received or signal.SIGTERM).name  # noqa: E731
-                # A signal before the loop (while the chunk compiled): stop before the first chunk.
-                early = self.position < self.total and parallel.any_process(signals.received is not None)
-                if early:
-                    self.stopped = signal_name()
-                if on_start is not None and self.position < self.total and not early:
+                starts = self.position < self.num_rows
+                if starts and parallel.any_process(signals.received is not None):
+                    self.stopped, starts = signal_name(), False  # a signal while the chunk compiled: no chunk runs
+                if starts and on_start is not None:
                     on_start()
-                bar = progress.progress_bar(
-                    self.total * self.unit_size, self.position * self.unit_size, enabled=self.progress, unit=self.unit
-                )
-                pending = dispatch(state) if self.position < self.total and not early else None
+                total, done = self.num_rows * self.steps_per_row, self.position * self.steps_per_row
+                bar = progress.progress_bar(total, done, enabled=self.progress, unit=self.unit)
+                pending = dispatch(state) if starts else None
                 while pending is not None:
                     (state, metrics), pending = pending, None
                     metrics = jax.device_get(metrics)
-                    self.timing.run_seconds += time.perf_counter() - self._dispatched
+                    self.run_seconds += time.perf_counter() - self._dispatched
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
                     after = self.position + per_call
@@ -415,19 +431,19 @@ class Session:
                         and after - self._last_save >= self.checkpoint_every
                     )
                     signalled = parallel.any_process(signals.received is not None)
-                    go_on = after < self.total and not halted and not signalled
+                    go_on = after < self.num_rows and not halted and not signalled
                     if go_on and not due:  # dispatched before this call's rows are written: device and host overlap
                         pending = dispatch(state)
                     new_rows = _until_halt(to_rows(metrics, self.position))
                     self.position += len(new_rows)
-                    self.timing.positions_run += len(new_rows)
+                    self.rows_run += len(new_rows)
                     self._log(new_rows, bar)
                     if pending is not None:
                         continue
                     if halted or signalled:
                         self.stopped = "diverged" if halted else signal_name()
                     if due or not go_on:
-                        self.save(state, checkpoint_meta)
+                        self.save(state)
                     if go_on:
                         pending = dispatch(state)
         finally:
@@ -439,15 +455,11 @@ class Session:
         if self.primary:
             print(text, file=sys.stderr, flush=True)
 
-    def _stop_signals(self):
-        """The session's handlers, installed since `__enter__`; a run outside `with` installs its own."""
-        return contextlib.nullcontext(self._signals) if self._signals is not None else StopSignals()
-
     def _log(self, rows: list[dict], bar) -> None:
         self.rows.extend(rows)
         for writer in self.writers:
             writer.write(rows)
-        bar.update(len(rows) * self.unit_size)
+        bar.update(len(rows) * self.steps_per_row)
         if rows and self.postfix is not None:
             bar.set_postfix(**self.postfix(rows[-1]))
 
@@ -460,7 +472,7 @@ class Session:
         summary = {**summary, "stopped": self.stopped, "config_changes": self.config_changes}
         if self.unverified_checkpoint is not None:
             summary["unverified_checkpoint"] = self.unverified_checkpoint
-        untouched = self.stopped not in (None, "diverged") and not self.timing.positions_run
+        untouched = self.stopped not in (None, "diverged") and not self.rows_run
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary
             self.run_dir.write_summary(summary, summary_config(self.config) if self.config is not None else {})
@@ -476,7 +488,7 @@ class Session:
             raise DivergenceError((report or "training diverged") + where, summary)
         if self.stopped is None:
             return summary
-        at = f"{self.position_key} {self.position} of {self.total}"
+        at = f"{self.row_key} {self.position} of {self.num_rows}"
         if untouched:  # stopped before the first chunk: nothing new to save, the directory as it was
             kept = f"; {self.path} is left as it was" if self.run_dir else ""
             message = f"{self.stopped} received before training began ({at}): nothing was trained{kept}"
@@ -485,11 +497,11 @@ class Session:
             message = f"{self.stopped} received: stopped after {at}{where}{hint}"
         raise TrainingInterrupted(message, getattr(signal, self.stopped), summary)
 
-    def steps_per_second(self, steps_per_position: int = 1) -> float:
+    def steps_per_second(self, steps_per_row: int) -> float:
         """Steps per second of `run` so far (waiting for compiled chunks; host work overlapped)."""
-        if not self.timing.run_seconds:
+        if not self.run_seconds:
             return float("nan")
-        return self.timing.positions_run * steps_per_position / self.timing.run_seconds
+        return self.rows_run * steps_per_row / self.run_seconds
 
     def elapsed(self) -> float:
         """Seconds since the session was made (the run's wall-clock time so far)."""

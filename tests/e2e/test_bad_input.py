@@ -298,7 +298,7 @@ def test_a_session_refuses_a_state_no_checkpoint_holds_before_the_loop(tmp_path,
         return s, {"loss": 0.0}
 
     with pytest.raises(ValueError, match="bare|a checkpoint holds arrays and numbers only"):
-        with Session(str(tmp_path / "run"), kind="toy", total=2, progress=False) as session:
+        with Session(str(tmp_path / "run"), name="toy", num_rows=2, progress=False) as session:
             state = session.restore(state)
             session.run(state, step, lambda m, done: [{"update": done + 1}])
     assert steps == []
@@ -308,12 +308,12 @@ def test_a_session_refuses_a_state_no_checkpoint_holds_before_the_loop(tmp_path,
 
 def test_a_session_takes_a_dict_of_arrays_and_a_bare_scalar_where_nothing_is_saved(tmp_path):
     """The controls: a dict of arrays checkpoints, and without a directory any state runs."""
-    with Session(str(tmp_path / "run"), kind="toy", total=2, progress=False) as session:
+    with Session(str(tmp_path / "run"), name="toy", num_rows=2, progress=False) as session:
         state = session.run(
             session.restore({"w": jnp.float32(8.0)}), lambda s: (s, {}), lambda m, d: [{"update": d + 1}]
         )
     assert float(state["w"]) == 8.0 and list((tmp_path / "run" / "checkpoints").iterdir())
-    with Session(None, kind="toy", total=2, progress=False) as session:
+    with Session(None, name="toy", num_rows=2, progress=False) as session:
         assert (
             float(
                 session.run(

@@ -103,7 +103,7 @@ def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys,
 
 @pytest.mark.slow  # a tiny PQN run of 2 seeds, each seed's evaluation over 32 episodes
 def test_pqn_greedy_return_is_each_seeds_own_greedy_evaluation(trained, capsys):
-    run = trained("pqn", num_seeds=2, seed=3)
+    run = trained("pqn", num_seeds=2, seed=3, eval_episodes=32)
     summary = json.loads((run / "summary.json").read_text())
     for index, expected in enumerate(summary["eval_return_per_seed"]):  # seed k evaluated from seed + k
         result = eval_json(capsys, run, "--episodes", "32", "--seed", str(3 + index), "--seed-index", str(index))

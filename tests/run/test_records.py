@@ -49,7 +49,7 @@ def toy(out, total, *, calls=None, fail_at=None, signal_first=False, checkpoint_
         return [{"chunk": done + 1, "loss": float(metrics["loss"])}]
 
     options = {"progress": False, "checkpoint_every": checkpoint_every, **options}
-    with Session(str(out), kind="toy", total=total, position_key="chunk", unit="chunk", **options) as session:
+    with Session(str(out), name="toy", num_rows=total, row_key="chunk", unit="chunk", **options) as session:
         if signal_first:
             os.kill(os.getpid(), signal.SIGTERM)
         state = session.restore({"w": jnp.float32(8.0)})

@@ -51,7 +51,7 @@ def rows(metrics, done):
 
 def run(out, total, **options):
     """A toy run under a `Session`: one update per position, a checkpoint after each."""
-    with Session(out, kind="toy", total=total, checkpoint_every=1, progress=False, **options) as session:
+    with Session(out, name="toy", num_rows=total, checkpoint_every=1, progress=False, **options) as session:
         state = session.restore(fresh_state())
         state = session.run(state, CHUNK, rows)
         return session.finish({}), state
@@ -204,7 +204,7 @@ def test_a_step_saved_twice_is_a_no_op_for_the_same_state_and_refused_for_anothe
 
 
 def test_a_session_saving_twice_at_one_position_saves_once(tmp_path):
-    with Session(tmp_path / "r", kind="toy", total=1, progress=False) as session:
+    with Session(tmp_path / "r", name="toy", num_rows=1, progress=False) as session:
         state = session.restore(fresh_state())
         state = session.run(state, CHUNK, rows)  # saves at position 1
         session.save(state)
@@ -251,7 +251,7 @@ FULL_DISK_CLI = textwrap.dedent(
 
     def train(workload, parts, run):
         state = amp.TrainState.create(params={"w": w}, tx=optax.sgd(1e-9), precision="fp16")
-        with Session(run.out, kind="toy", total=int(sys.argv[2]), checkpoint_every=1, progress=False,
+        with Session(run.out, name="toy", num_rows=int(sys.argv[2]), checkpoint_every=1, progress=False,
                      resume=run.resume) as session:
             state = session.run(session.restore(state), chunk, lambda m, done: [{"update": done + 1}])
             session.finish({})

@@ -37,7 +37,7 @@ class WideConfig:
 def run_wide(out, config, **options):
     step = lambda s: ({"w": s["w"] + 1}, {"w": s["w"]})  # noqa: E731
     rows = lambda m, done: [{"chunk": done + 1}]  # noqa: E731
-    session = Session(out, config, kind="wide", total=config.chunks, position_key="chunk", unit_size=config.width,
+    session = Session(out, config, name="wide", num_rows=config.chunks, row_key="chunk", steps_per_row=config.width,
                       unit="sample", checkpoint_every=1, progress=False, **options)  # fmt: skip
     with session:
         state = session.restore({"w": jnp.float32(0)})

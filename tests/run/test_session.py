@@ -95,9 +95,9 @@ def train_regression(config, out_dir, *, resume=False, signal_at=None, writers=(
     with Session(
         out_dir,
         config,
-        kind="regression",
-        total=config.chunks,
-        position_key="chunk",
+        name="regression",
+        num_rows=config.chunks,
+        row_key="chunk",
         resume=resume,
         checkpoint_every=2,
         progress=False,
@@ -179,9 +179,30 @@ def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, 
 
 def test_writers_need_a_run_directory_and_a_known_name():
     with pytest.raises(ValueError, match="need an output directory"):
-        Session(None, kind="x", total=1, writers=("tensorboard",))
+        Session(None, name="x", num_rows=1, writers=("tensorboard",))
     with pytest.raises(ValueError, match="unknown metric writer 'csv'"):
-        Session(None, kind="x", total=1, writers=("csv",))
+        Session(None, name="x", num_rows=1, writers=("csv",))
+
+
+def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
+    old = dict(kind="toy", total=2, position_key="chunk", meta_key="chunk_done", unit_size=4)
+    with pytest.warns(FutureWarning) as caught:
+        session = Session(str(tmp_path / "run"), progress=False, **old)
+    assert sorted(str(w.message) for w in caught) == [
+        "Session(kind=) is now Session(name=); kind= goes in 0.4",
+        "Session(meta_key=) is now Session(checkpoint_key=); meta_key= goes in 0.4",
+        "Session(position_key=) is now Session(row_key=); position_key= goes in 0.4",
+        "Session(total=) is now Session(num_rows=); total= goes in 0.4",
+        "Session(unit_size=) is now Session(steps_per_row=); unit_size= goes in 0.4",
+    ]
+    assert all(w.filename == __file__ for w in caught)  # the warning points at the caller's line
+    with session:  # the same run as under the new names: its rows and its checkpoint's meta say so
+        session.run(session.restore({"w": jnp.float32(1.0)}), lambda s: (s, {}), lambda m, d: [{"chunk": d + 1}])
+        session.finish({})
+        meta = session.store.read_meta(2)
+    assert (session.name, session.num_rows, session.steps_per_row) == ("toy", 2, 4)
+    assert (meta["kind"], meta["chunk_done"]) == ("toy", 2)
+    assert [row["chunk"] for row in metric_rows(tmp_path / "run")] == [1, 2]
 
 
 def test_the_cli_refuses_writers_without_out(capsys):
@@ -203,7 +224,7 @@ def test_a_writer_that_cannot_start_leaves_the_old_run_in_place_and_unlocked(tmp
 
     monkeypatch.setitem(metric_writers.NAMED_WRITERS, "tensorboard", missing)
     session = Session(
-        str(run), RegressionConfig(), kind="regression", total=2, overwrite=True, writers=("tensorboard",)
+        str(run), RegressionConfig(), name="regression", num_rows=2, overwrite=True, writers=("tensorboard",)
     )
     with pytest.raises(ImportError, match="tensorboardX"):
         with session:
@@ -229,10 +250,10 @@ def test_a_run_that_fails_before_its_first_row_leaves_no_run_behind(tmp_path, st
     """Once its empty checkpoints/ stayed, and the corrected call was refused as "holds another run"."""
     run, to_rows = tmp_path / "run", lambda metrics, done: [{"update": done + 1, "loss": float(metrics["loss"])}]
     with pytest.raises((ValueError, FloatingPointError), match=refusal):
-        with Session(str(run), kind="toy", total=3, progress=False) as session:
+        with Session(str(run), name="toy", num_rows=3, progress=False) as session:
             session.run(session.restore(state), step, to_rows)
     assert not run.exists()
-    with Session(str(run), kind="toy", total=3, progress=False) as session:  # the corrected call, as it stands
+    with Session(str(run), name="toy", num_rows=3, progress=False) as session:  # the corrected call, as it stands
         session.run(session.restore({"w": jnp.float32(8.0)}), halve, to_rows)
         assert session.finish({})["stopped"] is None
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]

@@ -74,6 +74,7 @@ class DQN(EpsilonGreedy, Algorithm):
     tiny = dict(
         total_steps=400,
         num_envs=2,
+        eval_episodes=0,  # the generic tests' runs need no greedy evaluation
         train_frequency=2,
         steps_per_row=200,
         learning_starts=100,

@@ -47,6 +47,10 @@ _MINATAR = {"num_envs": 16, "num_minibatches": 4, "lr": 5e-4}
 STUDY = {"CartPole-v1": base.CARTPOLE, "Acrobot-v1": base.ACROBOT}
 STUDY |= base.minatar_tasks("{game}-MinAtar", lambda game: {"env": f"{game}-MinAtar", **_MINATAR}, 1_000_000)
 STUDY["CartPole-v1-resmlp1024"] = dataclasses.replace(base.CARTPOLE, settings={"env": "CartPole-v1", **_RESMLP1024})
+# The long-horizon task: a discount of 0.999 (a horizon of 1000 steps, beyond CartPole's 500-step
+# episodes), so the value targets grow to hundreds, where float16 keeps a quarter's steps and
+# the scaled value loss overflows float16 first: rounding has the whole episode to compound.
+STUDY["CartPole-v1-gamma999"] = dataclasses.replace(base.CARTPOLE, settings={"env": "CartPole-v1", "gamma": 0.999})
 
 
 class RunnerState(struct.PyTreeNode):
@@ -72,7 +76,9 @@ SCALARS = ("loss", "grad_norm", "grads_finite", "policy_loss", "value_loss", "en
 class PPO(Algorithm):
     name, config_class, checkpoint_key = "ppo", PPOConfig, "step"
     metrics = {"episodes": "episodes per seed", "underflow": "mean"}  # and the opt-in underflow telemetry
-    tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
+    tiny = dict(
+        total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
+    )
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload
+from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.run.parallel import constrain
@@ -31,6 +31,7 @@ BENCH = (
     BenchWorkload("pqn-cnn-minatar", {"env": "Breakout-MinAtar", "total_steps": 2_000_000, **MINATAR}, vmap_seeds=True),
 )
 STUDY = {"pqn:CartPole-v1": CARTPOLE}
+STUDY |= minatar_tasks("pqn:{game}-MinAtar", lambda game: {"env": f"{game}-MinAtar", **MINATAR}, 2_000_000)
 
 
 def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: float):
@@ -52,7 +53,9 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 class PQN(EpsilonGreedy, Algorithm):
     name, config_class, checkpoint_key = "pqn", PQNConfig, "step"
     metrics = {"episodes": "episodes per seed"}
-    tiny = dict(total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,))
+    tiny = dict(
+        total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
+    )
     bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:

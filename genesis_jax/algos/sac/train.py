@@ -64,7 +64,9 @@ STUDY = {
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
-    tiny = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32)
+    tiny = dict(
+        num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, eval_episodes=0
+    )
     tiny["buffer_size"] = 64
     bench_workloads, study_tasks = BENCH, STUDY
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
