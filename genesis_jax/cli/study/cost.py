@@ -58,6 +58,8 @@ COSTS = {
     "Asterix-MinAtar": SeedCost(104.0, 14.32, 32_768, SHORT),  # load 5.1 to 5.6
     "Freeway-MinAtar": SeedCost(84.5, 17.85, 32_768, SHORT),  # load 5.0 to 5.1
     "CartPole-v1-resmlp1024": SeedCost(46.7, 102.79, 2_048, SHORT),  # load 5.0 to 5.5
+    # the same program as CartPole-v1 (its discount alone differs): that task's figure
+    "CartPole-v1-gamma999": SeedCost(59.1, 6.60, 262_144, f"{CPU}{{,-cartpole64}}, CartPole-v1's 11 cells"),
     "wm:synthetic": SeedCost(9.9, 5.04, 20, f"{CPU}-scaling, 6 cells of 8 and 32 seeds"),
     "wm:synthetic-small": SeedCost(32.0, 34.67, 20, f"{CPU}-wm, 4 cells of 8 seeds"),
     # the same network and data as wm:small-loss, whose loss weight alone differs: its cells' figure
@@ -73,6 +75,12 @@ COSTS = {
     "sac:Pendulum-v1": SeedCost(61.5, 196.17, 5_000, SHORT),  # load 8.4 to 9.2
     "sac:Pendulum-v1-mlp64": SeedCost(15.3, 11.41, 10_000, f"{CPU}-sac, 6 cells of 8 and 32 seeds"),
     "pqn:CartPole-v1": SeedCost(48.8, 9.59, 65_536, SHORT),  # load 6.7 to 7.7
+    # 2026-11-27, with the compile cache off, as above; a quiet machine runs one seed of Breakout
+    # at about 6,500 steps/s (benchmarks/pqn-learning-cpu), 7x these figures' rate
+    "pqn:Breakout-MinAtar": SeedCost(58.9, 71.70, 65_536, SHORT),  # load 7.8 to 6.7
+    "pqn:Asterix-MinAtar": SeedCost(147.9, 31.27, 65_536, SHORT),  # load 6.7 to 6.9
+    "pqn:Freeway-MinAtar": SeedCost(94.2, 48.27, 65_536, SHORT),  # load 6.9 to 6.4
+    "pqn:SpaceInvaders-MinAtar": SeedCost(48.9, 44.16, 65_536, SHORT),  # load 6.4 to 6.9
 }
 
 
