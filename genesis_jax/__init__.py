@@ -17,7 +17,7 @@ nothing else from the package.
 
 import importlib
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _EXPORTS = {
     "DynamicLossScale": "genesis_jax.amp",
@@ -40,7 +40,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# 0.2's names, each read from genesis_jax.amp, which warns with its 0.3 spelling until 0.4.
+# 0.2's names, removed in 0.4: read from genesis_jax.amp, whose AttributeError names what to write now.
 _DEPRECATED = ("all_finite", "get_policy", "make_loss_scale", "resolve_precision_name")
 
 

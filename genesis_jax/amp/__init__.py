@@ -53,7 +53,34 @@ __all__ += ["FLOAT32_RULES", "PrecisionRule", "autocast", "dtype_report", "preci
 # amp.testing (FaultInjection) is a submodule, read as amp.testing: not a name of the surface.
 
 
-def __getattr__(name):  # 0.2's names, each with a DeprecationWarning until 0.4
-    from genesis_jax.amp import _deprecated
+# 0.2's names, removed: what to write instead (docs/migrating.md has the whole table).
+_REMOVED = {
+    "value_and_grad": "amp.scaled_value_and_grad (its result carries .grad_norm)",
+    "ScaledGradients": "amp.scaled_value_and_grad's result, ScaledGrads",
+    "scaled_loss_grad": "amp.scaled_value_and_grad",
+    "unscale": "scaler.unscale(grads), or amp.scaled_value_and_grad",
+    "float32_loss": "loss.astype(jnp.float32) (scaled_value_and_grad casts it)",
+    "all_finite": "amp.scaled_value_and_grad's grads_finite",
+    "resolve_policy": "amp.get_precision(name).policy",
+    "get_policy": "amp.get_precision(name).policy",
+    "resolve_precision_name": "genesis_jax.amp.policy.resolve_precision_name (the CLI's environment variables)",
+    "make_loss_scale": "amp.DynamicLossScale / StaticLossScale / NoOpLossScale",
+    "DEFAULT_INIT_SCALE": "amp.DynamicLossScale().loss_scale (2^16)",
+    "DEFAULT_GROWTH_INTERVAL": "amp.DynamicLossScale().growth_interval",
+    "SkipNonFiniteState": "amp.stats(opt_state)",
+    "skip_state": "amp.stats(opt_state)",
+    "advance_schedules": "amp.skip_nonfinite(tx, advance_schedule_on_skip=True)",
+    "step_if_finite": "amp.skip_nonfinite",
+    "shared_scale_step": "TrainState.create(shared_scaler=True) and amp.train_step",
+    "update_shared_scale": "amp.update_scaler(*states)",
+    "share_scale": "amp.update_scaler(*states)",
+    "with_precision_rules": "@amp.precision_rules() on the method",
+    "FaultInjection": "amp.testing.FaultInjection",
+    "DEFAULT_GUARD_MIN_SCALE": "amp.DivergenceGuard().min_scale",
+    "DEFAULT_MAX_CONSECUTIVE_SKIPS": "amp.DivergenceGuard().max_consecutive_skips",
+}
 
-    return _deprecated.attribute(name)
+
+def __getattr__(name):
+    removed = f" (0.2's name, removed): use {_REMOVED[name]}" if name in _REMOVED else ""
+    raise AttributeError(f"module 'genesis_jax.amp' has no attribute {name!r}{removed}")

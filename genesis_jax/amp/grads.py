@@ -152,25 +152,22 @@ SKIPPING = (
 def _scaler_of(source):
     """The scaler of what applies the gradients, refusing anything that would apply a non-finite
     step (optax ignores `grads_finite=`): an `amp.Optimizer`, an `amp.TrainState`, or `(scaler,
-    opt_state)` whose state holds `skip_nonfinite`'s. A bare scaler is 0.3's spelling: it still
-    works, with a DeprecationWarning, as amp cannot see the optimizer then."""
+    opt_state)` whose state holds `skip_nonfinite`'s. A bare scaler is refused too: it does not
+    show the optimizer."""
     if isinstance(source, nnx.Optimizer):
         if not isinstance(getattr(source, "scaler", None), nnx.Variable) or not hasattr(source, "precision"):
             raise TypeError(f"{SKIPPING}: a plain nnx.Optimizer would apply a non-finite step")
         return source.scaler.get_value()
     if hasattr(source, "opt_state") and hasattr(source, "scaler"):  # an amp.TrainState, which always skips
         source = (source.scaler, source.opt_state)
-    if isinstance(source, tuple) and len(source) == 2:
-        try:
-            find_skip_state(source[1])
-        except ValueError:
-            raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step") from None
-        source = source[0]
-    else:
-        check_scaler(source)
-        warnings.warn(f"a bare scaler is deprecated and goes in 0.4: {SKIPPING}", DeprecationWarning, stacklevel=3)
-    check_scaler(source)
-    return source
+    if not isinstance(source, tuple) or len(source) != 2:
+        raise TypeError(f"{SKIPPING}; got {source!r:.60}, which does not show whether its optimizer skips")
+    try:
+        find_skip_state(source[1])
+    except ValueError:
+        raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step") from None
+    check_scaler(source[0])
+    return source[0]
 
 
 def _check_arrays(tree, argnums: int) -> None:
@@ -203,11 +200,11 @@ def scaled_value_and_grad(
     non-finite step, as PyTorch's `scaler.step(optimizer)` does: an `amp.Optimizer` (NNX), an
     `amp.TrainState`, or `(scaler, opt_state)` for an optax optimizer wrapped in
     `amp.skip_nonfinite` (pure pytrees, Equinox). A plain `nnx.Optimizer` or optax state, which
-    would apply a non-finite step, is refused before any step; a bare scaler (0.3) still works,
-    with a DeprecationWarning. The loss is taken in float32 and multiplied by the
-    scale, the gradients (with respect to argument `argnums`: a params pytree, or a Flax NNX
-    module, whose `nnx.Param` state is differentiated) are unscaled in float32, and one scalar,
-    their global norm, decides whether all are finite. The scaler comes back adjusted.
+    would apply a non-finite step, is refused before any step, and so is a bare scaler. The
+    loss is taken in float32 and multiplied by the scale, the gradients (with respect to
+    argument `argnums`: a params pytree, or a Flax NNX module, whose `nnx.Param` state is
+    differentiated) are unscaled in float32, and one scalar, their global norm, decides
+    whether all are finite. The scaler comes back adjusted.
 
     Args:
         loss_fn: `(*args, **kwargs) -> loss`, or `-> (loss, aux)` with `has_aux`.

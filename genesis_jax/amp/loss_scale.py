@@ -35,17 +35,13 @@ def _scale_tree(tree, *factors):
     )
 
 
-def is_bool_flag(flag) -> bool:
-    """A Python, numpy or JAX boolean (of any shape): the only form a finite decision takes."""
-    return isinstance(flag, (bool, np.bool_)) or getattr(flag, "dtype", None) == jnp.bool_
-
-
 def checked_finite_flag(grads_finite):
     """The "all gradients finite" flag as a bool array, or a TypeError for anything else.
 
-    Only booleans are taken: a float such as PyTorch's `found_inf` (1.0 on overflow, the
-    opposite sense), nan, or a string would otherwise convert to True and count as finite."""
-    if not is_bool_flag(grads_finite):
+    Only booleans (Python, numpy or JAX, of any shape) are taken: a float such as PyTorch's
+    `found_inf` (1.0 on overflow, the opposite sense), nan, or a string would otherwise
+    convert to True and count as finite."""
+    if not isinstance(grads_finite, (bool, np.bool_)) and getattr(grads_finite, "dtype", None) != jnp.bool_:
         shown = f"dtype {grads_finite.dtype}" if hasattr(grads_finite, "dtype") else type(grads_finite).__name__
         raise TypeError(
             f"adjust takes the step's 'all gradients finite' flag as a bool, got {shown} {grads_finite!r:.40}; "
@@ -250,12 +246,11 @@ for _cls in (DynamicLossScale, StaticLossScale, NoOpLossScale):
     register_restore_check(_cls, _dynamic_rules if _cls is DynamicLossScale else _fixed_rules)
 
 
-def check_scaler(scaler, name: str = "scaler") -> None:
+def check_scaler(scaler) -> None:
     """Refuses anything but a loss scaler (these three or one with their interface, such as
-    jmp's): a bare number would fail later with an AttributeError, far from the cause. `name`
-    is the argument's, for the message (0.2's functions called it loss_scale)."""
+    jmp's): a bare number would fail later with an AttributeError, far from the cause."""
     ok = all(hasattr(scaler, attr) for attr in ("loss_scale", "scale", "unscale", "adjust"))
-    refuse_unless(ok, name, scaler, "a loss scaler such as amp.DynamicLossScale() (not a number)")
+    refuse_unless(ok, "scaler", scaler, "a loss scaler such as amp.DynamicLossScale() (not a number)")
 
 
 def check_loss_scale_args(kind, init_scale=2.0**16, growth_interval=2000, min_scale=None, growth=2.0, backoff=0.5):

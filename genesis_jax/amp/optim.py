@@ -230,9 +230,6 @@ def _stays_finite(new, old=None) -> jax.Array:
     return jnp.stack(flags).all() if flags else jnp.asarray(True)
 
 
-DECISION = "a scalar bool (such as value_and_grad's grads_finite)"
-
-
 def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedule_on_skip) -> SkipNonFiniteState:
     """The skip state after a step: the counts, the guard's halt (only a skip trips it, at the
     scale `loss_scale` already adjusted) and, where asked, the schedules advanced on a skip."""
@@ -266,8 +263,8 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     are stored in float16 (fp16-full), where such overflows happen.
 
     `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
-    **extra_args)`: `grads_finite` is the decision (from `value_and_grad`; pass it so every
-    replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
+    **extra_args)`: `grads_finite` is the decision (from `scaled_value_and_grad`; pass it so
+    every replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
     (clipping reuses it); without them the wrapper computes both from `grads`. Where `params`
     are given, `grads` are cast to their dtypes first, as `TrainState` and `amp.Optimizer` apply
     them, and decided on as cast: a float16 or bfloat16 leaf is checked on a given decision too
@@ -321,7 +318,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         return SkipNonFiniteState(inner.init(params), *(jnp.zeros((), dtype) for dtype in (jnp.int32, jnp.int32, bool)))
 
     def update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None, **extra_args):
-        finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), DECISION, bool)
+        finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), "a scalar bool (True: all finite)", bool)
         norm = _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)
         loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
         if params is not None:  # decided on as applied: in the params' dtypes

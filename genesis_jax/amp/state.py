@@ -35,7 +35,6 @@ import optax
 from flax import nnx, struct
 from flax.training import train_state
 
-from genesis_jax.amp import _deprecated
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard
@@ -166,7 +165,6 @@ class TrainState(train_state.TrainState):
         advance_schedule_on_skip: bool = False,
         strict: bool | None = None,
         shared_scaler: bool = False,
-        loss_scale: LossScale | None = None,
         **kwargs,
     ) -> "TrainState":
         """A new state; `tx` is wrapped in `skip_nonfinite(tx, max_grad_norm=..., guard=...,
@@ -190,10 +188,8 @@ class TrainState(train_state.TrainState):
                 to the params or optimizer state); None: on exactly where the parameters
                 are stored in float16 (fp16-full), off elsewhere.
             shared_scaler: this optimizer shares one scaler with others (`update_scaler`).
-            loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields, as in Flax (a subclass's own fields too).
         """
-        scaler = _deprecated.loss_scale_argument("TrainState.create", loss_scale, scaler)
         optional_callable("apply_fn", apply_fn)
         _check_computes_in_half(apply_fn, precision)
         flag("shared_scaler", shared_scaler)
@@ -204,7 +200,7 @@ class TrainState(train_state.TrainState):
         kwargs.update(apply_fn=apply_fn, scaler=scaler, precision=name, shared_scaler=shared_scaler)
         return cls(step=jnp.asarray(0, jnp.int32), params=params, tx=tx, opt_state=tx.init(params), **kwargs)
 
-    def apply_gradients(self, *, grads, grads_finite=None, grad_norm=None, scaler=None, loss_scale=None, **kwargs):
+    def apply_gradients(self, *, grads, grads_finite=None, grad_norm=None, scaler=None, **kwargs):
         """One optimizer step from unscaled gradients; a non-finite one changes nothing but
         the skip counts (and the scaler).
 
@@ -220,10 +216,8 @@ class TrainState(train_state.TrainState):
                 state keeps its scaler. With `shared_scaler` the state keeps its scaler and
                 records a skipped step for `update_scaler`; the divergence guard sees the scale
                 a skip leads to all the same.
-            loss_scale: deprecated spelling of `scaler`.
             **kwargs: other fields to replace, as in Flax.
         """
-        scaler = _deprecated.loss_scale_argument("apply_gradients", loss_scale, scaler)
         skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
         update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
         updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
@@ -232,8 +226,6 @@ class TrainState(train_state.TrainState):
         step = self.step + (~halted).astype(jnp.int32)
         params = optax.apply_updates(self.params, updates)
         return self.replace(step=step, params=params, opt_state=opt_state, scaler=scaler, **kwargs)
-
-    loss_scale = _deprecated.loss_scale_property  # 0.2's spelling of `scaler`, until 0.4
 
     @property
     def skipped(self) -> jax.Array:
@@ -301,7 +293,6 @@ def train_step(
         >>> float(metrics["loss"]), round(float(state.params), 6), bool(metrics["grads_finite"])
         (0.0, -0.1, True)
     """
-    loss_fn, args, has_aux = _deprecated.train_step_arguments(loss_fn, args, has_aux)
     refuse_unless(isinstance(state, TrainState), "state", type(state).__name__, "an amp.TrainState")
     refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
     flag("has_aux", has_aux)
@@ -320,8 +311,7 @@ def train_step(
             grads = faults.poison_grads(grads, state.step)
         return grads if grad_transform is None else grad_transform(grads, state)
 
-    hooked = transform if faults is not None or grad_transform is not None else None
-    grad_fn = scaled_value_and_grad(loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=hooked)
+    grad_fn = scaled_value_and_grad(loss_with_faults, has_aux=True, axis_name=axis_name, grad_transform=transform)
     (loss, aux), grads, finite, grad_norm, scaler = grad_fn(state, state.params, *args)
     new = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=grad_norm, scaler=scaler)
     metrics = dict(loss=loss, aux=aux, grad_norm=grad_norm.astype(jnp.float32), grads_finite=finite)
@@ -471,9 +461,9 @@ def stats(*states, **named_states) -> dict:
         scaler = first.scaler.get_value() if isinstance(first, Optimizer) else first.scaler
         scale, backoffs = float(np.asarray(scaler.loss_scale).mean()), _count(getattr(scaler, "backoffs", 0))
         shared = {"scale": scale, "backoffs": backoffs, "precision": first.precision}
-    return _deprecated.Stats(
-        {**next(iter(counts.values())), **shared} if len(named) == 1 else {"optimizers": counts, **shared}
-    )
+    if len(named) == 1:
+        return {**next(iter(counts.values())), **shared}
+    return {"optimizers": counts, **shared}
 
 
 class Optimizer(nnx.Optimizer):
@@ -518,15 +508,17 @@ class Optimizer(nnx.Optimizer):
         super().__init__(model, tx, wrt=wrt)
         self.scaler, self.precision = nnx.Variable(scaler), precision
 
-    def update(self, model, grads, /, *, grads_finite=None, grad_norm=None, **kwargs):
+    def update(self, model, grads, /, **kwargs):
         """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it, in
-        the step `TrainState.apply_gradients` takes."""
-        skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm, **kwargs)
+        the step `TrainState.apply_gradients` takes (`grads_finite=`, `grad_norm=` as there);
+        a halted optimizer's `step` stays, as a halted `TrainState`'s does."""
 
         def update(loss_scale):
-            updates = super(Optimizer, self).update(model, grads, loss_scale=loss_scale, **skip_args)
+            updates = super(Optimizer, self).update(model, grads, loss_scale=loss_scale, **kwargs)
             return updates, nnx.as_pure(self.opt_state)
 
-        updates, _, scaler, _, _ = _step_or_skip(update, nnx.as_pure(self.opt_state), self.scaler.get_value())
+        step = self.step[...]
+        updates, _, scaler, _, halted = _step_or_skip(update, nnx.as_pure(self.opt_state), self.scaler.get_value())
+        self.step[...] = step + (~halted).astype(step.dtype)
         self.scaler.set_value(scaler)
         return updates

@@ -37,29 +37,25 @@ from genesis_jax.amp.restore import key_name
 FLOAT16_SMALLEST_NORMAL = float(np.finfo(np.float16).smallest_normal)  # 2^-14
 
 
-def layer_name(path) -> str:
-    """A parameter's layer: its path without the last key ("params/actor/Dense_0" for
-    "params/actor/Dense_0/kernel"), without a leading "params"."""
-    names = [key_name(k) for k in path]
-    names = names[1:] if names[:1] == ["params"] else names
-    return "/".join(names[:-1]) or (names[0] if names else "")
-
-
 def _by_layer(tree) -> dict[str, list]:
+    """The leaves of `tree` by layer: a parameter's path without the last key ("actor/Dense_0"
+    for "params/actor/Dense_0/kernel"), without a leading "params"."""
     layers: dict[str, list] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        layers.setdefault(layer_name(path), []).append(leaf)
+        names = [key_name(k) for k in path]
+        names = names[1:] if names[:1] == ["params"] else names
+        layers.setdefault("/".join(names[:-1]) or (names[0] if names else ""), []).append(leaf)
     return layers
 
 
-def cast_to_half(grads, scale, dtype=jnp.float16):
-    """`grads` (float32) times `scale`, rounded to `dtype` and back to float32: the values
-    a `dtype` gradient at that scale would hold."""
+def cast_to_half(grads, scale):
+    """`grads` (float32) times `scale`, rounded to float16 and back to float32: the values
+    a float16 gradient at that scale would hold."""
     scale = jnp.asarray(scale, jnp.float32)
-    return jax.tree.map(lambda g: (jnp.asarray(g, jnp.float32) * scale).astype(dtype).astype(jnp.float32), grads)
+    return jax.tree.map(lambda g: (jnp.asarray(g, jnp.float32) * scale).astype(jnp.float16).astype(jnp.float32), grads)
 
 
-def underflow_fractions(reference, half, smallest_normal: float = FLOAT16_SMALLEST_NORMAL) -> dict[str, dict]:
+def underflow_fractions(reference, half) -> dict[str, dict]:
     """{layer: {"flushed": fraction, "underflow": fraction, "nonzero": count}} of the
     entries non-zero in `reference` (module docstring); a layer with none has fractions 0.
     `reference` and `half` are trees of the same structure (the second at the loss scale)."""
@@ -74,16 +70,16 @@ def underflow_fractions(reference, half, smallest_normal: float = FLOAT16_SMALLE
             hal = jnp.abs(jnp.asarray(hal, jnp.float32))
             nonzero += jnp.sum(live, dtype=jnp.float32)
             flushed += jnp.sum(live & (hal == 0), dtype=jnp.float32)
-            below += jnp.sum(live & (hal < smallest_normal), dtype=jnp.float32)
+            below += jnp.sum(live & (hal < FLOAT16_SMALLEST_NORMAL), dtype=jnp.float32)
         count = jnp.maximum(nonzero, 1.0)
         out[layer] = {"flushed": flushed / count, "underflow": below / count, "nonzero": nonzero}
     return out
 
 
-def underflow_metrics(reference, half, smallest_normal: float = FLOAT16_SMALLEST_NORMAL) -> dict:
+def underflow_metrics(reference, half) -> dict:
     """`underflow_fractions` as flat metrics: "underflow/LAYER", "flushed/LAYER", and over
     all layers' non-zero entries "underflow" and "flushed"."""
-    fractions = underflow_fractions(reference, half, smallest_normal)
+    fractions = underflow_fractions(reference, half)
     total = sum(f["nonzero"] for f in fractions.values())
     metrics = {}
     for kind in ("underflow", "flushed"):

@@ -86,7 +86,7 @@ def _until_halt(rows: list[dict]) -> list[dict]:
     return rows
 
 
-# 0.3's spellings of Session's keywords, read until 0.4 with a FutureWarning: old -> new.
+# 0.3's spellings of Session's keywords, read until 0.5 with a FutureWarning: old -> new.
 RENAMED_KEYWORDS = {
     "kind": "name",
     "total": "num_rows",
@@ -101,7 +101,7 @@ def _renamed_keywords(init):
     def wrapper(self, *args, **kwargs):
         for old in RENAMED_KEYWORDS.keys() & kwargs.keys():
             new = RENAMED_KEYWORDS[old]
-            warnings.warn(f"Session({old}=) is now Session({new}=); {old}= goes in 0.4", FutureWarning, stacklevel=2)
+            warnings.warn(f"Session({old}=) is now Session({new}=); {old}= goes in 0.5", FutureWarning, stacklevel=2)
             kwargs[new] = kwargs.pop(old)
         return init(self, *args, **kwargs)
 

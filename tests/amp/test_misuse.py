@@ -42,14 +42,14 @@ def test_1_a_plain_nnx_optimizer_is_refused_before_any_step():
     assert int(optimizer.step[...]) == 0 and params_finite(model)
 
 
-def test_1_a_plain_optax_state_is_refused_before_any_step_and_a_bare_scaler_warns():
+def test_1_a_plain_optax_state_and_a_bare_scaler_are_refused_before_any_step():
     params = {"w": jnp.ones(3)}
     grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
     plain = optax.adam(1e-3).init(params)  # no skip_nonfinite: it would apply inf
     with pytest.raises(TypeError, match="amp.skip_nonfinite: a plain optax optimizer would apply a non-finite step"):
         grad_fn((amp.DynamicLossScale(), plain), params, jnp.full(3, jnp.inf))
-    with pytest.warns(DeprecationWarning, match="a bare scaler is deprecated"):  # 0.3: amp cannot see the optimizer
-        grad_fn(amp.DynamicLossScale(), params, jnp.ones(3))
+    with pytest.raises(TypeError, match="got DynamicLossScale.*which does not show whether its optimizer skips"):
+        grad_fn(amp.DynamicLossScale(), params, jnp.ones(3))  # 0.3's spelling, removed
     tx = amp.skip_nonfinite(optax.adam(1e-3))
     opt_state = tx.init(params)
     _, grads, finite, norm, scaler = grad_fn((amp.DynamicLossScale(), opt_state), params, jnp.full(3, jnp.inf))

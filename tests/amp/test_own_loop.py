@@ -15,7 +15,6 @@ import optax
 import pytest
 
 from genesis_jax import amp
-from genesis_jax.amp._deprecated import with_precision_rules
 from genesis_jax.amp.optim import find_skip_state as skip_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +32,7 @@ class AutoNamed(nn.Module):
 
 
 class DecoratedAutoNamed(AutoNamed):
-    @with_precision_rules  # 0.2's decorator, from its module: it names the method in its warning
+    @amp.precision_rules()  # as a decorator: it names the method in its warning
     @nn.compact
     def __call__(self, x):
         x = nn.tanh(nn.Dense(8, dtype=jnp.float16)(x))

@@ -1,8 +1,7 @@
 """The package on its own surface: no module of genesis_jax uses a 0.2 name, argument or
-argument order. 0.2's spellings live in one module, `amp/_deprecated.py`, which 0.4 deletes
-whole with the lines that call it; here a read of every module's source (the names, however
-they are imported), an import of every module with DeprecationWarning as an error, and a
-tiny train of every algorithm the same way."""
+argument order (all removed: `amp._REMOVED` names each one's replacement). Here a read of every
+module's source (the names, however they are imported), an import of every module with
+DeprecationWarning as an error, and a tiny train of every algorithm the same way."""
 
 import ast
 import importlib
@@ -15,35 +14,24 @@ from pathlib import Path
 import pytest
 
 import genesis_jax
-from genesis_jax.amp import _deprecated
+from genesis_jax import amp
 
 PACKAGE = Path(genesis_jax.__file__).parent
-SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "_deprecated.py")
-# The lines 0.4 deletes with the shim module: its hooks, in these modules only.
-HOOKS = {"amp/__init__.py", "amp/state.py"}
+SOURCES = sorted(PACKAGE.rglob("*.py"))
 # Call keywords of 0.2: create(loss_scale=), apply_gradients(loss_scale=).
 OLD_KEYWORDS = {("create", "loss_scale"), ("apply_gradients", "loss_scale")}
 
 
-def uses_of_old_names(text: str, relative: str) -> list[str]:
-    """Each use of a 0.2 spelling in the source `text` of the module at `relative` (to the
-    package), as 'line: what'."""
+def uses_of_old_names(text: str) -> list[str]:
+    """Each use of a 0.2 spelling in the source `text`, as 'line: what'."""
     tree, found = ast.parse(text), []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("genesis_jax"):
-            module = node.module.removeprefix("genesis_jax").lstrip(".")
+        if isinstance(node, ast.ImportFrom) and node.module in ("genesis_jax", "genesis_jax.amp"):
             for alias in node.names:
-                if alias.name == "_deprecated" or module.endswith("_deprecated"):
-                    if relative not in HOOKS:
-                        found.append(f"{node.lineno}: imports amp._deprecated")
-                elif alias.name in _deprecated.NAMES:
-                    home = f"amp.{_deprecated.NAMES[alias.name][0]}"
-                    if module != home:  # its 0.3 home (amp.testing.FaultInjection) is current
-                        found.append(f"{node.lineno}: imports {alias.name} from genesis_jax.{module}")
-                elif module == "" and alias.name in genesis_jax._DEPRECATED:
-                    found.append(f"{node.lineno}: imports genesis_jax.{alias.name}")
+                if alias.name in amp._REMOVED:
+                    found.append(f"{node.lineno}: imports {alias.name} from {node.module}")
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if node.value.id == "amp" and node.attr in _deprecated.NAMES:
+            if node.value.id == "amp" and node.attr in amp._REMOVED:
                 found.append(f"{node.lineno}: amp.{node.attr}")
             if node.attr == "loss_scale" and node.value.id in ("state", "train_state", "ts"):
                 found.append(f"{node.lineno}: {node.value.id}.loss_scale (TrainState.scaler)")
@@ -55,31 +43,27 @@ def uses_of_old_names(text: str, relative: str) -> list[str]:
 
 
 def test_no_module_of_the_package_uses_a_0_2_name():
-    found = {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in SOURCES}
-    found = {path: uses_of_old_names(text, path) for path, text in found.items()}
+    found = {p.relative_to(PACKAGE).as_posix(): uses_of_old_names(p.read_text()) for p in SOURCES}
     assert not {path: uses for path, uses in found.items() if uses}
 
 
 def test_the_check_sees_each_kind_of_old_spelling():
     text = (
-        "from genesis_jax import amp\n"
-        "from genesis_jax.amp.rules import with_precision_rules\n"
-        "from genesis_jax.amp.guard import FaultInjection\n"
-        "from genesis_jax.amp.testing import FaultInjection as fine\n"
-        "from genesis_jax.amp import _deprecated\n"
+        "from genesis_jax import amp, get_policy\n"
+        "from genesis_jax.amp import with_precision_rules\n"
+        "from genesis_jax.amp.testing import FaultInjection\n"
+        "from genesis_jax.amp.optim import SkipNonFiniteState\n"
         "amp.make_loss_scale('dynamic')\n"
         "amp.TrainState.create(params=1, tx=2, loss_scale=3)\n"
         "state.loss_scale\n"
     )
-    assert [use.split(": ", 1)[1] for use in uses_of_old_names(text, "algos/old.py")] == [
-        "imports with_precision_rules from genesis_jax.amp.rules",
-        "imports FaultInjection from genesis_jax.amp.guard",
-        "imports amp._deprecated",
+    assert [use.split(": ", 1)[1] for use in uses_of_old_names(text)] == [
+        "imports get_policy from genesis_jax",
+        "imports with_precision_rules from genesis_jax.amp",
         "amp.make_loss_scale",
         "create(loss_scale=...)",
         "state.loss_scale (TrainState.scaler)",
     ]
-    assert uses_of_old_names("from genesis_jax.amp import _deprecated\n", "amp/state.py") == []
 
 
 @pytest.mark.slow  # a fresh process imports all of genesis_jax: ~60 s on 2 shared cores
@@ -99,7 +83,8 @@ def test_every_module_imports_with_deprecation_warnings_as_errors():
 
 def test_the_module_list_is_the_package():
     names = [m.name for m in pkgutil.walk_packages(genesis_jax.__path__, "genesis_jax.")]
-    assert "genesis_jax.amp._deprecated" in names and "genesis_jax.algos.base" in names
+    assert "genesis_jax.amp.state" in names and "genesis_jax.algos.base" in names
+    assert "genesis_jax.amp._deprecated" not in names
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         importlib.import_module("genesis_jax.amp")

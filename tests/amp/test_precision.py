@@ -3,7 +3,6 @@ import logging
 import jax.numpy as jnp
 import pytest
 
-from genesis_jax.amp._deprecated import get_policy
 from genesis_jax.amp.policy import PRECISION_NAMES, get_precision, resolve_precision_name
 
 
@@ -31,7 +30,7 @@ def test_jmp_policy_string_and_override():
     assert p.compute_dtype == jnp.float16 and p.loss_scaling == "dynamic"
     assert get_precision("params=float32,compute=bfloat16,output=bfloat16").loss_scaling == "none"
     assert get_precision("fp16", loss_scaling="static").loss_scaling == "static"
-    assert get_policy("FP16").compute_dtype == jnp.float16
+    assert get_precision("FP16").policy.compute_dtype == jnp.float16
 
 
 def test_auto_says_what_it_chose(caplog):

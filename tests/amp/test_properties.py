@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from genesis_jax import amp
-from genesis_jax.amp._deprecated import all_finite, get_policy, make_loss_scale
+from genesis_jax.amp.optim import global_norm
 
 PROFILE = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -86,7 +86,7 @@ def wrapped_step(optimizer: str, max_grad_norm, pass_decision: bool, strict: boo
 
     @jax.jit
     def step(params, opt_state, grads):
-        finite = all_finite(grads) if pass_decision else None
+        finite = global_norm(grads)[1] if pass_decision else None
         updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
         return optax.apply_updates(params, updates), opt_state
 
@@ -178,7 +178,7 @@ def test_the_dynamic_scale_follows_gradscaler_and_stays_finite_positive_and_abov
 @functools.lru_cache(maxsize=None)
 def train_setup(precision: str, optimizer: str, max_grad_norm):
     """A template TrainState and its jitted train_step; each example swaps in its own scaler."""
-    policy = get_policy(precision)
+    policy = amp.get_precision(precision).policy
 
     def loss_fn(params, x):
         # In the compute dtype, the loss summed in float32: d loss / d w = x.
@@ -382,7 +382,9 @@ def test_every_float_argument_is_accepted_exactly_where_its_promise_holds(value)
     v32 = float32_of(value)
     assert accepts(lambda: amp.DynamicLossScale(init_scale=value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
     assert accepts(lambda: amp.StaticLossScale(value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
-    assert accepts(lambda: make_loss_scale("none", init_scale=value)) == (np.isfinite(v32) and v32 >= SMALLEST_SCALE)
+    assert accepts(lambda: amp.get_precision("fp32").scaler(init_scale=value)) == (
+        np.isfinite(v32) and v32 >= SMALLEST_SCALE
+    )
     assert accepts(lambda: amp.DynamicLossScale(growth_factor=value)) == (np.isfinite(v32) and v32 > 1)
     assert accepts(lambda: amp.DynamicLossScale(backoff_factor=value)) == (0 < v32 < 1)
     assert accepts(lambda: amp.DynamicLossScale(init_scale=1.0, min_scale=value)) == (0 < v32 <= 1.0)

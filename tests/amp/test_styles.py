@@ -175,3 +175,21 @@ def test_every_style_decides_on_the_gradients_cast_to_float16_params(grads_finit
     outcomes = every_style(params, {"w": jnp.full(2, 1e5)}, grads_finite, optax.sgd(1.0), strict=False)
     for skipped, halted, scale, w in outcomes:
         assert (skipped, halted, scale in (None, 1.0)) == (1, False, True) and np.array_equal(w, params["w"])
+
+
+def test_a_halted_nnx_optimizer_counts_no_more_steps_as_a_halted_train_state():
+    """The guard halts both styles on the second non-finite step in a row; every update after
+    that is skipped uncounted, and neither `step` advances (NNX's once kept counting)."""
+    guard = amp.DivergenceGuard(min_scale=None, max_consecutive_skips=1)
+    params, nan = {"w": jnp.ones(2)}, {"w": jnp.full(2, jnp.nan)}
+    linen = amp.TrainState.create(params=params, tx=optax.sgd(0.1), guard=guard)
+    model = Weights(params["w"])
+    optimizer = amp.Optimizer(model, optax.sgd(0.1), guard=guard)
+    for _ in range(5):
+        linen = linen.apply_gradients(grads=nan)
+        optimizer.update(model, nnx.State({"w": nnx.Param(nan["w"])}))
+    assert bool(linen.halted) and bool(skip_state(nnx.as_pure(optimizer.opt_state)).halted)
+    assert int(linen.step) == int(optimizer.step[...]) == 2  # the two steps before the halt
+    assert amp.stats(optimizer)["steps"] == amp.stats(linen)["steps"] == 2
+    assert amp.stats(optimizer)["skipped"] == amp.stats(linen)["skipped"] == 2
+    np.testing.assert_array_equal(model.w[...], params["w"])

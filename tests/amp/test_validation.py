@@ -11,18 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from genesis_jax import amp
-from genesis_jax.amp._deprecated import (
-    get_policy,
-    make_loss_scale,
-    resolve_policy,
-    scaled_loss_grad,
-    skip_state,
-    step_if_finite,
-    unscale,
-    with_precision_rules,
-)
+from genesis_jax.amp.loss_scale import check_loss_scale_args
+from genesis_jax.amp.optim import find_skip_state
 from genesis_jax.amp.policy import resolve_precision_name
 
 NAN, INF = float("nan"), float("inf")
@@ -62,7 +55,7 @@ BAD = [
         "max_grad_norm",
         "-1.0",
     ),
-    # skip_nonfinite, its update and step_if_finite
+    # skip_nonfinite, its update, amp.Optimizer
     ("max_grad_norm inf", lambda: amp.skip_nonfinite(sgd(), max_grad_norm=INF), ValueError, "max_grad_norm", "inf"),
     ("max_grad_norm 0", lambda: amp.skip_nonfinite(sgd(), max_grad_norm=0), ValueError, "max_grad_norm", "0"),
     (
@@ -100,20 +93,14 @@ BAD = [
     ),
     ("update loss_scale str", lambda: update_with(loss_scale="big"), TypeError, "loss_scale", "'big'"),
     (
-        "step_if_finite not optax",
-        lambda: step_if_finite("sgd", PARAMS, (), PARAMS, True),
+        "Optimizer tx not optax",
+        lambda: amp.Optimizer(nnx.Linear(2, 1, rngs=nnx.Rngs(0)), "sgd"),
         TypeError,
         "GradientTransformation",
         "'sgd'",
     ),
-    (
-        "step_if_finite float decision",
-        lambda: step_if_finite(sgd(), PARAMS, sgd().init(PARAMS), PARAMS, 1.0),
-        TypeError,
-        "finite",
-        "1.0",
-    ),
-    ("skip_state of a plain state", lambda: skip_state(sgd().init(PARAMS)), ValueError, "skip_nonfinite", ""),
+    ("grads_finite python float", lambda: update_with(grads_finite=1.0), TypeError, "grads_finite", "1.0"),
+    ("skip state of a plain state", lambda: find_skip_state(sgd().init(PARAMS)), ValueError, "skip_nonfinite", ""),
     # TrainState.create and train_step
     (
         "create max_grad_norm nan",
@@ -234,10 +221,16 @@ BAD = [
     ("static 0", lambda: amp.StaticLossScale(0.0), ValueError, "loss_scale", "0.0"),
     ("static nan", lambda: amp.StaticLossScale(NAN), ValueError, "loss_scale", "nan"),
     ("static denormal", lambda: amp.StaticLossScale(1e-45), ValueError, "loss_scale", "1e-45"),
-    ("make dynamic nan", lambda: make_loss_scale("dynamic", init_scale=NAN), ValueError, "init_scale", "nan"),
-    ("make static -1", lambda: make_loss_scale("static", init_scale=-1.0), ValueError, "init_scale", "-1.0"),
-    ("make none interval", lambda: make_loss_scale("none", growth_interval=0), ValueError, "growth_interval", "0"),
-    ("make unknown kind", lambda: make_loss_scale("adaptive"), ValueError, "loss scaling", "'adaptive'"),
+    ("scaler dynamic nan", lambda: amp.get_precision("fp16").scaler(init_scale=NAN), ValueError, "init_scale", "nan"),
+    (
+        "scaler static -1",
+        lambda: amp.get_precision("fp16", loss_scaling="static").scaler(init_scale=-1.0),
+        ValueError,
+        "init_scale",
+        "-1.0",
+    ),
+    ("scaler none interval", lambda: amp.get_precision("fp32").scaler(growth_interval=0), ValueError, "growth", "0"),
+    ("scaling unknown kind", lambda: check_loss_scale_args("adaptive"), ValueError, "loss scaling", "'adaptive'"),
     # the gradient side
     ("value_and_grad loss_fn", lambda: amp.scaled_value_and_grad(3), TypeError, "loss_fn", "3"),
     (
@@ -277,14 +270,20 @@ BAD = [
     ),
     ("value_and_grad policy", lambda: amp.scaled_value_and_grad(jnp.sum, policy=16), TypeError, "policy", "16"),
     (
-        "value_and_grad scaler number",
+        "value_and_grad a bare number",
         lambda: amp.scaled_value_and_grad(jnp.sum)(1024.0, jnp.ones(2)),
+        TypeError,
+        "takes the optimizer that applies the gradients",
+        "1024.0",
+    ),
+    (
+        "value_and_grad scaler number",
+        lambda: amp.scaled_value_and_grad(jnp.sum)((1024.0, update_with()[1]), jnp.ones(2)),
         TypeError,
         "scaler must be",
         "1024.0",
     ),
-    ("scaled_loss_grad loss_fn", lambda: scaled_loss_grad(None), TypeError, "loss_fn", "None"),
-    ("unscale scaler number", lambda: unscale(PARAMS, 1024.0), TypeError, "loss_scale", "1024.0"),
+    ("train_step loss_fn", lambda: amp.train_step(a_state(), None), TypeError, "loss_fn", "None"),
     ("autocast fn", lambda: amp.autocast(3, "fp16"), TypeError, "autocast", "3"),
     ("autocast no policy", lambda: amp.autocast(jnp.sum, None), ValueError, "policy", ""),
     # precisions
@@ -296,8 +295,8 @@ BAD = [
         "loss scaling",
         "'sometimes'",
     ),
-    ("get_policy int", lambda: get_policy(16), ValueError, "precision", "16"),
-    ("resolve_policy int", lambda: resolve_policy(16), TypeError, "policy", "16"),
+    ("get_precision int", lambda: amp.get_precision(16), ValueError, "precision", "16"),
+    ("autocast policy int", lambda: amp.autocast(jnp.sum, 16), TypeError, "policy", "16"),
     ("resolve_precision_name int", lambda: resolve_precision_name(16), TypeError, "precision", "16"),
     (
         "resolve_precision_name environ",
@@ -316,7 +315,7 @@ BAD = [
     ("Precision policy", lambda: amp.Precision("fp16", "fp16", "dynamic"), TypeError, "policy", "'fp16'"),
     (
         "Precision scaling",
-        lambda: amp.Precision("x", get_policy("fp32"), "always"),
+        lambda: amp.Precision("x", amp.get_precision("fp32").policy, "always"),
         ValueError,
         "loss scaling",
         "'always'",
@@ -333,13 +332,7 @@ BAD = [
         "PrecisionRule",
     ),
     ("rules strings", lambda: amp.precision_rules(["*head"]), TypeError, "PrecisionRule", "'*head'"),
-    (
-        "with_precision_rules rules",
-        lambda: with_precision_rules(rules=[nn.Dense]),
-        TypeError,
-        "PrecisionRule",
-        "Dense",
-    ),
+    ("rules classes", lambda: amp.precision_rules([nn.Dense]), TypeError, "PrecisionRule", "Dense"),
     # the divergence guard and fault injection
     ("guard min_scale -1", lambda: amp.DivergenceGuard(min_scale=-1.0), ValueError, "guard-min-scale", "-1.0"),
     ("guard min_scale nan", lambda: amp.DivergenceGuard(min_scale=NAN), ValueError, "guard-min-scale", "nan"),

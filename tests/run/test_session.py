@@ -189,11 +189,11 @@ def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
     with pytest.warns(FutureWarning) as caught:
         session = Session(str(tmp_path / "run"), progress=False, **old)
     assert sorted(str(w.message) for w in caught) == [
-        "Session(kind=) is now Session(name=); kind= goes in 0.4",
-        "Session(meta_key=) is now Session(checkpoint_key=); meta_key= goes in 0.4",
-        "Session(position_key=) is now Session(row_key=); position_key= goes in 0.4",
-        "Session(total=) is now Session(num_rows=); total= goes in 0.4",
-        "Session(unit_size=) is now Session(steps_per_row=); unit_size= goes in 0.4",
+        "Session(kind=) is now Session(name=); kind= goes in 0.5",
+        "Session(meta_key=) is now Session(checkpoint_key=); meta_key= goes in 0.5",
+        "Session(position_key=) is now Session(row_key=); position_key= goes in 0.5",
+        "Session(total=) is now Session(num_rows=); total= goes in 0.5",
+        "Session(unit_size=) is now Session(steps_per_row=); unit_size= goes in 0.5",
     ]
     assert all(w.filename == __file__ for w in caught)  # the warning points at the caller's line
     with session:  # the same run as under the new names: its rows and its checkpoint's meta say so
