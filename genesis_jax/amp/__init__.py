@@ -63,7 +63,7 @@ _REMOVED = {
     "all_finite": "amp.scaled_value_and_grad's grads_finite",
     "resolve_policy": "amp.get_precision(name).policy",
     "get_policy": "amp.get_precision(name).policy",
-    "resolve_precision_name": "genesis_jax.amp.policy.resolve_precision_name (the CLI's environment variables)",
+    "resolve_precision_name": "genesis_jax.run.config.resolve_precision_name (the front ends' environment variables)",
     "make_loss_scale": "amp.DynamicLossScale / StaticLossScale / NoOpLossScale",
     "DEFAULT_INIT_SCALE": "amp.DynamicLossScale().loss_scale (2^16)",
     "DEFAULT_GROWTH_INTERVAL": "amp.DynamicLossScale().growth_interval",

@@ -53,26 +53,3 @@ class DivergenceGuard:
     def tripped(self, new_scale, skip_streak) -> jax.Array:
         low = jnp.asarray(False) if self.min_scale is None else new_scale < self.min_scale
         return low | (self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips)
-
-    def explain(self, scale: float, skip_streak: int, step: int, dynamic_scale: bool = True) -> str:
-        """The sentence a user reads when the guard stops a run. The advice depends on
-        `dynamic_scale`: only a dynamic loss scale can be tuned out of a skip streak; without
-        one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
-        if self.max_consecutive_skips is not None and skip_streak > self.max_consecutive_skips:
-            # strict mode (fp16-full's default) also skips a finite gradient's non-finite update
-            cause = f"{skip_streak} consecutive updates were skipped as non-finite (their gradients, or in strict mode "
-            cause += f"the update or new state; limit {self.max_consecutive_skips})"
-        elif self.min_scale is not None:
-            cause = f"the loss scale would fall below the floor {self.min_scale:g} (it is {scale:g})"
-        else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)
-            cause = (
-                f"the state was halted by the divergence guard before (scale {scale:g}, {skip_streak} skips in a row)"
-            )
-        advice = (
-            "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "
-            "(--min-loss-scale 1) or a shorter --growth-interval helps, or train in bf16/fp32"
-            if dynamic_scale
-            else "No loss scale is being adjusted here, so the loss or its gradients are themselves non-finite: "
-            "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
-        )
-        return f"training diverged at optimizer step {step}: {cause}. {advice}"

@@ -1,4 +1,4 @@
-"""Named precision policies and their resolution from arguments and the environment.
+"""Named precision policies.
 
 A precision is a `jmp.Policy` (param / compute / output dtypes) plus the kind of loss
 scaling it needs by default:
@@ -8,17 +8,15 @@ scaling it needs by default:
 >>> p.policy.compute_dtype.dtype, p.loss_scaling
 (dtype('float16'), 'dynamic')
 
-Only the CLI and the config constructors call `resolve_precision_name`, which reads
-`GENESIS_PRECISION` / `ENABLE_FP16_TRAINING`; everything below them takes values.
+The environment variables `GENESIS_PRECISION` / `ENABLE_FP16_TRAINING` are the front ends'
+(`genesis_jax.run.config.resolve_precision_name`): amp takes values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import warnings
-from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +37,6 @@ _NAMED_POLICIES = {
 PRECISION_NAMES = ("fp32", "bf16", "fp16", "fp16-full", "auto")  # spelled out: the API page shows the value
 """The precision names `get_precision` accepts: fp32, bf16, fp16, fp16-full and auto (fp16 on a
 GPU, fp32 elsewhere); a jmp policy string is accepted too."""
-
-_TRUE_WORDS = ("true", "1", "yes")
-_FALSE_WORDS = ("false", "0", "no")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,35 +169,3 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
     if loss_scaling is None:  # float16 needs loss scaling: its range ends at 6e-8, bfloat16's at float32's
         loss_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
     return Precision(name=key, policy=policy, loss_scaling=loss_scaling)
-
-
-def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """Chooses the precision name: explicit argument > GENESIS_PRECISION > ENABLE_FP16_TRAINING > fp32.
-
-    `environ` defaults to `os.environ`. An `ENABLE_FP16_TRAINING` other than true / 1 / yes
-    (fp16) or false / 0 / no (fp32) is a `ValueError`.
-
-    Examples:
-        >>> from genesis_jax import amp
-        >>> resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "true"})
-        'fp16'
-        >>> resolve_precision_name("bf16", environ={"GENESIS_PRECISION": "fp16"})
-        'bf16'
-        >>> resolve_precision_name(environ={})
-        'fp32'
-    """
-    ok = explicit is None or isinstance(explicit, str)
-    refuse_unless(ok, "the precision", explicit, "a name such as 'fp16' or None")
-    ok = environ is None or isinstance(environ, Mapping)
-    refuse_unless(ok, "environ", environ, "a mapping of environment variables or None")
-    env = os.environ if environ is None else environ
-    named, flag = (env.get("GENESIS_PRECISION") or "").strip(), env.get("ENABLE_FP16_TRAINING") or ""
-    word = flag.strip().lower()
-    if explicit is not None or named:
-        return explicit if explicit is not None else named
-    if not word or word in _TRUE_WORDS + _FALSE_WORDS:
-        return "fp16" if word in _TRUE_WORDS else "fp32"
-    raise ValueError(
-        f"ENABLE_FP16_TRAINING={flag!r} is not understood; use one of "
-        f"{', '.join(_TRUE_WORDS)} (fp16) or {', '.join(_FALSE_WORDS)} (fp32)"
-    )

@@ -94,7 +94,7 @@ class RunOptions:
 def _defaults(cls, config_defaults: dict, precision_given: bool = False):
     """`cls` holding the trainer config's defaults for its fields (the precision from the
     environment, unless --precision is given: then the variables are not read at all)."""
-    from genesis_jax.amp.policy import resolve_precision_name
+    from genesis_jax.run.config import resolve_precision_name
 
     values = {} if cls is RunOptions else {f.name: config_defaults[f.name] for f in dataclasses.fields(cls) if f.init}
     if "precision" not in values or precision_given:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import types
 import typing
 from typing import Any, Literal, Mapping
@@ -15,9 +16,10 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import optax
 
+from genesis_jax.amp._checks import refuse_unless
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import INT32_MAX, check_loss_scale_args
-from genesis_jax.amp.policy import Precision, check_precision, get_precision, resolve_precision_name
+from genesis_jax.amp.policy import Precision, check_precision, get_precision
 from genesis_jax.amp.state import TrainState
 from genesis_jax.amp.testing import FaultInjection
 
@@ -135,6 +137,41 @@ def check_relations(config) -> None:
     for klass in reversed(type(config).__mro__):
         if "check" in vars(klass):
             vars(klass)["check"](config)
+
+
+_TRUE_WORDS = ("true", "1", "yes")
+_FALSE_WORDS = ("false", "0", "no")
+
+
+def resolve_precision_name(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Chooses the precision name: explicit argument > GENESIS_PRECISION > ENABLE_FP16_TRAINING > fp32.
+
+    `environ` defaults to `os.environ`. An `ENABLE_FP16_TRAINING` other than true / 1 / yes
+    (fp16) or false / 0 / no (fp32) is a `ValueError`.
+
+    Examples:
+        >>> resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "true"})
+        'fp16'
+        >>> resolve_precision_name("bf16", environ={"GENESIS_PRECISION": "fp16"})
+        'bf16'
+        >>> resolve_precision_name(environ={})
+        'fp32'
+    """
+    ok = explicit is None or isinstance(explicit, str)
+    refuse_unless(ok, "the precision", explicit, "a name such as 'fp16' or None")
+    ok = environ is None or isinstance(environ, Mapping)
+    refuse_unless(ok, "environ", environ, "a mapping of environment variables or None")
+    env = os.environ if environ is None else environ
+    named, flag = (env.get("GENESIS_PRECISION") or "").strip(), env.get("ENABLE_FP16_TRAINING") or ""
+    word = flag.strip().lower()
+    if explicit is not None or named:
+        return explicit if explicit is not None else named
+    if not word or word in _TRUE_WORDS + _FALSE_WORDS:
+        return "fp16" if word in _TRUE_WORDS else "fp32"
+    raise ValueError(
+        f"ENABLE_FP16_TRAINING={flag!r} is not understood; use one of "
+        f"{', '.join(_TRUE_WORDS)} (fp16) or {', '.join(_FALSE_WORDS)} (fp32)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

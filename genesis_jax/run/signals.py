@@ -37,6 +37,30 @@ class TrainingInterrupted(RuntimeError):
         self.summary = summary
 
 
+def divergence_message(
+    guard: DivergenceGuard, scale: float, skip_streak: int, step: int, dynamic_scale: bool = True
+) -> str:
+    """The sentence a user reads when `guard` stops a run, naming the CLI's flags. The advice depends on
+    `dynamic_scale`: only a dynamic loss scale can be tuned out of a skip streak; without
+    one (fp32, bf16, a static scale) the gradients themselves are non-finite."""
+    if guard.max_consecutive_skips is not None and skip_streak > guard.max_consecutive_skips:
+        # strict mode (fp16-full's default) also skips a finite gradient's non-finite update
+        cause = f"{skip_streak} consecutive updates were skipped as non-finite (their gradients, or in strict mode "
+        cause += f"the update or new state; limit {guard.max_consecutive_skips})"
+    elif guard.min_scale is not None:
+        cause = f"the loss scale would fall below the floor {guard.min_scale:g} (it is {scale:g})"
+    else:  # no limit of this guard explains it: the state was halted before (a resumed, stopped run)
+        cause = f"the state was halted by the divergence guard before (scale {scale:g}, {skip_streak} skips in a row)"
+    advice = (
+        "Non-finite steps halve the scale faster than clean steps can grow it back; a scale floor "
+        "(--min-loss-scale 1) or a shorter --growth-interval helps, or train in bf16/fp32"
+        if dynamic_scale
+        else "No loss scale is being adjusted here, so the loss or its gradients are themselves non-finite: "
+        "check the inputs and hyperparameters, lower the learning rate or clip gradients (--max-grad-norm)"
+    )
+    return f"training diverged at optimizer step {step}: {cause}. {advice}"
+
+
 def halted_report(train_state, guard: DivergenceGuard) -> str | None:
     """The guard's message if any (of possibly vmapped) train states halted, else None."""
     import jax.numpy as jnp
@@ -49,7 +73,8 @@ def halted_report(train_state, guard: DivergenceGuard) -> str | None:
     i = int(jnp.argmax(halted))
     pick = lambda x: float(jnp.atleast_1d(x)[i])  # noqa: E731
     dynamic = isinstance(train_state.scaler, DynamicLossScale)
-    return guard.explain(
+    return divergence_message(
+        guard,
         pick(train_state.scaler.loss_scale),
         int(pick(train_state.skip_streak)),
         int(pick(train_state.step)),

@@ -3,7 +3,7 @@ import logging
 import jax.numpy as jnp
 import pytest
 
-from genesis_jax.amp.policy import PRECISION_NAMES, get_precision, resolve_precision_name
+from genesis_jax.amp.policy import PRECISION_NAMES, get_precision
 
 
 @pytest.mark.parametrize(
@@ -51,28 +51,6 @@ def test_unknown_precision_lists_accepted(bad):
 def test_bad_loss_scaling():
     with pytest.raises(ValueError, match="dynamic, static, none"):
         get_precision("fp16", loss_scaling="sometimes")
-
-
-@pytest.mark.parametrize(
-    "explicit, env, expected",
-    [
-        (None, {}, "fp32"),
-        (None, {"ENABLE_FP16_TRAINING": "true"}, "fp16"),
-        (None, {"ENABLE_FP16_TRAINING": "YES"}, "fp16"),
-        (None, {"ENABLE_FP16_TRAINING": "1"}, "fp16"),
-        (None, {"ENABLE_FP16_TRAINING": "no"}, "fp32"),
-        (None, {"ENABLE_FP16_TRAINING": "0"}, "fp32"),
-        (None, {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "bf16"),
-        ("fp32", {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "fp32"),
-    ],
-)
-def test_environment_resolution(explicit, env, expected):
-    assert resolve_precision_name(explicit, env) == expected
-
-
-def test_bad_enable_flag_is_a_clear_error():
-    with pytest.raises(ValueError, match="ENABLE_FP16_TRAINING='maybe'"):
-        resolve_precision_name(None, {"ENABLE_FP16_TRAINING": "maybe"})
 
 
 def test_the_precision_names_are_the_named_policies_and_auto():

@@ -16,7 +16,6 @@ from flax import nnx
 from genesis_jax import amp
 from genesis_jax.amp.loss_scale import check_loss_scale_args
 from genesis_jax.amp.optim import find_skip_state
-from genesis_jax.amp.policy import resolve_precision_name
 
 NAN, INF = float("nan"), float("inf")
 PARAMS = {"w": jnp.ones(2)}
@@ -297,21 +296,6 @@ BAD = [
     ),
     ("get_precision int", lambda: amp.get_precision(16), ValueError, "precision", "16"),
     ("autocast policy int", lambda: amp.autocast(jnp.sum, 16), TypeError, "policy", "16"),
-    ("resolve_precision_name int", lambda: resolve_precision_name(16), TypeError, "precision", "16"),
-    (
-        "resolve_precision_name environ",
-        lambda: resolve_precision_name(environ=["fp16"]),
-        TypeError,
-        "environ",
-        "['fp16']",
-    ),
-    (
-        "env flag",
-        lambda: resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "maybe"}),
-        ValueError,
-        "ENABLE_FP16_TRAINING",
-        "'maybe'",
-    ),
     ("Precision policy", lambda: amp.Precision("fp16", "fp16", "dynamic"), TypeError, "policy", "'fp16'"),
     (
         "Precision scaling",

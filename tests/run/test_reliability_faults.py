@@ -247,7 +247,8 @@ def test_the_guard_explains_a_halt_its_own_limits_do_not_cover():
     """A run the guard stopped, resumed with the floor turned off: the message says the state
     was halted before, instead of failing to format the missing floor."""
     from genesis_jax.amp import DivergenceGuard
+    from genesis_jax.run.signals import divergence_message
 
-    text = DivergenceGuard(min_scale=None).explain(6.1e-05, 3, 85)
+    text = divergence_message(DivergenceGuard(min_scale=None), 6.1e-05, 3, 85)
     assert "halted by the divergence guard before" in text and "step 85" in text
-    assert "below the floor" in DivergenceGuard().explain(6.1e-05, 3, 85)
+    assert "below the floor" in divergence_message(DivergenceGuard(), 6.1e-05, 3, 85)

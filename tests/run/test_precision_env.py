@@ -1,0 +1,57 @@
+"""The precision the front ends read from the environment (`run.config.resolve_precision_name`):
+an explicit name first, then GENESIS_PRECISION, then ENABLE_FP16_TRAINING, else fp32; a bad
+argument or flag refused in one sentence naming it."""
+
+import pytest
+
+from genesis_jax.run.config import resolve_precision_name
+
+
+@pytest.mark.parametrize(
+    "explicit, env, expected",
+    [
+        (None, {}, "fp32"),
+        (None, {"ENABLE_FP16_TRAINING": "true"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "YES"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "1"}, "fp16"),
+        (None, {"ENABLE_FP16_TRAINING": "no"}, "fp32"),
+        (None, {"ENABLE_FP16_TRAINING": "0"}, "fp32"),
+        (None, {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "bf16"),
+        ("fp32", {"GENESIS_PRECISION": "bf16", "ENABLE_FP16_TRAINING": "true"}, "fp32"),
+    ],
+)
+def test_environment_resolution(explicit, env, expected):
+    assert resolve_precision_name(explicit, env) == expected
+
+
+def test_bad_enable_flag_is_a_clear_error():
+    with pytest.raises(ValueError, match="ENABLE_FP16_TRAINING='maybe'"):
+        resolve_precision_name(None, {"ENABLE_FP16_TRAINING": "maybe"})
+
+
+BAD = [
+    ("resolve_precision_name int", lambda: resolve_precision_name(16), TypeError, "precision", "16"),
+    (
+        "resolve_precision_name environ",
+        lambda: resolve_precision_name(environ=["fp16"]),
+        TypeError,
+        "environ",
+        "['fp16']",
+    ),
+    (
+        "env flag",
+        lambda: resolve_precision_name(environ={"ENABLE_FP16_TRAINING": "maybe"}),
+        ValueError,
+        "ENABLE_FP16_TRAINING",
+        "'maybe'",
+    ),
+]
+
+
+@pytest.mark.parametrize("build, error, subject, value", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_a_bad_argument_is_refused_in_one_sentence_naming_it(build, error, subject, value):
+    with pytest.raises(error) as caught:
+        build()
+    message = str(caught.value)
+    assert subject in message and value in message
+    assert "\n" not in message
