@@ -35,8 +35,13 @@ from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
 
 # What a config records that says where it ran, not what it learned: a policy runs on one device,
 # in this process (how host environments ran: no subprocesses here).
-_ONE_PROCESS = {"devices": 1, "coordinator_address": None, "num_processes": None, "process_id": None}
-_ONE_PROCESS["vectorization"] = "sync"
+_ONE_PROCESS = {
+    "devices": 1,
+    "coordinator_address": None,
+    "num_processes": None,
+    "process_id": None,
+    "vectorization": "sync",
+}
 MAX_EPISODES = 100_000
 
 
@@ -162,13 +167,11 @@ def load(
         raise RunDirectoryError(f"{run_dir} is not a directory")
     reader = RunDirectory.__new__(RunDirectory)  # one that only reads (its constructor checks for a run to write)
     reader.path = path
-    checkpoints = path / "checkpoints"
-    has_files = any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "summary.json"))
-    if not has_files:
+    if not any((path / name).exists() for name in ("checkpoints", "metrics.jsonl", "summary.json")):
         raise RunDirectoryError(f"{run_dir} holds no run (no checkpoints/, metrics.jsonl or summary.json)")
-    if not checkpoints.is_dir():
+    if not reader.checkpoints.is_dir():
         raise RunDirectoryError(f"{run_dir} holds {reader.contents()} but no checkpoint: there is no policy to load")
-    with CheckpointStore(checkpoints, async_save=False) as store:
+    with CheckpointStore(reader.checkpoints, async_save=False) as store:
         steps = store.all_steps()
         if not steps:
             raise RunDirectoryError(
@@ -208,12 +211,20 @@ def load(
             algo.close()
     if num_seeds > 1:
         state = jax.tree.map(lambda x: x[seed_index], state)
-    act_with = jax.jit(lambda state, key, obs: algo.act(state, greedy)(key, obs))
-    precision = meta.get("precision") or config.train_precision().name
-    found = dict(run_dir=str(run_dir), position=position, position_key=algorithm.row_key, seed_index=seed_index)
-    found |= dict(env_steps=position * algo.steps_per_row, precision=precision, state=state, act_with=act_with)
     return Policy(
-        kind, config, algo.spec, greedy, status=_status(reader, position, algo.num_rows, algorithm.row_key), **found
+        algorithm=kind,
+        config=config,
+        spec=algo.spec,
+        greedy=greedy,
+        run_dir=str(run_dir),
+        position=position,
+        position_key=algorithm.row_key,
+        env_steps=position * algo.steps_per_row,
+        precision=meta.get("precision") or config.train_precision().name,
+        seed_index=seed_index,
+        status=_status(reader, position, algo.num_rows, algorithm.row_key),
+        state=state,
+        act_with=jax.jit(lambda state, key, obs: algo.act(state, greedy)(key, obs)),
     )
 
 
@@ -253,20 +264,34 @@ class Evaluation:
         return text
 
     def to_dict(self) -> dict:
-        p, returns = self.policy, self.returns
-        run = dict(run_dir=p.run_dir, algorithm=p.algorithm, env=p.spec.env_id, env_backend=self.backend)
-        run |= dict(
-            precision=p.precision, greedy=p.greedy, checkpoint={p.position_key: p.position, "step": p.env_steps}
-        )
-        run |= dict(seed_index=p.seed_index, run_status=p.status, eval_seed=self.seed, episodes=len(returns))
-        run |= dict(mean_return=self.mean, std_return=self.std, min_return=float(min(returns)))
-        run |= dict(max_return=float(max(returns)), returns=list(returns), lengths=list(self.lengths))
-        return run | dict(video=self.video, video_frames=self.video_frames)
+        """What `genesis-jax eval --json` prints."""
+        p = self.policy
+        return {
+            "run_dir": p.run_dir,
+            "algorithm": p.algorithm,
+            "env": p.spec.env_id,
+            "env_backend": self.backend,
+            "precision": p.precision,
+            "greedy": p.greedy,
+            "checkpoint": {p.position_key: p.position, "step": p.env_steps},
+            "seed_index": p.seed_index,
+            "run_status": p.status,
+            "eval_seed": self.seed,
+            "episodes": len(self.returns),
+            "mean_return": self.mean,
+            "std_return": self.std,
+            "min_return": float(min(self.returns)),
+            "max_return": float(max(self.returns)),
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "video": self.video,
+            "video_frames": self.video_frames,
+        }
 
 
-def _positive(name: str, value, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise ValueError(f"{name} must be an integer from 1 to {most}, got {value!r}")
+def _integer_in(name: str, value, least: int, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise ValueError(f"{name} must be an integer from {least} to {most}, got {value!r}")
 
 
 def evaluate(
@@ -281,15 +306,14 @@ def evaluate(
     from genesis_jax.envs.registry import resolve_env
     from genesis_jax.envs.video import check_video_path, write_video
 
-    _positive("episodes", episodes, MAX_EPISODES)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an integer from 0 to {2**32 - 1}, got {seed!r}")
+    _integer_in("episodes", episodes, 1, MAX_EPISODES)
+    _integer_in("seed", seed, 0, 2**32 - 1)
     spec = policy.spec
     if spec.backend == "envpool":  # its Atari preprocessing is the gymnasium path's (envs.envpool_env)
         spec = dataclasses.replace(resolve_env(spec.env_id, "gymnasium"), obs_shape=spec.obs_shape)
     frames = 0
     if video is not None:
-        _positive("video-frames", video_frames, 10**6)
+        _integer_in("video-frames", video_frames, 1, 10**6)
         check_video_path(video)
         check_renders(spec)
         frames = video_frames

@@ -91,23 +91,13 @@ class RunOptions:
         }
 
 
-def _defaults(cls, config_defaults: dict, precision_given: bool = False):
-    """`cls` holding the trainer config's defaults for its fields (the precision from the
-    environment, unless --precision is given: then the variables are not read at all)."""
-    from genesis_jax.run.config import resolve_precision_name
-
-    values = {} if cls is RunOptions else {f.name: config_defaults[f.name] for f in dataclasses.fields(cls) if f.init}
-    if "precision" not in values or precision_given:
-        return cls(**values)
-    values["precision"] = resolve_precision_name(None)
-    try:
-        return cls(**values)
-    except ValueError as err:
-        raise ValueError(f"the precision from GENESIS_PRECISION / ENABLE_FP16_TRAINING: {err}") from None
-
-
 def _values(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def _group(cls, values: dict):
+    """`cls` holding the entries of `values` that are its fields."""
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init})
 
 
 def parse_train_args(workload: str, argv: Sequence[str]):
@@ -126,7 +116,7 @@ def parse_train_args(workload: str, argv: Sequence[str]):
 
     import tyro
 
-    from genesis_jax.run.config import MixedPrecisionConfig
+    from genesis_jax.run.config import MixedPrecisionConfig, resolve_precision_name
     from genesis_jax.run.parallel import ParallelConfig
 
     algorithm = get_algorithm(workload)
@@ -145,11 +135,15 @@ def parse_train_args(workload: str, argv: Sequence[str]):
         [(name, typing.Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
         frozen=True,
     )
-    config_defaults = _values(algorithm.config_class())
     prog = f"genesis-jax train {workload}"
     argv, notes = _old_spellings(list(argv))
-    given = any(arg == "--precision" or arg.startswith("--precision=") for arg in argv)
-    default = command_cls(**{name: _defaults(cls, config_defaults, given) for name, (cls, _) in groups.items()})
+    defaults = _values(algorithm.config_class()) | _values(RunOptions())
+    if not any(arg == "--precision" or arg.startswith("--precision=") for arg in argv):  # else the variables go unread
+        defaults["precision"] = resolve_precision_name(None)
+    try:
+        default = command_cls(**{name: _group(cls, defaults) for name, (cls, _) in groups.items()})
+    except ValueError as err:  # only the precision is not the library's default
+        raise ValueError(f"the precision from GENESIS_PRECISION / ENABLE_FP16_TRAINING: {err}") from None
     for note in notes:
         print(f"genesis-jax: warning: {note}", file=sys.stderr)
     captured = io.StringIO()  # tyro's error box (stderr) becomes the one line `prog: error: ...`
@@ -391,11 +385,8 @@ def cpu_precision_notice(precision, backend: str) -> str | None:
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     import jax
 
-    from genesis_jax.run.parallel import start_distributed
-
     algorithm = get_algorithm(workload)
-    config = train_config(workload, parts)
-    start_distributed(config)  # before the backend is asked for (train() would do it next)
+    config = train_config(workload, parts)  # a multi-process run: `_run` joined the others before this
     notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
 
     def announce(notes: list[str]) -> None:  # once training is about to begin: past every refusal
@@ -551,12 +542,12 @@ def _system_failure(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-def _parse(argv: list[str]):
-    """(argparse namespace, train groups or None): a train workload's options go to tyro."""
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command's arguments: a train workload's options go to tyro (`parts`, `run`)."""
     if len(argv) >= 2 and argv[0] == "train" and argv[1] in REGISTRY:
         parts, run = parse_train_args(argv[1], argv[2:])
-        return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run), parts["parallel"]
-    return build_parser().parse_args(argv), None
+        return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run)
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -620,26 +611,22 @@ def _command(argv: list[str]) -> int:
     # study's check between its stages), which stops (128+N). Python's own SIGINT would raise
     # KeyboardInterrupt wherever it lands, and a callback of JAX's swallows it, so the run went on.
     with StopSignals() if argv[:1] in (["train"], ["study"]) else contextlib.nullcontext():
-        return _main(argv)
-
-
-def _main(argv: list[str]) -> int:
-    """Runs the command; an error it reports ends in one line on stderr and its exit status."""
-    try:
-        return _run(argv)
-    except (Exception, KeyboardInterrupt) as err:
-        said = _said(err)
-        if said is None:  # a bug: its traceback
-            raise
-        print(f"genesis-jax: {said[0]}", file=sys.stderr)
-        return said[1]
+        try:
+            return _run(argv)
+        except (Exception, KeyboardInterrupt) as err:  # an error it reports: one line on stderr, its exit status
+            said = _said(err)
+            if said is None:  # a bug: its traceback
+                raise
+            print(f"genesis-jax: {said[0]}", file=sys.stderr)
+            return said[1]
 
 
 def _run(argv: list[str]) -> int:
     try:
-        args, parallel = _parse(argv)  # a ValueError: GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
+        args = _parse(argv)  # a ValueError: GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
     except SystemExit as exit_:  # --help (0), or a parse error already printed in one line (2)
         return exit_.code or 0
+    parallel = args.parts["parallel"] if args.command == "train" else None
     if parallel is not None and parallel.coordinator_address is not None:
         # First of all: JAX must join the other processes before anything touches a device.
         from genesis_jax.run.parallel import initialize_distributed
@@ -701,5 +688,5 @@ def _said(err: BaseException) -> tuple[str, int] | None:
     if isinstance(err, PeerFailed):  # another process failed first and said why
         return f"stopped: {err}", EXIT_PEER
     if "RESOURCE_EXHAUSTED" in str(err):  # XLA's out-of-memory error has no class of its own
-        return f"system failure: out of device memory: {str(err).splitlines()[0][:300]}", EXIT_SYSTEM
+        return f"system failure: out of device memory: {_system_failure(err)}", EXIT_SYSTEM
     return None

@@ -170,7 +170,7 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     base = {r["workload"]: r for r in rows if r["precision"] == "fp32"}
     for r in rows:
         b = base.get(r["workload"])
-        r["speedup"] = r["steps_per_second"] / b["steps_per_second"] if b else None
+        r["speedup"] = _ratio(r, b, "steps_per_second")
         # Activation bytes, not peak memory: a process's peak covers every run before it.
         r["memory_ratio"] = _ratio(r, b, "activation_bytes")
         r["step_memory_ratio"] = _ratio(r, b, "train_step_bytes")
@@ -262,7 +262,7 @@ def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
     return 2 * size**3 / min(timeit.repeat(lambda: product(a, b).block_until_ready(), number=1, repeat=repeats))
 
 
-def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, only=None, log=sys.stderr, command=None):
+def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, only=None, command=None):
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
     (`command`, the invocation to name in results.md)."""
     unknown = [p for p in precisions if p not in PRECISIONS]
@@ -291,7 +291,7 @@ def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, onl
             print(
                 f"{w.name} {p}: {rows[-1]['steps_per_second']:.0f} steps/s, {rows[-1]['accuracy_metric']} "
                 f"{_fmt(rows[-1]['accuracy_mean'])} ({time.perf_counter() - t0:.0f}s)",
-                file=log,
+                file=sys.stderr,
                 flush=True,
             )
     rows = add_ratios(rows)

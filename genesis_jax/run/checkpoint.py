@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 from flax import serialization
 
 from genesis_jax.amp.loss_scale import NoOpLossScale
-from genesis_jax.amp.restore import restore_rules
+from genesis_jax.amp.restore import Rule, key_name, restore_rules
 from genesis_jax.amp.state import TrainState
 from genesis_jax.run.parallel import host_array
 
@@ -83,7 +83,7 @@ def package_versions() -> dict[str, str]:
 
 def _names(path) -> tuple[str, ...]:
     """A key path's names: an attribute's, a dict key, a sequence index: ("buffer", "current_index")."""
-    return tuple(jax.tree_util.keystr((key,), simple=True) for key in path)
+    return tuple(map(key_name, path))
 
 
 def _flat_spec(state_dict) -> dict[str, str]:
@@ -206,16 +206,6 @@ def check_format(meta: dict, step: int, directory: str) -> None:
 # -- a restored state is untrusted input ---------------------------------------------------
 
 
-# (field, values, which values a run can have written, what is accepted): each value has one
-# entry per seed where the state has a seed axis (`amp.restore`'s checks, registered by type).
-Rule = tuple[str, np.ndarray, np.ndarray, str]
-
-
-def _read(x) -> np.ndarray:
-    """A restored leaf's values on the host (a collective where leaves are split over processes)."""
-    return np.asarray(host_array(x))
-
-
 def _replay_count_rules(state, dropped: int = 0) -> list[Rule]:
     """A buffer's index and fill flag against the state's own count of the transitions it was
     given (`CountsReplay.replay_count`: DQN's steps, SAC's iterations), less the `dropped` ones
@@ -225,14 +215,14 @@ def _replay_count_rules(state, dropped: int = 0) -> list[Rule]:
     if not isinstance(state, CountsReplay):
         return []
     counter, count, per_count = state.replay_count()
-    count = _read(count).astype(np.int64)
+    count = host_array(count).astype(np.int64)
     buffer = state.buffer
     added = count * per_count - dropped
     capacity = np.shape(jax.tree.leaves(buffer.experience)[0])[np.ndim(buffer.current_index) + 1]
     rules = []
     for field, values, expected in (
-        ("is_full", _read(buffer.is_full), added >= capacity),
-        ("current_index", _read(buffer.current_index), added % capacity),
+        ("is_full", host_array(buffer.is_full), added >= capacity),
+        ("current_index", host_array(buffer.current_index), added % capacity),
     ):
         good = values == expected
         at = np.unravel_index(np.argmin(good), np.shape(good))  # the first seed refused (named in its line)
@@ -250,8 +240,8 @@ def replay_dropped(state, dropped: int = 0) -> int:
     if not isinstance(state, CountsReplay):
         return 0
     _, count, per_count = state.replay_count()
-    added = _read(count).astype(np.int64) * per_count
-    index, full = _read(state.buffer.current_index), _read(state.buffer.is_full)
+    added = host_array(count).astype(np.int64) * per_count
+    index, full = host_array(state.buffer.current_index), host_array(state.buffer.is_full)
     return int(np.max(np.where(full, dropped, added - index)))
 
 
@@ -264,11 +254,11 @@ def check_restored_state(state, *, step: int, directory: str, replay_dropped: in
     state's own counters (signed-integer fields with one value per seed: DQN's and PQN's
     steps, SAC's iteration; never below 0) and its buffer against its count of what it
     added, less what a grown buffer dropped (`_replay_count_rules`)."""
-    rules = [(prefix + field, *rest) for prefix, (field, *rest) in restore_rules(state, _read)]
+    rules = [(prefix + field, *rest) for prefix, (field, *rest) in restore_rules(state, host_array)]
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
     for names, leaf in ((_names(path), leaf) for path, leaf in leaves):
         if "opt_state" in names and names[-1] == "count" and jnp.issubdtype(leaf.dtype, jnp.signedinteger):
-            count = _read(leaf)
+            count = host_array(leaf)
             rules.append((".".join(names), count, count >= 0, ">= 0 (the updates the optimizer applied)"))
     is_train_state = lambda node: isinstance(node, TrainState)  # noqa: E731
     train_states = [node for node in jax.tree.leaves(state, is_leaf=is_train_state) if is_train_state(node)]
@@ -276,7 +266,7 @@ def check_restored_state(state, *, step: int, directory: str, replay_dropped: in
         seeds_shape = np.shape(train_states[0].step)  # the seed axis: a counter has one value per seed
         for path, leaf in leaves:
             if len(path) == 1 and jnp.issubdtype(leaf.dtype, jnp.signedinteger) and np.shape(leaf) == seeds_shape:
-                count = _read(leaf)
+                count = host_array(leaf)
                 rules.append((_names(path)[0], count, count >= 0, ">= 0 (a count of what the run did)"))
     refuse_unwritten(rules + _replay_count_rules(state, replay_dropped), step=step, directory=directory)
 
@@ -366,7 +356,7 @@ _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 _STATUS_CODE = re.compile(r"^[A-Z][A-Z_]+: ")  # TensorStore's status: "OUT_OF_RANGE: ...", "DATA_LOSS: ..."
 
 
-def error_line(err: BaseException, limit: int = 300) -> str:
+def error_line(err: BaseException) -> str:
     """The first line of an Orbax / TensorStore exception's message, without TensorStore's
     object dump; where the dump stood, its cause's line follows."""
     text = str(err).strip()
@@ -374,8 +364,8 @@ def error_line(err: BaseException, limit: int = 300) -> str:
     line = _TENSORSTORE_DUMP.sub("", first)
     cause = err.__cause__ or err.__context__
     if line != first and cause is not None:
-        line = f"{line.rstrip(' .:')}: {error_line(cause, limit)}"
-    return line[:limit]
+        line = f"{line.rstrip(' .:')}: {error_line(cause)}"
+    return line[:300]
 
 
 def save_failure(err: BaseException, step: int | None, directory: str) -> BaseException:
@@ -452,17 +442,12 @@ class CheckpointStore:
     step's directory and the errno's text, at that save, the next one, `wait` or `close`;
     the checkpoints saved before it stay intact."""
 
-    def __init__(
-        self, directory: str | os.PathLike, max_to_keep: int = 3, save_interval_steps: int = 1, async_save: bool = True
-    ):
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, async_save: bool = True):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
-        if save_interval_steps < 1:
-            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            save_interval_steps=save_interval_steps,
             enable_async_checkpointing=async_save,
             create=True,
         )
@@ -531,8 +516,6 @@ class CheckpointStore:
         """Turns a failed write into `save_failure`'s one exception."""
         try:
             yield
-        except CheckpointMismatchError:
-            raise
         except Exception as err:
             gc.collect()  # the write coroutines Orbax abandoned end now, not noisily at exit
             failure = save_failure(err, step, self.directory)
@@ -557,8 +540,6 @@ class CheckpointStore:
         """Turns Orbax's errors on a damaged or foreign checkpoint into one clear sentence."""
         try:
             yield
-        except CheckpointMismatchError:
-            raise
         except Exception as err:  # Orbax raises many kinds here; the user needs one sentence
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} cannot be read (corrupted or not a genesis-jax "
@@ -576,28 +557,29 @@ class CheckpointStore:
         """The state dict saved at `step` (into `abstract`'s shapes, dtypes and shardings where
         given), once its checksum matches `meta`'s. Every checkpoint of this format is written
         with one: one without is refused unless `allow_unverified`."""
-        restore_args = ocp.args.StandardRestore(abstract) if abstract is not None else ocp.args.StandardRestore()
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
         with self._readable(step):
-            state = self._manager.restore(step, args=ocp.args.Composite(state=restore_args))["state"]
+            state = self._manager.restore(step, args=args)["state"]
         where = f"checkpoint at step {step} in {self.directory}"
-        if "digest" not in meta and not allow_unverified:
+        if "digest" in meta:
+            if not matches_digest(state, meta["digest"], meta["spec"]):
+                raise CheckpointMismatchError(
+                    f"{where} is corrupted: its content does not match the checksum saved with it"
+                )
+        elif not allow_unverified:
             raise CheckpointMismatchError(
                 f"{where} has no checksum, so its content cannot be verified (genesis-jax writes one with every "
                 "checkpoint); restore it anyway with --allow-unverified-checkpoint (Python: allow_unverified=True)"
             )
-        if "digest" not in meta:
+        else:
             logger.warning("%s has no checksum: restored unverified", where)
-        elif not matches_digest(state, meta["digest"], meta["spec"]):
-            raise CheckpointMismatchError(
-                f"{where} is corrupted: its content does not match the checksum saved with it"
-            )
         return state
 
-    def restore_raw(self, step: int | None = None, allow_unverified: bool = False) -> tuple[dict, dict]:
+    def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
         """The newest (or given) step as a plain nested dict of arrays, and its meta."""
         step = self.resolve_step(step)
         meta = self.read_meta(step)
-        return self.read_state(step, meta, allow_unverified=allow_unverified), meta
+        return self.read_state(step, meta), meta
 
     def restore(
         self,
@@ -628,32 +610,32 @@ class CheckpointStore:
         meta = self.read_meta(step)
         target_dict = serialization.to_state_dict(target)
         train_state = at_path(target, train_state_path)
-        legacy = meta.get("format") == 2
-        scaler_path = tuple(train_state_path) + ("loss_scale" if legacy else "scaler",)
+        scaler_path = (*train_state_path, "scaler")
         fresh_scaler = check_restorable(meta, train_state_meta(train_state), step=step, kind=kind)
-        if legacy:
-            target_dict = as_format_2(target_dict)
+        as_saved = target_dict  # the target in the checkpoint's layout
         if fresh_scaler:  # read the checkpoint's scaler-less state, then give the run its fresh scaler
-            target_dict = set_in(target_dict, scaler_path, serialization.to_state_dict(NoOpLossScale()))
-        saved_spec, target_spec = meta.get("spec", {}), _flat_spec(target_dict)
+            as_saved = set_in(as_saved, scaler_path, serialization.to_state_dict(NoOpLossScale()))
+        legacy = meta.get("format") == 2
+        if legacy:
+            as_saved = as_format_2(as_saved)
+        saved_spec, target_spec = meta.get("spec", {}), _flat_spec(as_saved)
         if saved_spec != target_spec:
             raise CheckpointShapeError(step, describe_differences(saved_spec, target_spec))
         # The target's shardings, not the saved ones: a checkpoint written on N devices restores onto however many.
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
-            target_dict,
+            as_saved,
         )
         restored = self.read_state(step, meta, abstract, allow_unverified=allow_unverified)
+        if legacy:
+            restored = from_format_2(restored, target_dict)
         if fresh_scaler:
             logger.warning(
                 "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
                 step,
                 meta.get("precision"),
             )
-            fresh = serialization.to_state_dict(train_state.scaler)  # in the layout of what was read
-            restored = set_in(restored, scaler_path, as_format_2(fresh) if legacy else fresh)
-        if legacy:
-            restored = from_format_2(restored, serialization.to_state_dict(target))
+            restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
         state = serialization.from_state_dict(target, restored)
         dropped = meta.get("replay_dropped", 0)
         if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:

@@ -94,36 +94,30 @@ def initialize_distributed(
         return
     check_distributed_args(coordinator_address, num_processes, process_id)
     exit_with_launcher()
-    if coordinator_address != AUTO and process_id == 0:  # process 0 serves the coordinator on its port
-        check_port_free(
-            parse_coordinator_address(coordinator_address)[1], "choose another with --coordinator-address host:port"
-        )
+    given = {}
+    if coordinator_address != AUTO:
+        given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
+        host, port = parse_coordinator_address(coordinator_address)
+        if process_id == 0:  # process 0 serves the coordinator on its port
+            check_port_free(port, "choose another with --coordinator-address host:port")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's preemption service takes SIGTERM for itself (as a preemption notice) and the
     # process goes on; without it a SIGTERM stops the run as it stops a single process.
     jax.config.update("jax_enable_preemption_service", False)
-    given = {}
-    if coordinator_address != AUTO:
-        given = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
     with _signal_handlers(signal.SIG_DFL):
         if coordinator_address != AUTO and process_id != 0:
-            _wait_for_coordinator(*parse_coordinator_address(coordinator_address), initialization_timeout)
-        _initialize(given, heartbeat_timeout, initialization_timeout, coordinator_address)
+            _wait_for_coordinator(host, port, initialization_timeout)
+        try:
+            jax.distributed.initialize(
+                **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
+            )
+        except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
+            detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+            raise ConnectionError(
+                f"could not join the other processes through the coordinator at {coordinator_address} "
+                f"within {initialization_timeout} s: {detail}"
+            ) from None
     atexit.register(_leave)
-
-
-def _initialize(given: dict, heartbeat_timeout: int, initialization_timeout: int, coordinator_address: str) -> None:
-    """`jax.distributed.initialize`; an error it raises becomes one line (ConnectionError)."""
-    try:
-        jax.distributed.initialize(
-            **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
-        )
-    except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
-        detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        raise ConnectionError(
-            f"could not join the other processes through the coordinator at {coordinator_address} "
-            f"within {initialization_timeout} s: {detail}"
-        ) from None
 
 
 def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:
@@ -188,7 +182,7 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS, poll: float = 0.05) -> None:
+def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS) -> None:
     """Waits until every process reached the barrier `name` (nothing to wait for in one process).
 
     Never forever: raises PeerFailed once another process has ended without reaching it, or
@@ -226,7 +220,7 @@ def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS, poll: float =
                         f"process(es) {', '.join(map(str, sorted(missing)))} did not reach {name!r} "
                         f"within {timeout:g} s"
                     )
-                time.sleep(poll)
+                time.sleep(0.05)
         except PeerFailed:
             _left_alone_status.append(EXIT_PEER)
             raise

@@ -42,22 +42,11 @@ def _dumps(value, **kwargs) -> str:
     return json.dumps(jsonable(value), allow_nan=False, default=str, **kwargs)
 
 
-def config_changes(saved: dict, current: dict, may_change=()) -> list[str]:
-    """'name: saved -> current' for every config field that differs, but those in `may_change`,
-    each named as its command-line flag ("num-envs: 4 -> 8")."""
-    names = sorted((set(saved) | set(current)) - set(may_change))
-    # JSON turned the saved tuples into lists: compare both as JSON values.
-    return [
-        f"{n.replace('_', '-')}: {saved.get(n)!r} -> {current.get(n)!r}"
-        for n in names
-        if jsonable(saved.get(n)) != jsonable(current.get(n))
-    ]
-
-
 def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = None) -> list[str]:
     """The changes of `config` against the resumed checkpoint's (`meta["config"]`), beyond
     `config.RESUMABLE_FIELDS`, and of the run's `inputs` (a dataset's identity) against those
-    it recorded (`meta["inputs"]`); refused (one sentence listing them) unless `allow`."""
+    it recorded (`meta["inputs"]`), each named as its command-line flag ("num-envs: 4 -> 8");
+    refused (one sentence listing them) unless `allow`."""
     from genesis_jax.run.checkpoint import CheckpointMismatchError
 
     # A field the checkpoint's version did not have yet is compared as its default: how that version ran;
@@ -65,12 +54,18 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
     fields = dataclasses.fields(config) if dataclasses.is_dataclass(config) else ()
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
     saved = {**defaults, **(inputs or {}), **meta.get("config", {}), **meta.get("inputs", {})}
-    changes = config_changes(saved, {**config.to_dict(), **(inputs or {})}, config.RESUMABLE_FIELDS)
+    settings = config.to_dict()
+    current = {**settings, **(inputs or {})}
+    names = sorted((set(saved) | set(current)) - set(config.RESUMABLE_FIELDS))
+    # JSON turned the saved tuples into lists: compare both as JSON values.
+    changes = [
+        f"{n.replace('_', '-')}: {saved.get(n)!r} -> {current.get(n)!r}"
+        for n in names
+        if jsonable(saved.get(n)) != jsonable(current.get(n))
+    ]
     if changes and not allow:
         # A precision change is refused even with the flag (the checkpoint's arrays are in its own).
-        other_precision = "precision" in saved and jsonable(saved["precision"]) != jsonable(
-            config.to_dict().get("precision")
-        )
+        other_precision = "precision" in saved and jsonable(saved["precision"]) != jsonable(settings.get("precision"))
         raise CheckpointMismatchError(
             f"the checkpoint at step {meta.get('step')} was written by a run with other settings "
             f"({'; '.join(changes)}); "
@@ -118,7 +113,7 @@ class RunDirectory:
         if not str(path).strip():
             raise RunDirectoryError("the output directory is an empty path; name a directory")
         self.path = pathlib.Path(path)
-        self.resume, self.overwrite = resume, overwrite
+        self.overwrite = overwrite
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"output path {self.path} exists and is not a directory")
         aside = self.path / self.ASIDE
@@ -134,7 +129,7 @@ class RunDirectory:
                 f"output directory {self.path} holds another run; "
                 "pass --resume to continue it or --overwrite to replace it"
             )
-        if resume and not (self.path / "checkpoints").exists():
+        if resume and not self.checkpoints.exists():
             if self.read_summary() is not None:
                 raise self.no_checkpoint_error()
             raise RunDirectoryError(f"nothing to resume in {self.path}: it has no checkpoints/")
