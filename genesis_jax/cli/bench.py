@@ -34,6 +34,7 @@ import timeit
 import numpy as np
 
 from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.algos.base import ActingFields
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
@@ -108,6 +109,8 @@ def _run(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
     """A workload's rows, one per seed, through the algorithm template: any registered algorithm."""
     algorithm = get_algorithm(w.kind)
     settings = dict(w.settings)
+    if issubclass(algorithm.config_class, ActingFields):  # the bench scores training returns:
+        settings.setdefault("eval_episodes", 0)  # no greedy evaluation to compile and play
     if w.seconds is not None:
         settings["total_steps"] = _steps_for_seconds(algorithm, settings, precision, w.seconds)
     if w.vmap_seeds:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from genesis_jax.algos import get_algorithm
-from tests.support.registry import NAMES, tiny_settings
+from tests.support.registry import NAMES, tiny_run, tiny_settings
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
 STORED = {"fp32": jnp.float32, "bf16": jnp.float32, "fp16": jnp.float32, "fp16-full": jnp.float16}
@@ -24,8 +24,7 @@ def train_states(state) -> list:
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_few_updates_at_every_precision(name, precision):
-    algorithm = get_algorithm(name)
-    result = algorithm.train(algorithm.config_class(**tiny_settings(name, precision=precision)), progress=False)
+    result = tiny_run(name, precision=precision)  # fp32's is tests/algos/test_registry.py's 1-seed run too
     states = train_states(result.state)
     assert states, "no amp train state found"
     for ts in states:

@@ -1,5 +1,6 @@
 """PPO end to end on tiny budgets: learning, determinism, outputs, mismatch, the CLI."""
 
+import dataclasses
 import json
 
 import jax
@@ -41,7 +42,9 @@ def early_and_late_return(rows, k=5):
 @pytest.fixture(scope="module")
 def gymnax_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo") / "run"
-    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=61_440, lr=1e-3, seed=0)
+    # eval_episodes=0 here and below: no greedy evaluation after training (its own compile), which
+    # tests/e2e/test_eval.py and tests/algos/test_dqn.py check; these tests read the training's rows
+    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=61_440, lr=1e-3, seed=0, eval_episodes=0)
     return train(config, out_dir=str(out), progress=False), out
 
 
@@ -69,10 +72,10 @@ def test_outputs_written(gymnax_run):
 
 @pytest.mark.slow  # two trainings: 29 s
 def test_same_seed_same_result():
-    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=3)
+    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=3, eval_episodes=0)
     a = train(config, progress=False)
     b = train(config, progress=False)
-    c = train(PPOConfig(env="CartPole-v1", precision="fp16", total_steps=4096, seed=4), progress=False)
+    c = train(dataclasses.replace(config, seed=4), progress=False)
     jax.tree.map(np.testing.assert_array_equal, a.train_state.params, b.train_state.params)
     assert [r["loss"] for r in a.metrics] == [r["loss"] for r in b.metrics]
     assert [r["loss"] for r in a.metrics] != [r["loss"] for r in c.metrics]
@@ -100,7 +103,7 @@ def assert_timing_is_plausible(s):
 
 @pytest.mark.slow  # two trainings: 20 s
 def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
-    base = dict(env="CartPole-v1", total_steps=8192, seed=1)
+    base = dict(env="CartPole-v1", total_steps=8192, seed=1, eval_episodes=0)
     same = train(PPOConfig(precision="fp32", **base), progress=False).summary
     mixed = train(PPOConfig(precision="fp32", rollout_precision="bf16", **base), progress=False).summary
     assert abs(same["mismatch_kl_v1"]) < 1e-6 and same["mismatch_kl_v2"] < 1e-6
@@ -113,7 +116,8 @@ def test_mismatch_zero_for_same_precision_and_visible_for_bf16_rollout():
 @pytest.mark.slow  # 12 s
 def test_continuous_actions_run():
     result = train(
-        PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256), progress=False
+        PPOConfig(env="Pendulum-v1", precision="bf16", total_steps=2048, num_envs=4, num_steps=256, eval_episodes=0),
+        progress=False,
     )
     assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
 

@@ -29,7 +29,7 @@ from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
 from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, result_of, run_python, start_python, wait_until
-from tests.support.registry import NAMES, tiny_argv, tiny_config
+from tests.support.registry import NAMES, run_record, tiny_argv, tiny_config, tiny_run
 
 REPO_TOML = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
 
@@ -93,22 +93,21 @@ def test_more_devices_than_the_machine_has_is_one_line_before_the_disk(name, tmp
 def test_seed_0_of_a_vmapped_two_seed_run_is_the_one_seed_run(name):
     # Seed 0, not seed k: the world model's seeds share seed 0's data (tests/algos/test_seeds.py
     # has seed k = --seed + k on the template).
-    algorithm = get_algorithm(name)
-    one = algorithm.train(tiny_config(name), progress=False)
-    two = algorithm.train(tiny_config(name, num_seeds=2), progress=False)
+    one, two = tiny_run(name), tiny_run(name, num_seeds=2)
     first_seed = jax.tree.map(lambda x: x[0], two.train_state.params)
     for a, b in zip(jax.tree.leaves(one.train_state.params), jax.tree.leaves(first_seed)):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-4, atol=1e-5)
     assert two.summary["total_updates"] == 2 * one.summary["total_updates"]
 
 
-@pytest.mark.slow  # one 4-device subprocess training every algorithm twice
+@pytest.mark.slow  # one 4-device subprocess training every algorithm; the 1-device runs are the test above's
 def test_four_devices_match_one_device_for_every_algorithm():
     proc = run_python(["-m", "tests.support.registry", "devices"], cpu_env(host_devices=4), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = result_of(proc.stdout)
     assert runs["device_count"] == 4 and set(runs["algorithms"]) == set(NAMES)
-    for name, (one, four) in runs["algorithms"].items():
+    for name, four in runs["algorithms"].items():
+        one = run_record(tiny_run(name))  # the same program on this process's one device
         assert one["updates"] == four["updates"] > 0, name
         assert four["replicas_agree"], name  # every device's copy of the train state, the same
         for a, b in zip(one["params"], four["params"]):  # the devices sum the batch in another order

@@ -155,7 +155,9 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     from genesis_jax.algos.ppo import train as train_ppo
 
     run = tmp_path / "ppo"
-    train_ppo(PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048), out_dir=str(run), progress=False)
+    # eval_episodes=0: no greedy evaluation after training (its own compile), which collecting does not use
+    config = PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048, eval_episodes=0)
+    train_ppo(config, out_dir=str(run), progress=False)
     policy = load(str(run), greedy=False)  # as in training: it samples
     assert policy.spec.env_id == "CartPole-v1"
     name = f"PPO checkpoint {run} update {policy.position}"

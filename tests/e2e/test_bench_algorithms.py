@@ -15,8 +15,10 @@ TINY_DQN = {
     "buffer_size": 200,
     "batch_size": 32,
     "epsilon_steps": 100,
+    "eval_episodes": 0,  # a bench row's score is the training's final return: no greedy evaluation after it
 }
 TINY_SAC = {"num_envs": 8, "steps_per_row": 8, "batch_size": 8, "learning_starts": 8, "buffer_size": 256}
+TINY_SAC |= {"eval_episodes": 0}  # as TINY_DQN's
 
 
 @pytest.mark.slow  # a two-row probe run: about 10 s

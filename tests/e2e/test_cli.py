@@ -244,6 +244,7 @@ def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
 @pytest.mark.slow  # a tiny PPO run, compiled
 def test_the_compile_and_a_rounded_budget_are_said_before_the_bar_starts(tmp_path, capsys):
     argv = ["train", "ppo", "--precision", "fp32", "--total-steps", "1000", "--num-envs", "4", "--num-steps", "128"]
+    argv += ["--eval-episodes", "0"]  # no greedy evaluation after training: not what is said before the bar
     assert main([*argv, "--update-epochs", "1", "--num-minibatches", "1", "--out", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     note = "note: --total-steps 1,000 runs as 1 updates of 512 steps: 512 steps\n"

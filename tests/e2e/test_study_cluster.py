@@ -5,11 +5,13 @@ failed job is one line naming its cell, with the finished cells kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
 
+from genesis_jax.algos import get_algorithm
 from genesis_jax.cli import main
 from genesis_jax.cli.study import cells, cluster, run_study
 from tests.e2e.test_study_honesty import SEEDS, STEPS, write_cell
@@ -87,7 +89,21 @@ def _masked(path):
     return re.sub(r"\d+ cells trained in this invocation \(\d+ s\)", "N cells trained (T s)", path.read_text())
 
 
-@pytest.mark.slow  # four world-model cells compile and train, two of them in submitit's subprocesses
+@pytest.fixture
+def tiny_world_model_task(monkeypatch):
+    """wm:synthetic's cells at the world model's tiny size (`Algorithm.tiny`): a job gets its cell's
+    config pickled from this process, so the jobs train the same tiny cells as the study in process.
+    Its loss bounds (cached per task name) are measured on the tiny cells, and forgotten after."""
+    task = cells.TASKS["wm:synthetic"]
+    tiny = {k: v for k, v in get_algorithm(task.algo).tiny.items() if k != task.budget_field}
+    monkeypatch.setitem(cells.TASKS, "wm:synthetic", dataclasses.replace(task, settings={**task.settings, **tiny}))
+    cells.loss_bounds.cache_clear()
+    yield
+    cells.loss_bounds.cache_clear()
+
+
+@pytest.mark.slow  # four tiny world-model cells compile and train, two of them in submitit's subprocesses
+@pytest.mark.usefixtures("tiny_world_model_task")
 def test_a_study_through_submitits_local_executor_reports_as_one_in_process(tmp_path):
     options = dict(
         tasks=["wm:synthetic"], precisions=["fp32", "fp16"], num_seeds=2, total_steps=2, reps=100, cost=False
@@ -97,9 +113,9 @@ def test_a_study_through_submitits_local_executor_reports_as_one_in_process(tmp_
     assert _masked(jobs) == _masked(inline)
     assert (tmp_path / "jobs" / "stats.json").read_text() == (tmp_path / "inline" / "stats.json").read_text()
     assert list((tmp_path / "jobs" / "submitit").glob("*_log.out"))  # the cells ran as jobs
-    for precision in ("fp32", "fp16"):  # the same cells, byte for byte in what they learned
+    for precision in ("fp32", "fp16"):  # the same (tiny) cells, byte for byte in what they learned
         a, b = (
             json.loads((p / "cells" / "wm:synthetic" / precision / "summary.json").read_text())
             for p in (tmp_path / "inline", tmp_path / "jobs")
         )
-        assert a["eval_loss_per_seed"] == b["eval_loss_per_seed"]
+        assert a["eval_loss_per_seed"] == b["eval_loss_per_seed"] and a["config"] == b["config"]

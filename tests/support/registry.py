@@ -1,9 +1,11 @@
 """Every registered algorithm at its own `tiny` size (`Algorithm.tiny`), as a config and as a
-command line, for the generic tests; run as a module (`python -m tests.support.registry
-devices`, with 4 forced CPU devices) it trains each on 1 and on 4 devices and prints the results."""
+command line, for the generic tests, and its tiny run trained once per test process
+(`tiny_run`); run as a module (`python -m tests.support.registry devices`, with 4 forced CPU
+devices) it trains each on 4 devices and prints the results."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -37,23 +39,35 @@ def tiny_argv(name: str, **overrides) -> list[str]:
     return argv + ["--no-progress"]
 
 
-def on_one_and_four_devices() -> dict:
-    """Each algorithm's tiny run (fp32) on 1 and on 4 devices: optimizer steps, parameters, and
-    whether every device holds the same copy of each replicated leaf of the state."""
-    runs = {}
-    for name in NAMES:
-        algorithm = get_algorithm(name)
-        runs[name] = []
-        for devices in (1, 4):
-            result = algorithm.train(tiny_config(name, devices=devices), progress=False)
-            ts, leaves = result.train_state, jax.tree.leaves(result.state)
-            params = [np.asarray(x, np.float32).ravel().tolist() for x in jax.tree.leaves(ts.params)]
-            replicated = [x for x in leaves if isinstance(x, jax.Array) and x.is_fully_replicated]
-            agree = all(replicas_agree(x) for x in replicated)
-            runs[name].append({"updates": int(np.sum(ts.step)), "params": params, "replicas_agree": agree})
+def tiny_run(name: str, **overrides):
+    """The algorithm's tiny run (`tiny_config(name, **overrides)`, no run directory), trained once
+    per process and config: the tests that read the same run (its params, metrics, summary)
+    share it and never change it."""
+    return _trained(name, tiny_config(name, **overrides))
+
+
+@functools.cache
+def _trained(name: str, config):  # keyed by the config: precision="fp32" is the default's run
+    return get_algorithm(name).train(config, progress=False)
+
+
+def run_record(result) -> dict:
+    """A run's optimizer steps, parameters (float32, flattened), and whether every device holds
+    the same copy of each replicated leaf of its state."""
+    ts, leaves = result.train_state, jax.tree.leaves(result.state)
+    params = [np.asarray(x, np.float32).ravel().tolist() for x in jax.tree.leaves(ts.params)]
+    replicated = [x for x in leaves if isinstance(x, jax.Array) and x.is_fully_replicated]
+    agree = all(replicas_agree(x) for x in replicated)
+    return {"updates": int(np.sum(ts.step)), "params": params, "replicas_agree": agree}
+
+
+def on_four_devices() -> dict:
+    """Each algorithm's tiny run (fp32) on 4 devices (`run_record`); the test compares it with the
+    1-device run in its own process (`tiny_run`)."""
+    runs = {name: run_record(tiny_run(name, devices=4)) for name in NAMES}
     return {"device_count": jax.device_count(), "algorithms": runs}
 
 
 if __name__ == "__main__":
     assert sys.argv[1:] == ["devices"], sys.argv
-    print("RESULT " + json.dumps(on_one_and_four_devices()))
+    print("RESULT " + json.dumps(on_four_devices()))
