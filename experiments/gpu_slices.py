@@ -42,8 +42,11 @@ WHEELS = "jmp gymnasium farama-notifications gymnax tyro docstring-parser typegu
 
 def benched_workloads(bench_dir: pathlib.Path) -> set[str]:
     """The workloads with a row in any results.csv under `bench_dir` (one folder a bench run)."""
-    rows = (row for path in bench_dir.rglob("results.csv") for row in csv.DictReader(path.open()))
-    return {row["workload"] for row in rows}
+    workloads = set()
+    for path in bench_dir.rglob("results.csv"):
+        with path.open() as f:
+            workloads |= {row["workload"] for row in csv.DictReader(f)}
+    return workloads
 
 
 def pending_slices(study_dir: pathlib.Path = STUDY_DIR, bench_dir: pathlib.Path = BENCH_DIR) -> list[tuple]:

@@ -40,13 +40,14 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# 0.2's names, removed in 0.4: read from genesis_jax.amp, whose AttributeError names what to write now.
-_DEPRECATED = ("all_finite", "get_policy", "make_loss_scale", "resolve_precision_name")
+# 0.2's names at the package root, removed in 0.4: the error names what to write now (amp's table).
+_REMOVED = ("all_finite", "get_policy", "make_loss_scale", "resolve_precision_name")
 
 
 def __getattr__(name):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in _DEPRECATED:
-        return getattr(importlib.import_module("genesis_jax.amp"), name)
-    raise AttributeError(f"module 'genesis_jax' has no attribute {name!r}")
+    removed = ""
+    if name in _REMOVED:
+        removed = f" (0.2's name, removed): use {importlib.import_module('genesis_jax.amp')._REMOVED[name]}"
+    raise AttributeError(f"module 'genesis_jax' has no attribute {name!r}{removed}")

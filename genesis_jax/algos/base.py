@@ -55,12 +55,12 @@ from genesis_jax.amp import TrainState, train_step
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
-from genesis_jax.envs.play import play_gymnax
+from genesis_jax.envs.play import MAX_EPISODES, play_gymnax
 from genesis_jax.run import plots, probes
 from genesis_jax.run.checkpoint import at_path
 from genesis_jax.run.config import (
-    NON_NEGATIVE,
     UNIT_INTERVAL,
+    Bounds,
     EnvFields,
     MixedPrecisionConfig,
     NetworkFields,
@@ -119,7 +119,8 @@ class ActingFields(NetworkFields, SeedFields, RunFields, EnvFields):
     eval_episodes: int = 32
     """Greedy episodes played after training, for the summary's eval_return (gymnax; 0: none)."""
 
-    FIELD_BOUNDS = {"gamma": UNIT_INTERVAL, "eval_episodes": NON_NEGATIVE}
+    FIELD_BOUNDS = {"gamma": UNIT_INTERVAL, "eval_episodes": Bounds(f"from 0 to {MAX_EPISODES}", 0, MAX_EPISODES)}
+    RESUMABLE = ("eval_episodes",)  # played after training: a resume may change it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.envs.play import MAX_EPISODES
 from genesis_jax.envs.spec import EnvSpec
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
@@ -42,7 +43,6 @@ _ONE_PROCESS = {
     "process_id": None,
     "vectorization": "sync",
 }
-MAX_EPISODES = 100_000
 
 
 def acting_algorithms() -> list[str]:

@@ -74,6 +74,9 @@ def check_renders(spec: EnvSpec) -> None:
             )
 
 
+MAX_EPISODES = 100_000  # episodes played at once: one environment each
+
+
 def play_gymnax(spec: EnvSpec, act: Callable, args: Any, episodes: int, seed: int, video_frames: int = 0) -> Played:
     """`episodes` episodes of the gymnax environment `spec`, one per environment, under one jit."""
     if spec.max_episode_steps is None:

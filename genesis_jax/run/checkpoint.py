@@ -442,7 +442,7 @@ class CheckpointStore:
     step's directory and the errno's text, at that save, the next one, `wait` or `close`;
     the checkpoints saved before it stay intact."""
 
-    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3, *, async_save: bool = True):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -476,7 +476,7 @@ class CheckpointStore:
     def save(
         self, step: int, state, meta: dict | None = None, force: bool = False, train_state_path: tuple[str, ...] = ()
     ) -> bool:
-        """Saves `state` at `step` (if the interval says so, or `force`), with `meta` and what
+        """Saves `state` at `step`, with `meta` and what
         restores check: the precision and scaler type of the `TrainState` at `train_state_path`,
         every leaf's shape and dtype, and a checksum. Returns whether it saved: a step already
         saved with the same content is not saved again; with other content it is refused.
@@ -575,11 +575,12 @@ class CheckpointStore:
             logger.warning("%s has no checksum: restored unverified", where)
         return state
 
-    def restore_raw(self, step: int | None = None) -> tuple[dict, dict]:
-        """The newest (or given) step as a plain nested dict of arrays, and its meta."""
+    def restore_raw(self, step: int | None = None, allow_unverified: bool = False) -> tuple[dict, dict]:
+        """The newest (or given) step as a plain nested dict of arrays, and its meta
+        (`allow_unverified`: read a checkpoint without a checksum, refused otherwise)."""
         step = self.resolve_step(step)
         meta = self.read_meta(step)
-        return self.read_state(step, meta), meta
+        return self.read_state(step, meta, allow_unverified=allow_unverified), meta
 
     def restore(
         self,

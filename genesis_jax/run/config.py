@@ -261,7 +261,7 @@ class MixedPrecisionConfig:
         # Every class's `RESUMABLE`, and a `RESUMABLE_FIELDS` written by hand (as configs did before the groups).
         names = (
             f
-            for klass in cls.__mro__
+            for klass in reversed(cls.__mro__)
             for f in (*vars(klass).get("RESUMABLE", ()), *vars(klass).get("RESUMABLE_FIELDS", ()))
         )
         cls.RESUMABLE_FIELDS = tuple(dict.fromkeys(names))

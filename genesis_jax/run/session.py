@@ -101,6 +101,8 @@ def _renamed_keywords(init):
     def wrapper(self, *args, **kwargs):
         for old in RENAMED_KEYWORDS.keys() & kwargs.keys():
             new = RENAMED_KEYWORDS[old]
+            if new in kwargs:
+                raise TypeError(f"Session got both {old}= (0.3's spelling) and {new}=: pass {new}= only")
             warnings.warn(f"Session({old}=) is now Session({new}=); {old}= goes in 0.5", FutureWarning, stacklevel=2)
             kwargs[new] = kwargs.pop(old)
         return init(self, *args, **kwargs)

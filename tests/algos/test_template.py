@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from genesis_jax import algos
-from genesis_jax.algos.base import chunk_size, metric_columns
+from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.algos.base import ActingFields, chunk_size, metric_columns
 from genesis_jax.cli import main
+from genesis_jax.envs.play import MAX_EPISODES
 from tests.algos.toy_algorithm import Toy, ToyConfig
 from tests.support.files import metric_rows
 
@@ -112,3 +114,12 @@ def test_each_metric_is_reduced_over_seeds_as_declared():
 def test_a_reduction_not_known_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="reduces 'loss' by 'median'"):
         type("Bad", (Toy,), {"metrics": {"loss": "median"}})
+
+
+@pytest.mark.parametrize("name", [n for n in REGISTRY if issubclass(get_algorithm(n).config_class, ActingFields)])
+def test_eval_episodes_is_bounded_as_evals_are_and_a_resume_may_change_it(name):
+    config_class = get_algorithm(name).config_class
+    with pytest.raises(ValueError, match=f"eval-episodes must be from 0 to {MAX_EPISODES}, got {MAX_EPISODES + 1}"):
+        config_class(eval_episodes=MAX_EPISODES + 1)
+    assert config_class(eval_episodes=0).eval_episodes == 0
+    assert "eval_episodes" in config_class.RESUMABLE_FIELDS  # played after training: not what it computes

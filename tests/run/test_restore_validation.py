@@ -146,6 +146,11 @@ def test_a_checkpoint_without_a_checksum_resumes_when_allowed_and_the_summary_sa
     assert int(state.step) == 3  # two updates restored, one more run
     assert summary["unverified_checkpoint"] == 2
     assert json.loads((run_copy / "summary.json").read_text())["unverified_checkpoint"] == 2
+    with CheckpointStore(run_copy / "checkpoints", async_save=False) as store:  # the raw read: the same rule
+        with pytest.raises(CheckpointMismatchError, match="has no checksum"):
+            store.restore_raw(2)
+        raw, meta = store.restore_raw(2, allow_unverified=True)
+    assert "digest" not in meta and raw
 
 
 def test_the_seed_of_a_bad_value_is_named(tmp_path):

@@ -205,6 +205,11 @@ def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
     assert [row["chunk"] for row in metric_rows(tmp_path / "run")] == [1, 2]
 
 
+def test_an_old_keyword_beside_its_new_spelling_is_refused_not_silently_chosen():
+    with pytest.raises(TypeError, match=r"both kind= \(0.3's spelling\) and name=: pass name= only"):
+        Session(None, kind="old", name="new", num_rows=1, progress=False)
+
+
 def test_the_cli_refuses_writers_without_out(capsys):
     from genesis_jax.cli import main
 
