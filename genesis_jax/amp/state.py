@@ -122,6 +122,12 @@ def _step_or_skip(update, opt_state, scaler, adjusted=None):
     return updates, opt_state, adjusted, skipped, before.halted
 
 
+def _refuse_loss_scale_keyword(kwargs: dict) -> None:
+    """0.2's `loss_scale=`, which would otherwise fail naming a field the user never wrote."""
+    if "loss_scale" in kwargs:
+        raise TypeError("loss_scale= is 0.2's spelling of the scaler, removed in 0.4: pass scaler=")
+
+
 class TrainState(train_state.TrainState):
     """Flax's `TrainState` with a loss scaler; the optimizer is wrapped in `skip_nonfinite`.
 
@@ -190,6 +196,7 @@ class TrainState(train_state.TrainState):
             shared_scaler: this optimizer shares one scaler with others (`update_scaler`).
             **kwargs: other fields, as in Flax (a subclass's own fields too).
         """
+        _refuse_loss_scale_keyword(kwargs)
         optional_callable("apply_fn", apply_fn)
         _check_computes_in_half(apply_fn, precision)
         flag("shared_scaler", shared_scaler)
@@ -218,6 +225,7 @@ class TrainState(train_state.TrainState):
                 a skip leads to all the same.
             **kwargs: other fields to replace, as in Flax.
         """
+        _refuse_loss_scale_keyword(kwargs)
         skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
         update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
         updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)

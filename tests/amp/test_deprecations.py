@@ -45,9 +45,9 @@ def test_the_old_loss_scale_spellings_fail_loudly():
     state = a_state()
     with pytest.raises(AttributeError, match="loss_scale"):
         state.loss_scale  # noqa: B018  (now state.scaler)
-    with pytest.raises(TypeError, match="loss_scale"):
+    with pytest.raises(TypeError, match="loss_scale= is 0.2's spelling of the scaler, removed in 0.4: pass scaler="):
         a_state(loss_scale=amp.StaticLossScale(8.0))  # now scaler=
-    with pytest.raises(TypeError, match="loss_scale"):
+    with pytest.raises(TypeError, match="loss_scale= is 0.2's spelling of the scaler, removed in 0.4: pass scaler="):
         state.apply_gradients(grads={"w": jnp.ones(3)}, loss_scale=amp.StaticLossScale(4.0))  # now scaler=
 
 
