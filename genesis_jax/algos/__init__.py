@@ -51,11 +51,12 @@ def check_declarations(name: str, algorithm) -> None:
     if not (dataclasses.is_dataclass(config_class) and isinstance(fields, type) and issubclass(config_class, fields)):
         fail("`config_class` must be a dataclass deriving from its `fields` dataclass")
     known = {f.name for f in dataclasses.fields(config_class)}
-    if not algorithm.tiny:
-        fail("`tiny` (the settings of a few-update run, for the generic tests) is empty")
-    settings = [("tiny", algorithm.tiny)]
-    settings += [(f"bench workload {w.name!r}", w.settings) for w in algorithm.bench_workloads]
-    settings += [(f"study task {t!r}", task.settings) for t, task in algorithm.study_tasks.items()]
+    presets = getattr(algorithm, "presets", None)  # a `Presets` where declared (`Algorithm` checks the type)
+    if presets is None or not presets.tiny:
+        fail("`presets.tiny` (the settings of a few-row run, for the generic tests) is not set")
+    settings = [("tiny", presets.tiny)]
+    settings += [(f"bench workload {w.name!r}", w.settings) for w in presets.bench]
+    settings += [(f"study task {t!r}", task.settings) for t, task in presets.study.items()]
     for what, given in settings:
         unknown = sorted(set(given) - known)
         if unknown:

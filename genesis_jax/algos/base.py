@@ -1,16 +1,15 @@
 """The algorithm template: what one algorithm writes, and what it gets for free.
 
 An algorithm is a subclass of `Algorithm` in its own folder. Its whole contract with the
-template is these 22 names (11 declared, 3 set by `setup`, 5 filled in, 3 optional hooks),
+template is these 18 names (7 declared, 3 set by `setup`, 5 filled in, 3 optional hooks),
 each with a default or a check here, none looked up by duck typing:
 
 - declared (class attributes): `name`, `config_class` (its config: its own fields, the first
-  base, + `Config`: the shared mixed-precision and parallel fields), `tiny` (a few-row run,
-  for the generic tests), `budget_field`, `bench_workloads`, `study_tasks`, `score` (the
-  summary field that says how well it learned), `row_key` (the rows' counter: "update",
-  "row", "epoch"), `checkpoint_key` (the checkpoint meta's name for it), `train_state_path`
-  (the `TrainState` whose scale the rows report) and `metrics` (each metric's reduction over
-  seeds, `REDUCTIONS`);
+  base, + `Config`: the shared mixed-precision and parallel fields), `presets` (the runs the
+  tools make of it: a few-row `tiny` run for the generic tests, `bench` workloads and `study`
+  tasks), `budget_field` (the field a longer run raises), `row_key` (the rows' counter:
+  "update", "row", "epoch"), `train_state_path` (the `TrainState` whose scale the rows
+  report) and `metrics` (each metric's reduction over seeds, `REDUCTIONS`);
 - set by `setup`: `steps_per_row` (environment steps of a row, 1 for an epoch), `spec` (the
   environment it acts in, None for none) and `data` (constant inputs of `update`, a dataset);
 - filled in: `setup()`, `init(key) -> state`, `update(state, data) -> (state, metrics)` (one
@@ -30,7 +29,9 @@ divergence guard's stop, metric writers, the progress bar); seeds trained togeth
 `vmap`; data parallelism over a device mesh; the common summary (speed, compile time,
 memory, overflow counts); the opt-in underflow telemetry (`underflow`); its `genesis-jax
 train NAME` command, bench rows, study tasks, its API reference page and the generic tests.
-Registering it (one line in `genesis_jax.algos.REGISTRY`) checks the declarations.
+Its `score` (the summary field the bench reports as how well it learned) follows: `final_return`
+where it acts, else `eval_loss`; a checkpoint's step is its row. Registering it (one line in
+`genesis_jax.algos.REGISTRY`) checks the declarations.
 
 Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
 program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`
@@ -181,6 +182,15 @@ CARTPOLE = StudyTask({"env": "CartPole-v1"}, 500_000, 500.0, f"{GYMNAX_README}: 
 ACROBOT = StudyTask({"env": "Acrobot-v1"}, 500_000, -80.0, f"{GYMNAX_README}: R -80")
 
 
+@dataclasses.dataclass(frozen=True)
+class Presets:
+    """The runs the tools around an algorithm make of it, declared once in its class."""
+
+    tiny: dict  # config settings of a few-row run, for the generic tests
+    bench: tuple[BenchWorkload, ...] = ()  # `genesis-jax bench` workloads
+    study: dict[str, StudyTask] = dataclasses.field(default_factory=dict)  # `genesis-jax study` tasks by name
+
+
 def minatar_tasks(name: str, settings: Callable[[str], dict], total_steps: int) -> dict[str, StudyTask]:
     """A study task per MinAtar game: `name` with the game's name for {game}, `settings(game)`."""
     task = lambda game: StudyTask(settings(game), total_steps, None, NO_PUBLISHED_REFERENCE)
@@ -270,20 +280,31 @@ def _largest_divisor_at_most(total: int, limit: int) -> int:
     return next(d for d in range(min(limit, total), 0, -1) if total % d == 0)
 
 
+# 0.4's declarations, read until 0.5 with a FutureWarning: three are now `presets`, two follow from others.
+_GROUPED_DECLARATIONS = {"tiny": "tiny", "bench_workloads": "bench", "study_tasks": "study"}
+_DERIVED_DECLARATIONS = {"score", "checkpoint_key"}
+
+
+def _read_old_declarations(cls) -> None:
+    old = {name: cls.__dict__[name] for name in _GROUPED_DECLARATIONS if name in cls.__dict__}
+    if old:
+        cls.presets = Presets(**{"tiny": {}, **{_GROUPED_DECLARATIONS[k]: v for k, v in old.items()}})
+        message = f"{cls.__name__} declares {', '.join(old)}: now presets = Presets(tiny=, bench=, study=)"
+        warnings.warn(f"{message}; the old names go in 0.5", FutureWarning, stacklevel=3)
+    for name in sorted(_DERIVED_DECLARATIONS & cls.__dict__.keys()):
+        message = "a checkpoint's step is its row" if name == "checkpoint_key" else "final_return or eval_loss"
+        warnings.warn(f"{cls.__name__}.{name} is ignored ({message}); it goes in 0.5", FutureWarning, stacklevel=3)
+
+
 class Algorithm:
     """Subclass, declare, and fill in `setup`, `init`, `update`, `summary` (and `act`): the module docstring."""
 
     # -- what an algorithm declares ----------------------------------------------------
     name: ClassVar[str]  # the `train` subcommand and the checkpoints' kind
     config_class: ClassVar[type]  # its config: its own fields (the first base) + `Config`
-    tiny: ClassVar[dict] = {}  # config settings of a few-row run, for the generic tests
+    presets: ClassVar[Presets]  # its tiny run (the generic tests'), bench workloads and study tasks
     budget_field: ClassVar[str] = "total_steps"  # the field a longer run raises (environment steps, epochs)
-    bench_workloads: ClassVar[tuple[BenchWorkload, ...]] = ()
-    study_tasks: ClassVar[dict[str, StudyTask]] = {}  # task name -> task
-    score: ClassVar[str | None] = None  # the summary field that says how well it learned (default: final_return
-    # where it acts, else final_loss)
     row_key: ClassVar[str] = "update"  # the rows' column counting them ("update", "row", "epoch")
-    checkpoint_key: ClassVar[str | None] = None  # the checkpoint meta's field for it (default: row_key)
     train_state_path: ClassVar[tuple[str, ...]] = ("train_state",)  # the TrainState whose scale the rows report
     metrics: ClassVar[dict[str, str]] = {}  # metric -> its reduction over seeds (REDUCTIONS); default "mean"
     act: ClassVar[Callable | None] = None  # act(state, greedy=True) -> act(key, obs) -> actions, where it acts
@@ -299,12 +320,16 @@ class Algorithm:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        _read_old_declarations(cls)
+        if not isinstance(getattr(cls, "presets", Presets({})), Presets):
+            raise TypeError(f"{cls.__name__}.presets must be a `Presets`, got {type(cls.presets).__name__}")
         if "config_class" in cls.__dict__:  # derived from the declarations: what the tools around it read
             cls.fields = cls.config_class.__bases__[0]  # the first --help group
         if "name" in cls.__dict__:
             cls.plot_file = f"{cls.name.replace('-', '_')}.png"  # the run directory's PNG
-        if cls.score is None:
-            cls.score = "final_return" if cls.act is not None else "final_loss"
+        # The summary field the bench reports as how well it learned: the training return where it
+        # acts, else the held-out loss.
+        cls.score = "final_return" if cls.act is not None else "eval_loss"
         cls.underflow_telemetry = "underflow" in cls.metrics  # whether `update` measures it
         for metric, how in cls.metrics.items():
             if how.removesuffix(PER_SEED) not in REDUCTIONS:
@@ -636,7 +661,6 @@ class Algorithm:
             train_state_path=self.train_state_path,
             num_rows=self.num_rows,
             row_key=self.row_key,
-            checkpoint_key=self.checkpoint_key,
             steps_per_row=self.steps_per_row,
             unit=self.unit,
             checkpoint_every=every,

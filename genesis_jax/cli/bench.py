@@ -1,5 +1,5 @@
 """The precision benchmark: fp32, bf16, fp16 and fp16-full side by side on every registered
-algorithm's workloads (`Algorithm.bench_workloads`), several seeds.
+algorithm's workloads (`Presets.bench`), several seeds.
 
 The full run (meant for a GPU) has the networks where half precision can pay: PPO with a
 width-1024 residual MLP and with the CNN on MinAtar Breakout, world models of width 1024
@@ -50,13 +50,13 @@ class Workload:
 
 
 def workloads(quick: bool) -> list[Workload]:
-    """Every registered algorithm's workloads (`Algorithm.bench_workloads`): tiny budgets for
+    """Every registered algorithm's workloads (`Presets.bench`): tiny budgets for
     --quick (CPU, CI); GPU-sized ones otherwise, the large networks where half precision can
     pay, few enough to finish in minutes on one GPU."""
     chosen = [
         Workload(w.name, name, w.settings, w.vmap_seeds, w.seconds)
         for name in REGISTRY
-        for w in get_algorithm(name).bench_workloads
+        for w in get_algorithm(name).presets.bench
         if w.quick == quick
     ]
     names = [w.name for w in chosen]

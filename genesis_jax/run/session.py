@@ -51,7 +51,6 @@ from genesis_jax.run.checkpoint import (
     CheckpointShapeError,
     CheckpointStore,
     check_kind,
-    position_of,
     replay_dropped,
 )
 from genesis_jax.run.config import summary_config
@@ -91,14 +90,19 @@ RENAMED_KEYWORDS = {
     "kind": "name",
     "total": "num_rows",
     "position_key": "row_key",
-    "meta_key": "checkpoint_key",
     "unit_size": "steps_per_row",
 }
+# Keywords a Session no longer needs, read and ignored until 0.5 with a FutureWarning: the
+# checkpoint's own step is the run's position, so no meta field has to be named for it.
+RETIRED_KEYWORDS = ("meta_key", "checkpoint_key")
 
 
 def _renamed_keywords(init):
     @functools.wraps(init)
     def wrapper(self, *args, **kwargs):
+        for old in set(RETIRED_KEYWORDS) & kwargs.keys():
+            kwargs.pop(old)
+            warnings.warn(f"Session({old}=) is no longer needed and is ignored; it goes in 0.5", FutureWarning, 2)
         for old in RENAMED_KEYWORDS.keys() & kwargs.keys():
             new = RENAMED_KEYWORDS[old]
             if new in kwargs:
@@ -120,7 +124,6 @@ class Session:
         name: the workload's name, stored in checkpoints (as `kind`); resume refuses another's.
         num_rows: rows in the whole run.
         row_key: the rows' counter field ("update", "epoch").
-        checkpoint_key: the checkpoint meta's field for it (default: `row_key`).
         steps_per_row: progress-bar units per row (PPO: environment steps per update).
         unit: the progress bar's unit name.
         checkpoint_every: rows between checkpoints (0: only at the end and on a stop).
@@ -149,7 +152,6 @@ class Session:
         name: str,
         num_rows: int,
         row_key: str = "update",
-        checkpoint_key: str | None = None,
         steps_per_row: int = 1,
         unit: str = "update",
         checkpoint_every: int = 0,
@@ -176,7 +178,7 @@ class Session:
         # Every process checks the directory before any process writes to it.
         self.run_dir = runs.RunDirectory(out_dir, resume=resume, overwrite=overwrite) if out_dir is not None else None
         self.config, self.name, self.num_rows = config, name, num_rows
-        self.row_key, self.checkpoint_key = row_key, checkpoint_key or row_key
+        self.row_key = row_key
         self.steps_per_row, self.unit = steps_per_row, unit
         self.checkpoint_every, self.resume, self.max_to_keep = checkpoint_every, resume, max_to_keep
         self.allow_config_change = allow_config_change
@@ -322,7 +324,7 @@ class Session:
                 ) from None
             state = fit(restored)
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
-            self.position = position_of(meta, self.checkpoint_key, step, self.store.directory)
+            self.position = step  # the store checked that the meta records it
             self.unverified_checkpoint = None if "digest" in meta else step
             if self.config is not None:  # against the checkpoint resumed (the newest's, above, may differ)
                 self.config_changes = self._config_changes(meta)
@@ -373,7 +375,7 @@ class Session:
         """A checkpoint of `state` at the current position (every process takes part)."""
         if self.store is None:
             return
-        meta = {"kind": self.name, self.checkpoint_key: self.position}
+        meta = {"kind": self.name, self.row_key: self.position}
         if self.config is not None:
             meta["config"] = self.config.to_dict()
         if self.inputs:

@@ -1,5 +1,5 @@
 """What every registered algorithm gets from its registry line, tested for each at its own
-`tiny` size (`Algorithm.tiny`): a new algorithm is picked up here with nothing to add.
+`tiny` size (`Presets.tiny`): a new algorithm is picked up here with nothing to add.
 
 The declarations are checked on registration; `update`'s required metrics when it compiles;
 the CLI's --help has its groups; a setting the devices refuse is one line before the disk;
@@ -23,7 +23,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
-from genesis_jax.algos.base import MEASURED, chunk_size
+from genesis_jax.algos.base import MEASURED, Presets, StudyTask, chunk_size
 from genesis_jax.cli import main
 from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
@@ -37,7 +37,7 @@ REPO_TOML = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproj
 @pytest.mark.parametrize("name", NAMES)
 def test_every_algorithm_passes_its_registration_checks(name):
     algorithm = get_algorithm(name)
-    assert algorithm.name == name and algorithm.tiny
+    assert algorithm.name == name and algorithm.presets.tiny
     tiny_config(name)  # the tiny settings make a valid config
 
 
@@ -45,14 +45,17 @@ def test_a_wrong_declaration_is_refused_when_registered():
     toy = get_algorithm("ppo")
     for change, words in [
         ({"name": "other"}, "must be the registry's 'ppo'"),
-        ({"tiny": {}}, "`tiny`"),
-        ({"tiny": {"no_such_field": 1}}, "tiny sets 'no_such_field'"),
+        ({"presets": Presets(tiny={})}, "`presets.tiny`"),
+        ({"presets": Presets(tiny={"no_such_field": 1})}, "tiny sets 'no_such_field'"),
+        ({"presets": Presets(tiny={"hidden": (8,)}, study={"t": StudyTask({"no_such": 1}, 8, None, "")})}, "'no_such'"),
         ({"budget_field": "epochs"}, "`budget_field` 'epochs'"),
         ({"config_class": dict}, "`config_class` must be a dataclass"),
     ]:
         broken = type("Broken", (toy,), change)
         with pytest.raises(TypeError, match=re.escape(words)):
             check_declarations("ppo", broken)
+    with pytest.raises(TypeError, match=re.escape("Broken.presets must be a `Presets`, got dict")):
+        type("Broken", (toy,), {"presets": {"tiny": {"hidden": (8,)}}})  # refused as the class is made
 
 
 def test_the_template_reports_each_rows_scale_skips_and_halt(monkeypatch):
@@ -121,7 +124,7 @@ def killable_run(name: str, precision: str):
     both, the straight run and the resumed one. (Chunks of other lengths are other programs,
     which XLA may compile to other roundings: they matched at its optimisation level 1, not at 0.)"""
     algorithm = get_algorithm(name)
-    budget = {algorithm.budget_field: 16 * algorithm.tiny.get(algorithm.budget_field, 1)}
+    budget = {algorithm.budget_field: 16 * algorithm.presets.tiny.get(algorithm.budget_field, 1)}
     config = tiny_config(name, precision=precision, **budget)
     sizing = algorithm(config)
     rows, every = sizing.num_rows, sizing.steps_per_row
@@ -180,9 +183,9 @@ def test_bench_and_study_list_every_algorithms_own_workloads():
 
     for name in NAMES:
         algorithm = get_algorithm(name)
-        named = {w.name for w in algorithm.bench_workloads if w.quick}
+        named = {w.name for w in algorithm.presets.bench if w.quick}
         assert named == {w.name for w in workloads(quick=True) if w.kind == name}
-        assert {t for t, task in TASKS.items() if task.algo == name} == set(algorithm.study_tasks)
+        assert {t for t, task in TASKS.items() if task.algo == name} == set(algorithm.presets.study)
 
 
 def test_registration_is_one_line(monkeypatch):

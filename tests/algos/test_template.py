@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from genesis_jax import algos
-from genesis_jax.algos import REGISTRY, get_algorithm
-from genesis_jax.algos.base import ActingFields, chunk_size, metric_columns
+from genesis_jax.algos import REGISTRY, base, get_algorithm
+from genesis_jax.algos.base import ActingFields, Presets, chunk_size, metric_columns
 from genesis_jax.cli import main
 from genesis_jax.envs.play import MAX_EPISODES
 from tests.algos.toy_algorithm import Toy, ToyConfig
@@ -33,7 +33,7 @@ def test_registration_gives_the_cli_command(registered, tmp_path, capsys):
     assert summary["skipped_updates"] == sum(r["skipped"] for r in rows)
     assert (out / "checkpoints").is_dir() and (out / "toy.png").is_file()
     captured = capsys.readouterr()
-    assert captured.out.startswith("TOY [fp16] final_loss=")
+    assert captured.out.startswith("TOY [fp16] eval_loss=") and " final_loss=" in captured.out
     assert captured.err.count("note: fp16 computes in float16") == 1  # printed as training started
     assert main(["train", "toy", "--help"]) == 0
     assert "--lr" in capsys.readouterr().out
@@ -123,3 +123,20 @@ def test_eval_episodes_is_bounded_as_evals_are_and_a_resume_may_change_it(name):
         config_class(eval_episodes=MAX_EPISODES + 1)
     assert config_class(eval_episodes=0).eval_episodes == 0
     assert "eval_episodes" in config_class.RESUMABLE_FIELDS  # played after training: not what it computes
+
+
+def test_0_4_declarations_still_register_with_a_future_warning():
+    with pytest.warns(FutureWarning) as caught:
+
+        class Old(Toy):
+            tiny = dict(total_steps=16)
+            study_tasks = {"t": base.CARTPOLE}
+            checkpoint_key, score = "step", "final_loss"
+
+    assert Old.presets == Presets(tiny={"total_steps": 16}, study={"t": base.CARTPOLE})
+    assert Old.score == "eval_loss"  # the bench's score follows from acting, whatever was declared
+    assert [str(w.message) for w in caught] == [
+        "Old declares tiny, study_tasks: now presets = Presets(tiny=, bench=, study=); the old names go in 0.5",
+        "Old.checkpoint_key is ignored (a checkpoint's step is its row); it goes in 0.5",
+        "Old.score is ignored (final_return or eval_loss); it goes in 0.5",
+    ]

@@ -91,11 +91,11 @@ def _masked(path):
 
 @pytest.fixture
 def tiny_world_model_task(monkeypatch):
-    """wm:synthetic's cells at the world model's tiny size (`Algorithm.tiny`): a job gets its cell's
+    """wm:synthetic's cells at the world model's tiny size (`Presets.tiny`): a job gets its cell's
     config pickled from this process, so the jobs train the same tiny cells as the study in process.
     Its loss bounds (cached per task name) are measured on the tiny cells, and forgotten after."""
     task = cells.TASKS["wm:synthetic"]
-    tiny = {k: v for k, v in get_algorithm(task.algo).tiny.items() if k != task.budget_field}
+    tiny = {k: v for k, v in get_algorithm(task.algo).presets.tiny.items() if k != task.budget_field}
     monkeypatch.setitem(cells.TASKS, "wm:synthetic", dataclasses.replace(task, settings={**task.settings, **tiny}))
     cells.loss_bounds.cache_clear()
     yield

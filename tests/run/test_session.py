@@ -190,7 +190,7 @@ def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
         session = Session(str(tmp_path / "run"), progress=False, **old)
     assert sorted(str(w.message) for w in caught) == [
         "Session(kind=) is now Session(name=); kind= goes in 0.5",
-        "Session(meta_key=) is now Session(checkpoint_key=); meta_key= goes in 0.5",
+        "Session(meta_key=) is no longer needed and is ignored; it goes in 0.5",
         "Session(position_key=) is now Session(row_key=); position_key= goes in 0.5",
         "Session(total=) is now Session(num_rows=); total= goes in 0.5",
         "Session(unit_size=) is now Session(steps_per_row=); unit_size= goes in 0.5",
@@ -201,8 +201,20 @@ def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
         session.finish({})
         meta = session.store.read_meta(2)
     assert (session.name, session.num_rows, session.steps_per_row) == ("toy", 2, 4)
-    assert (meta["kind"], meta["chunk_done"]) == ("toy", 2)
+    assert (meta["kind"], meta["chunk"], meta["step"]) == ("toy", 2, 2)
     assert [row["chunk"] for row in metric_rows(tmp_path / "run")] == [1, 2]
+
+
+def test_checkpoint_key_is_ignored_with_a_future_warning_the_checkpoints_step_being_the_position(tmp_path):
+    with pytest.warns(FutureWarning, match=r"^Session\(checkpoint_key=\) is no longer needed and is ignored"):
+        session = Session(str(tmp_path / "run"), name="toy", num_rows=2, checkpoint_key="done", progress=False)
+    with session:
+        session.run(session.restore({"w": jnp.float32(1.0)}), lambda s: (s, {}), lambda m, d: [{"update": d + 1}])
+        session.finish({})
+    again = Session(str(tmp_path / "run"), name="toy", num_rows=3, resume=True, progress=False)
+    with again:
+        again.restore({"w": jnp.float32(1.0)})
+        assert again.position == 2 and "done" not in again.store.read_meta(2)
 
 
 def test_an_old_keyword_beside_its_new_spelling_is_refused_not_silently_chosen():

@@ -1,4 +1,4 @@
-"""Every registered algorithm at its own `tiny` size (`Algorithm.tiny`), as a config and as a
+"""Every registered algorithm at its own `tiny` size (`Presets.tiny`), as a config and as a
 command line, for the generic tests, and its tiny run trained once per test process
 (`tiny_run`); run as a module (`python -m tests.support.registry devices`, with 4 forced CPU
 devices) it trains each on 4 devices and prints the results."""
@@ -19,7 +19,7 @@ NAMES = sorted(REGISTRY)
 
 
 def tiny_settings(name: str, **overrides) -> dict:
-    return {**get_algorithm(name).tiny, **overrides}
+    return {**get_algorithm(name).presets.tiny, **overrides}
 
 
 def tiny_config(name: str, **overrides):

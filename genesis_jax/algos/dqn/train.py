@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import base
-from genesis_jax.algos.base import Algorithm, BenchWorkload
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.dqn.config import DQNConfig, minatar
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.amp import TrainState
@@ -63,7 +63,7 @@ STUDY |= base.minatar_tasks("dqn:{game}-MinAtar", minatar_settings, 5_000_000)
 
 
 class DQN(EpsilonGreedy, Algorithm):
-    name, config_class, row_key, checkpoint_key = "dqn", DQNConfig, "row", "step"  # a row: steps_per_row env steps
+    name, config_class, row_key = "dqn", DQNConfig, "row"  # a row: steps_per_row env steps
     metrics = {
         "episodes": "episodes per seed",
         "loss": "nanmean",
@@ -71,19 +71,22 @@ class DQN(EpsilonGreedy, Algorithm):
         "updates": "sum",
         "buffer_size": "sum",
     }
-    tiny = dict(
-        total_steps=400,
-        num_envs=2,
-        eval_episodes=0,  # the generic tests' runs need no greedy evaluation
-        train_frequency=2,
-        steps_per_row=200,
-        learning_starts=100,
-        hidden=(16,),
-        buffer_size=400,
-        batch_size=16,
-        target_update_interval=2,
+    presets = Presets(
+        tiny=dict(
+            total_steps=400,
+            num_envs=2,
+            eval_episodes=0,  # the generic tests' runs need no greedy evaluation
+            train_frequency=2,
+            steps_per_row=200,
+            learning_starts=100,
+            hidden=(16,),
+            buffer_size=400,
+            batch_size=16,
+            target_update_interval=2,
+        ),
+        bench=BENCH,
+        study=STUDY,
     )
-    bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         c = self.config

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, minatar_tasks
+from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.run.parallel import constrain
@@ -51,12 +51,15 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 
 
 class PQN(EpsilonGreedy, Algorithm):
-    name, config_class, checkpoint_key = "pqn", PQNConfig, "step"
+    name, config_class = "pqn", PQNConfig
     metrics = {"episodes": "episodes per seed"}
-    tiny = dict(
-        total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
+    presets = Presets(
+        tiny=dict(
+            total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
+        ),
+        bench=BENCH,
+        study=STUDY,
     )
-    bench_workloads, study_tasks = BENCH, STUDY
 
     def setup(self) -> None:
         self.setup_q(layer_norm=True)  # LayerNorm after each hidden layer: PQN's stabiliser

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Presets, StudyTask
 from genesis_jax.algos.sac.config import SACConfig
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import empty_like, grow
@@ -64,11 +64,20 @@ STUDY = {
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
-    tiny = dict(
-        num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, hidden=(16,), total_steps=32, eval_episodes=0
+    presets = Presets(
+        tiny=dict(
+            num_envs=8,
+            steps_per_row=8,
+            batch_size=8,
+            learning_starts=8,
+            hidden=(16,),
+            total_steps=32,
+            buffer_size=64,
+            eval_episodes=0,
+        ),
+        bench=BENCH,
+        study=STUDY,
     )
-    tiny["buffer_size"] = 64
-    bench_workloads, study_tasks = BENCH, STUDY
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
 
     def setup(self) -> None:

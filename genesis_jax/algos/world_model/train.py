@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, StudyTask
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, StudyTask
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
@@ -116,11 +116,14 @@ STUDY = {
 
 
 class WorldModelTrainer(Algorithm):
-    name, config_class, row_key, score = "world-model", WorldModelConfig, "epoch", "eval_loss"
+    name, config_class, row_key, budget_field = "world-model", WorldModelConfig, "epoch", "epochs"
     # Each seed's eval loss; optimizer steps per second; and the opt-in underflow telemetry.
     metrics = {"eval_loss": "mean per seed", "steps_per_second": "rate", "underflow": "mean"}
-    tiny = dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1)
-    budget_field, bench_workloads, study_tasks = "epochs", BENCH, STUDY
+    presets = Presets(
+        tiny=dict(epochs=1, num_sequences=32, sequence_length=8, batch_size=64, width=16, depth=1),
+        bench=BENCH,
+        study=STUDY,
+    )
 
     def setup(self) -> None:
         config = self.config

@@ -35,11 +35,11 @@ class Task:
 
 
 def _registered_tasks() -> dict[str, Task]:
-    """Every registered algorithm's study tasks (`Algorithm.study_tasks`)."""
+    """Every registered algorithm's study tasks (`Presets.study`)."""
     tasks = {}
     for name in REGISTRY:
         algorithm = get_algorithm(name)
-        for task, t in algorithm.study_tasks.items():
+        for task, t in algorithm.presets.study.items():
             if task in tasks:
                 raise ValueError(f"study task {task!r} is named by {tasks[task].algo} and {name}")
             tasks[task] = Task(name, budget_field=algorithm.budget_field, **dataclasses.asdict(t))
