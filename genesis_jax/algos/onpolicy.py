@@ -17,6 +17,11 @@ import jax
 
 from genesis_jax.run.config import INT32_MAX, POSITIVE, POSITIVE_INT, UNIT_INTERVAL
 
+# The few-row run of an on-policy algorithm the generic tests train (`Presets.tiny`).
+TINY = dict(
+    total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class OnPolicyFields:

@@ -61,6 +61,20 @@ BENCH = (BenchWorkload("dqn-cnn-minatar", {**minatar_settings("Breakout"), "tota
 STUDY = {"dqn:CartPole-v1": base.CARTPOLE, "dqn:Acrobot-v1": base.ACROBOT}
 STUDY |= base.minatar_tasks("dqn:{game}-MinAtar", minatar_settings, 5_000_000)
 
+# The generic tests' few-row run.
+TINY = dict(
+    total_steps=400,
+    num_envs=2,
+    eval_episodes=0,  # the generic tests' runs need no greedy evaluation
+    train_frequency=2,
+    steps_per_row=200,
+    learning_starts=100,
+    hidden=(16,),
+    buffer_size=400,
+    batch_size=16,
+    target_update_interval=2,
+)
+
 
 class DQN(EpsilonGreedy, Algorithm):
     name, config_class, row_key = "dqn", DQNConfig, "row"  # a row: steps_per_row env steps
@@ -71,22 +85,7 @@ class DQN(EpsilonGreedy, Algorithm):
         "updates": "sum",
         "buffer_size": "sum",
     }
-    presets = Presets(
-        tiny=dict(
-            total_steps=400,
-            num_envs=2,
-            eval_episodes=0,  # the generic tests' runs need no greedy evaluation
-            train_frequency=2,
-            steps_per_row=200,
-            learning_starts=100,
-            hidden=(16,),
-            buffer_size=400,
-            batch_size=16,
-            target_update_interval=2,
-        ),
-        bench=BENCH,
-        study=STUDY,
-    )
+    presets = Presets(tiny=TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
         c = self.config

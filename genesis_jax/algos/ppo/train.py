@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from genesis_jax.algos import base
+from genesis_jax.algos import base, onpolicy
 from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.ppo.config import PPOConfig
 from genesis_jax.algos.ppo.loss import Minibatch, Transition, compute_gae, finish_rollout, mismatch_metrics, ppo_loss
@@ -76,13 +76,7 @@ SCALARS = ("loss", "grad_norm", "grads_finite", "policy_loss", "value_loss", "en
 class PPO(Algorithm):
     name, config_class = "ppo", PPOConfig
     metrics = {"episodes": "episodes per seed", "underflow": "mean"}  # and the opt-in underflow telemetry
-    presets = Presets(
-        tiny=dict(
-            total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
-        ),
-        bench=BENCH,
-        study=STUDY,
-    )
+    presets = Presets(tiny=onpolicy.TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
         # Imported here: gymnax's import starts JAX's backends, which parsing `train ppo` must not.

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from genesis_jax.algos import onpolicy
 from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
@@ -53,13 +54,7 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 class PQN(EpsilonGreedy, Algorithm):
     name, config_class = "pqn", PQNConfig
     metrics = {"episodes": "episodes per seed"}
-    presets = Presets(
-        tiny=dict(
-            total_steps=256, num_envs=4, num_steps=16, update_epochs=1, num_minibatches=2, hidden=(16,), eval_episodes=0
-        ),
-        bench=BENCH,
-        study=STUDY,
-    )
+    presets = Presets(tiny=onpolicy.TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
         self.setup_q(layer_norm=True)  # LayerNorm after each hidden layer: PQN's stabiliser
