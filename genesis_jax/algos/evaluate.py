@@ -36,13 +36,7 @@ from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
 
 # What a config records that says where it ran, not what it learned: a policy runs on one device,
 # in this process (how host environments ran: no subprocesses here).
-_ONE_PROCESS = {
-    "devices": 1,
-    "coordinator_address": None,
-    "num_processes": None,
-    "process_id": None,
-    "vectorization": "sync",
-}
+_ONE_PROCESS = dict(devices=1, coordinator_address=None, num_processes=None, process_id=None, vectorization="sync")
 
 
 def acting_algorithms() -> list[str]:
@@ -116,8 +110,8 @@ def _status(reader: RunDirectory, position: int, total: int, key: str) -> str:
         ended = "of unknown end (summary.json cannot be read)"
     else:
         stopped = summary.get("stopped")
-        how = {"diverged": "stopped by the divergence guard", "failed": "failed"}
-        ended = "finished" if stopped is None else how.get(stopped, f"stopped by {stopped}")
+        how = {None: "finished", "diverged": "stopped by the divergence guard", "failed": "failed"}
+        ended = how.get(stopped, f"stopped by {stopped}")
     if position < total:
         ended += f": its checkpoint at {key} {position} of {total} plays"
     return ended
@@ -311,12 +305,11 @@ def evaluate(
     spec = policy.spec
     if spec.backend == "envpool":  # its Atari preprocessing is the gymnasium path's (envs.envpool_env)
         spec = dataclasses.replace(resolve_env(spec.env_id, "gymnasium"), obs_shape=spec.obs_shape)
-    frames = 0
     if video is not None:
         _integer_in("video-frames", video_frames, 1, 10**6)
         check_video_path(video)
         check_renders(spec)
-        frames = video_frames
+    frames = 0 if video is None else video_frames
     if spec.backend == "gymnax":
         played = play_gymnax(spec, policy.act_with, policy.state, episodes, seed, frames)
     else:

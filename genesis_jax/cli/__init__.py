@@ -470,8 +470,8 @@ def _task_steps(text: str) -> int | dict[str, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or TASK=N,TASK=N, got {text!r}") from None
     tasks = [task for task, _ in pairs]
-    repeated = [task for i, task in enumerate(tasks) if task in tasks[:i]]
-    if repeated:  # a dict would keep the last one silently
+    # a dict would keep the last one silently
+    if repeated := [task for i, task in enumerate(tasks) if task in tasks[:i]]:
         raise argparse.ArgumentTypeError(f"{repeated[0]!r} is given twice in {text!r}; give each task one budget")
     return dict(pairs)
 
@@ -481,7 +481,7 @@ def _run_study(args) -> int:
         from genesis_jax.cli.study import preset, run_plan, run_study
     except ImportError as err:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
-    words = lambda text: [w.strip() for w in text.split(",") if w.strip()]  # noqa: E731
+    words = lambda text: [w.strip() for w in text.split(",") if w.strip()]
     skip = ([] if args.plan else ["pilot_seeds"]) + (["executor"] if args.executor == "inline" else [])
     command = _command_line(args, skip)
     chosen = preset(args.preset) if args.preset else {"tasks": ["CartPole-v1"], "num_seeds": 8, "total_steps": None}
@@ -493,7 +493,7 @@ def _run_study(args) -> int:
     options = dict(tasks=tasks, precisions=words(args.precisions), seed=args.seed, total_steps=total_steps)
     options.update(progress=not args.no_progress, command=command, dry_run=args.dry_run, reps=args.reps)
     if args.plan:
-        study_command = command.replace(" --plan", "").replace(f" --pilot-seeds {args.pilot_seeds}", "")
+        study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
         path = run_plan(
             args.out, pilot_seeds=args.pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
         )
@@ -537,9 +537,9 @@ def _primary() -> bool:
 def _system_failure(err: BaseException) -> str:
     """One line for an error the system caused, naming the file where there is one."""
     if isinstance(err, OSError) and err.strerror:
-        where = f": {err.filename}" if err.filename else ""
-        return f"{err.strerror}{where}"
-    return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -601,8 +601,7 @@ def _exit_now(status: int):
 
 
 def _command(argv: list[str]) -> int:
-    missing = missing_rl_extra()
-    if missing is not None:
+    if (missing := missing_rl_extra()) is not None:
         need = f"the command line needs the rl extra ({missing} is not installed): pip install 'genesis-jax[rl]'"
         print(f"genesis-jax: error: {need}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -60,8 +60,7 @@ def workloads(quick: bool) -> list[Workload]:
         if w.quick == quick
     ]
     names = [w.name for w in chosen]
-    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if repeated:
+    if repeated := next((n for i, n in enumerate(names) if n in names[:i]), None):
         raise ValueError(f"bench workload {repeated!r} is named by more than one algorithm")
     return chosen
 
@@ -268,8 +267,7 @@ def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
 def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, only=None, command=None):
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
     (`command`, the invocation to name in results.md)."""
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown:
+    if unknown := [p for p in precisions if p not in PRECISIONS]:
         raise ValueError(f"unknown precision {unknown[0]!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
     every = workloads(quick)
     chosen = [w for w in every if only is None or w.name in only]

@@ -71,10 +71,8 @@ def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", preci
         for (i, j), value in np.ndenumerate(m):
             ax.text(j, i, f"{value:.1e}", ha="center", va="center", color="white", fontsize=8)
         ticks = range(len(precisions))
-        ax.set(
-            xticks=ticks, xticklabels=precisions, yticks=ticks, yticklabels=precisions, title=f"{env}: log10 {metric}"
-        )
-        ax.set(xlabel="rollout precision", ylabel="learner precision")
+        ax.set(xticks=ticks, xticklabels=precisions, yticks=ticks, yticklabels=precisions)
+        ax.set(xlabel="rollout precision", ylabel="learner precision", title=f"{env}: log10 {metric}")
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
