@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import hashlib
 import importlib.metadata
 import logging
 import os
+import pathlib
 import re
 import sys
 import traceback
@@ -143,9 +145,7 @@ def matches_digest(state_dict, digest: str, spec: dict[str, str]) -> bool:
 
 def at_path(tree, path: tuple[str, ...]):
     """The object at `path` (attribute names) in a state, such as ("train_state",) in a PPO runner."""
-    for name in path:
-        tree = getattr(tree, name)
-    return tree
+    return functools.reduce(getattr, path, tree)
 
 
 def set_in(tree: dict, path: tuple[str, ...], value) -> dict:
@@ -336,7 +336,7 @@ def describe_differences(saved: dict[str, str], target: dict[str, str], limit: i
     changed = sorted(
         (k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k)
     )
-    parts = ["; ".join(f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit])] if changed else []
+    parts = [f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit]]
     for what, keys in (
         ("only in the checkpoint", set(saved) - set(target)),
         ("only in the run", set(target) - set(saved)),
@@ -447,20 +447,15 @@ class CheckpointStore:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            enable_async_checkpointing=async_save,
-            create=True,
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
         )
         # A save cut short (a killed process) leaves a temporary directory that Orbax never
         # renamed into a step; restores ignore it. Say so, so the lost step is no surprise.
-        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
-        leftovers = sorted(name for name in names if TMP_MARK in name)
+        leftovers = sorted(path.name for path in pathlib.Path(self.directory).glob(f"*{TMP_MARK}*"))
         if leftovers:
             logger.warning(
-                "ignoring %d incomplete checkpoint(s) in %s (a save was interrupted): %s",
-                len(leftovers),
-                self.directory,
-                ", ".join(leftovers),
+                f"ignoring {len(leftovers)} incomplete checkpoint(s) in {self.directory} (a save was interrupted): "
+                + ", ".join(leftovers)
             )
         _quiet_orbax_echoes()
         self._pending: int | None = None  # the step of a save not yet waited for
@@ -632,9 +627,8 @@ class CheckpointStore:
             restored = from_format_2(restored, target_dict)
         if fresh_scaler:
             logger.warning(
-                "checkpoint at step %d has no loss-scaler state (precision %s); the scaler starts from its defaults",
-                step,
-                meta.get("precision"),
+                f"checkpoint at step {step} has no loss-scaler state (precision {meta.get('precision')}); "
+                "the scaler starts from its defaults"
             )
             restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
         state = serialization.from_state_dict(target, restored)

@@ -302,14 +302,10 @@ def launch(
         subprocess.Popen(argv, env=process_env(local_devices, share), stderr=log, preexec_fn=preexec)
         for argv, share, log in zip(argvs, shares, logs)
     ]
-    print(
-        f"genesis-jax launch: {processes} processes, pids {' '.join(str(p.pid) for p in procs)}",
-        file=sys.stderr,
-        flush=True,
-    )
+    pids = " ".join(str(p.pid) for p in procs)
+    print(f"genesis-jax launch: {processes} processes, pids {pids}", file=sys.stderr, flush=True)
 
-    def forward(signum, frame):
-        del frame
+    def forward(signum, _frame):
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -363,8 +359,7 @@ def _supervise(procs, logs, grace_seconds: float, out: str | None) -> int:
     others = [i for i in range(len(procs)) if i != first and i not in stragglers]
     if others:
         message += f"; process(es) {', '.join(map(str, others))} stopped on their own"
-    if first > 0 and logs[first] is not None:
-        logs[first].flush()
+    if first > 0:  # process 0 writes to the launcher's stderr; the others to their logs
         tail = _tail(logs[first].name)
         if tail:
             print(f"process {first}'s last output:\n{tail}", file=sys.stderr)

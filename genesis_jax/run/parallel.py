@@ -162,10 +162,8 @@ def _leave() -> None:
     the others may never reach that barrier, and it would hold this process for minutes."""
     from jax._src.distributed import global_state
 
-    try:
+    with contextlib.suppress(Exception):  # the coordinator is gone already: nobody is left to tell
         global_state.client.key_value_set(f"{_EXITED}{global_state.process_id}", "1", allow_overwrite=True)
-    except Exception:  # the coordinator is gone already: nobody is left to tell
-        pass
     if not _left_alone_status:
         return
     shutdown = threading.Thread(target=jax.distributed.shutdown, name="genesis-shutdown", daemon=True)

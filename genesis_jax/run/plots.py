@@ -20,8 +20,6 @@ def plot_curves(
     title: str,
     floor: float | None = None,
     log_y: bool = True,
-    x_label: str | None = None,
-    y_label: str | None = None,
     twin_keys=(),
 ) -> None:
     """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known
@@ -42,15 +40,12 @@ def plot_curves(
         ax1.axhline(floor, linestyle="--", color="gray", label="noise floor")
     if log_y:
         ax1.set_yscale("log")
-    if y_label:
-        ax1.set_ylabel(y_label)
-    else:
-        ax1.legend(loc="upper left")
+    ax1.legend(loc="upper left")
     ax1.set_title(title)
     ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
     ax2.set_yscale("log", base=2)
     ax2.set_ylabel("loss scale")
-    ax2.set_xlabel(x_label or x_key)
+    ax2.set_xlabel(x_key)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -21,11 +22,8 @@ def machine_name() -> str:
     import platform
 
     model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     return f"{device_name()}; host CPU {model}, {os.cpu_count()} cores"
 
 

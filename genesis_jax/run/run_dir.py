@@ -20,13 +20,6 @@ class RunDirectoryError(ValueError):
     """An output directory that may not be used as asked."""
 
 
-def _is_row(value, key: str | None) -> bool:
-    """A metric row: a JSON object with an integer position `key` (None: any object)."""
-    if not isinstance(value, dict):
-        return False
-    return key is None or (isinstance(value.get(key), int) and not isinstance(value.get(key), bool))
-
-
 def jsonable(value):
     """`value` with every non-finite float (nested ones included) as None: JSON has no NaN."""
     if isinstance(value, float):
@@ -64,16 +57,15 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
         if jsonable(saved.get(n)) != jsonable(current.get(n))
     ]
     if changes and not allow:
+        advice = "pass --allow-config-change to continue it anyway"
         # A precision change is refused even with the flag (the checkpoint's arrays are in its own).
-        other_precision = "precision" in saved and jsonable(saved["precision"]) != jsonable(settings.get("precision"))
+        if "precision" in saved and jsonable(saved["precision"]) != jsonable(settings.get("precision")):
+            advice = (
+                f"a run resumes in its own precision: resume with --precision {saved['precision']}, or start a new run"
+            )
         raise CheckpointMismatchError(
             f"the checkpoint at step {meta.get('step')} was written by a run with other settings "
-            f"({'; '.join(changes)}); "
-            + (
-                f"a run resumes in its own precision: resume with --precision {saved['precision']}, or start a new run"
-                if other_precision
-                else "pass --allow-config-change to continue it anyway"
-            )
+            f"({'; '.join(changes)}); {advice}"
         )
     return changes
 
@@ -215,8 +207,7 @@ class RunDirectory:
 
     def append_metrics(self, rows: list[dict]) -> None:
         with open(self.metrics_file, "a") as f:
-            for row in rows:
-                f.write(_dumps(row) + "\n")
+            f.writelines(_dumps(row) + "\n" for row in rows)
             f.flush()
             os.fsync(f.fileno())
 
@@ -242,7 +233,7 @@ class RunDirectory:
                     break
                 what = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else "is not JSON"
                 raise RunDirectoryError(f"{self.metrics_file} is damaged: line {number} {what}") from None
-            if not _is_row(row, key):
+            if not isinstance(row, dict) or (key is not None and type(row.get(key)) is not int):  # bool is no int
                 raise RunDirectoryError(
                     f"{self.metrics_file} is damaged: line {number} is not a metric row "
                     f"(a JSON object with an integer {key!r})"

@@ -51,6 +51,7 @@ from genesis_jax.run.checkpoint import (
     CheckpointShapeError,
     CheckpointStore,
     check_kind,
+    position_of,
     replay_dropped,
 )
 from genesis_jax.run.config import summary_config
@@ -324,7 +325,9 @@ class Session:
                 ) from None
             state = fit(restored)
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
-            self.position = step  # the store checked that the meta records it
+            if self.row_key in meta:  # the row it records beside the step the store checked (0.3 recorded one)
+                position_of(meta, self.row_key, step, self.store.directory)
+            self.position = step
             self.unverified_checkpoint = None if "digest" in meta else step
             if self.config is not None:  # against the checkpoint resumed (the newest's, above, may differ)
                 self.config_changes = self._config_changes(meta)

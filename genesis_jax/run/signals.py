@@ -93,8 +93,7 @@ class StopSignals:
         self.received: int | None = None
         self._previous = {}
 
-    def _handle(self, signum, frame):
-        del frame
+    def _handle(self, signum, _frame):
         self.received = signum
 
     def __enter__(self):

@@ -12,6 +12,7 @@ theirs. Strings and lists are left to `metrics.jsonl`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import pathlib
@@ -35,8 +36,7 @@ def scalars(row: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
     out = {}
     for key, value in row.items():
         if key.endswith(_PER_SEED) and isinstance(value, (list, tuple)):
-            name = key[: -len(_PER_SEED)]
-            out.update({f"{name}/{k}": v for k, v in scalars({f"seed_{k}": v for k, v in enumerate(value)}).items()})
+            out.update(scalars({f"{key.removesuffix(_PER_SEED)}/seed_{k}": v for k, v in enumerate(value)}))
             continue
         if key in skip or isinstance(value, (str, list, tuple, dict)) or value is None:
             continue
@@ -84,16 +84,14 @@ class TensorBoardWriter:
         except ImportError as err:
             raise ImportError("--tensorboard needs tensorboardX: pip install 'genesis-jax[tensorboard]'") from err
         self.step_key, self.prefix = step_key, prefix
-        # tensorboardX names its file by the second: a resume within the same second would
-        # truncate the earlier file. The nanoseconds keep the names apart, in order.
-        self._open = lambda purge_step: SummaryWriter(
-            logdir=os.fspath(log_dir), purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
-        )
+        self._open = functools.partial(SummaryWriter, logdir=os.fspath(log_dir))
         self._writer = None
 
     def _opened(self, purge_step: int | None = None):
         if self._writer is None:
-            self._writer = self._open(purge_step)
+            # tensorboardX names its file by the second: a resume within the same second would
+            # truncate the earlier file. The nanoseconds keep the names apart, in order.
+            self._writer = self._open(purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
         return self._writer
 
     def write(self, rows: list[dict]) -> None:
