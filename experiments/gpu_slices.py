@@ -2,10 +2,13 @@
 
 A lent GPU gives a session about 15 minutes of device time, at most 10 a call, on a fresh
 machine each time; the full `--preset gpu` study takes hours. So it runs a slice a call: first
-the bench of the big-network workloads, then one task after another (its precisions in order,
-fp32 first), each call until its deadline. A cell is the study's own unit of resume:
-the cells a call finished come back as one archive, are unpacked into `benchmarks/study-gpu`
-and committed, and the next call, in this session or a later one, starts after them.
+the bench of the big-network workloads, then the pre-registered studies whose confirmatory
+cells are still to run (a committed `benchmarks/*/plan.json`: their hundreds of seeds a cell
+take days on 2 CPU cores and minutes on a GPU; the cheapest first), then one task of the GPU
+preset after another (its precisions in order, fp32 first), each call until its deadline. A
+cell is the study's own unit of resume: the cells a call finished come back as one archive
+(without checkpoints), are unpacked into `benchmarks/` and committed, and the next call, in
+this session or a later one, starts after them.
 
     python experiments/gpu_slices.py next            # the next slice, and the device command
     python experiments/gpu_slices.py run --deadline 480 --out-dir "$OUT"   # on the GPU machine
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import pathlib
 import subprocess
 import sys
@@ -30,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from genesis_jax.cli.study import PRESETS  # noqa: E402
 
-STUDY_DIR = ROOT / "benchmarks" / "study-gpu"
-BENCH_DIR = ROOT / "benchmarks" / "bench-bignet-gpu"
+BENCHMARKS = ROOT / "benchmarks"
+STUDY_DIR = BENCHMARKS / "study-gpu"
+BENCH_DIR = BENCHMARKS / "bench-bignet-gpu"
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-unscaled")
 # The big-network workloads, 2 seeds, three precisions, a slice each: on a fresh H200,
 # 1-2 minutes each for the PPO and PQN ones, about 5 for SAC.
@@ -49,12 +54,57 @@ def benched_workloads(bench_dir: pathlib.Path) -> set[str]:
     return workloads
 
 
-def pending_slices(study_dir: pathlib.Path = STUDY_DIR, bench_dir: pathlib.Path = BENCH_DIR) -> list[tuple]:
+def planned_study(study_dir: pathlib.Path) -> dict | None:
+    """The settings the plan in `study_dir` fixed for its confirmatory study (None: no plan that fixes them)."""
+    path = study_dir / "plan.json"
+    return json.loads(path.read_text()).get("study") if path.exists() else None
+
+
+def confirmatory_slices(benchmarks: pathlib.Path = BENCHMARKS) -> list[tuple]:
+    """("confirm", study folder, its missing cells) for every planned study with cells still to
+    run, the fewest environment steps first."""
+    slices = []
+    for study_dir in sorted(p.parent for p in benchmarks.glob("*/plan.json")):
+        fixed = planned_study(study_dir)
+        if fixed is None:
+            continue
+        cells = [(t, p) for t in fixed["tasks"] for p in fixed["precisions"]]
+        missing = [f"{t}/{p}" for t, p in cells if not (study_dir / "cells" / t / p / "summary.json").exists()]
+        steps = sum(fixed["total_steps"][t] for t, _ in cells) * fixed["num_seeds"]
+        if missing:
+            slices.append((steps, ("confirm", study_dir.name, tuple(missing))))
+    return [item for _, item in sorted(slices)]
+
+
+def confirmatory_command(study_dir: pathlib.Path) -> list[str]:
+    """The study command its plan fixed (plan.md's "To run it"): it refuses any other settings."""
+    fixed = planned_study(study_dir)
+    steps = ",".join(f"{task}={n}" for task, n in fixed["total_steps"].items())
+    return [
+        *(
+            sys.executable,
+            "-m",
+            "genesis_jax.cli",
+            "study",
+            "--out",
+            str(study_dir),
+            "--tasks",
+            ",".join(fixed["tasks"]),
+        ),
+        *("--precisions", ",".join(fixed["precisions"]), "--total-steps", steps, "--seed", str(fixed["seed"])),
+        *("--num-seeds", str(fixed["num_seeds"]), "--reps", str(fixed["reps"]), "--confirmatory", "--no-progress"),
+    ]
+
+
+def pending_slices(
+    study_dir: pathlib.Path = STUDY_DIR, bench_dir: pathlib.Path = BENCH_DIR, benchmarks: pathlib.Path = BENCHMARKS
+) -> list[tuple]:
     """The slices not yet done, in order: ("bench", workload) for each big-network workload with
-    no results yet, then ("task", task, precisions) for every task of the GPU preset with cells
-    still to run."""
+    no results yet, the planned studies' ("confirm", folder, missing cells), then ("task", task,
+    precisions) for every task of the GPU preset with cells still to run."""
     benched = benched_workloads(bench_dir)
     todo = [("bench", w) for w in BENCH_WORKLOADS if w not in benched]
+    todo += confirmatory_slices(benchmarks)
     for task in PRESETS["gpu"]["tasks"]:
         missing = tuple(p for p in PRECISIONS if not (study_dir / "cells" / task / p / "summary.json").exists())
         if missing:
@@ -90,17 +140,21 @@ def run(
     study_dir: pathlib.Path = STUDY_DIR,
     bench_dir: pathlib.Path = BENCH_DIR,
     num_seeds: int | None = None,
+    benchmarks: pathlib.Path = BENCHMARKS,
 ) -> list[tuple]:
     """Runs slices until `deadline` seconds have passed (a cell still running then is stopped and
     lost; its finished neighbours are kept), then archives what finished into `out_dir`."""
-    start, done = time.monotonic(), []
-    for item in pending_slices(study_dir, bench_dir):
+    start, done, folders = time.monotonic(), [], [study_dir, bench_dir]
+    for item in pending_slices(study_dir, bench_dir, benchmarks):
         left = deadline - (time.monotonic() - start)
         if left < 30:
             break
         if item[0] == "bench":
             cmd = [sys.executable, "-m", "genesis_jax.cli", "bench", "--workloads", item[1]]
             cmd += ["--precisions", "fp32,bf16,fp16", "--out", str(bench_dir / item[1])]
+        elif item[0] == "confirm":
+            folders.append(benchmarks / item[1])
+            cmd = confirmatory_command(benchmarks / item[1])
         else:
             cmd = task_command(item[1], study_dir, num_seeds)
         print("slice:", *item[:2], *item[2:3], f"({left:.0f} s left)", flush=True)
@@ -112,10 +166,11 @@ def run(
         if finished:
             done.append(item)
     out_dir.mkdir(parents=True, exist_ok=True)
+    no_checkpoints = lambda info: None if "/checkpoints" in info.name else info  # a cell's results, not its state
     with tarfile.open(out_dir / "slices.tar.gz", "w:gz") as archive:
-        for folder in (study_dir, bench_dir):
+        for folder in folders:
             if folder.exists():
-                archive.add(folder, arcname=f"benchmarks/{folder.name}")
+                archive.add(folder, arcname=f"benchmarks/{folder.name}", filter=no_checkpoints)
     return done
 
 

@@ -6,6 +6,8 @@ study in a subprocess."""
 import importlib.util
 import json
 import pathlib
+import shutil
+import subprocess
 
 import pytest
 
@@ -57,3 +59,54 @@ def test_the_bench_runs_a_workload_a_slice_and_resumes_after_those_that_came_bac
     (bench / "big-a" / "results.csv").write_text("workload,precision\nbig-a,fp32\nbig-a,fp16\n")
     assert slices.benched_workloads(bench) == {"big-a"}
     assert slices.pending_slices(tmp_path / "study", bench)[0] == ("bench", "big-b")
+
+
+def planned(benchmarks: pathlib.Path, name: str, num_seeds: int) -> pathlib.Path:
+    study = {"tasks": ["t"], "precisions": ["fp32", "fp16"], "total_steps": {"t": 100}, "seed": 8, "reps": 2000}
+    (benchmarks / name).mkdir(parents=True)
+    (benchmarks / name / "plan.json").write_text(json.dumps({"study": {**study, "num_seeds": num_seeds}}))
+    return benchmarks / name
+
+
+def finish(study: pathlib.Path, cell: str) -> None:
+    (study / "cells" / cell).mkdir(parents=True)
+    (study / "cells" / cell / "summary.json").write_text("{}")
+
+
+def test_planned_studies_with_cells_to_run_are_slices_the_fewest_steps_first(slices, tmp_path):
+    benchmarks = tmp_path / "benchmarks"
+    big, small = planned(benchmarks, "a-big", 376), planned(benchmarks, "b-small", 8)
+    (benchmarks / "c-old").mkdir()
+    (benchmarks / "c-old" / "plan.json").write_text("{}")  # an earlier version's plan fixes no study: no slice
+    finish(small, "t/fp32")
+    assert slices.confirmatory_slices(benchmarks) == [
+        ("confirm", "b-small", ("t/fp16",)),
+        ("confirm", "a-big", ("t/fp32", "t/fp16")),
+    ]
+    finish(small, "t/fp16")
+    assert slices.confirmatory_slices(benchmarks) == [("confirm", "a-big", ("t/fp32", "t/fp16"))]
+    bench = tmp_path / "bench"
+    assert slices.pending_slices(tmp_path / "study", bench, benchmarks)[:3] == [
+        ("bench", "big-a"),
+        ("bench", "big-b"),
+        ("confirm", "a-big", ("t/fp32", "t/fp16")),
+    ]
+    command = slices.confirmatory_command(big)
+    flags = dict(zip(command[4::2], command[5::2]))
+    assert flags["--out"] == str(big) and flags["--num-seeds"] == "376" and flags["--total-steps"] == "t=100"
+    assert command[-2:] == ["--confirmatory", "--no-progress"]
+
+
+@pytest.mark.slow
+def test_a_committed_plan_accepts_its_slice_command_and_refuses_another(slices, tmp_path):
+    """The PQN MinAtar plan, copied: the study checks a confirmatory command against its plan
+    before anything trains (--dry-run trains nothing)."""
+    study = tmp_path / "study-pqn-minatar-cpu"
+    study.mkdir()
+    shutil.copy(SCRIPT.parents[1] / "benchmarks" / "study-pqn-minatar-cpu" / "plan.json", study)
+    command = slices.confirmatory_command(study)
+    accepted = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
+    assert accepted.returncode == 0 and "--dry-run: nothing trained" in accepted.stdout, accepted.stderr
+    command[command.index("--num-seeds") + 1] = "32"
+    refused = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "num_seeds: plan 376, study 32" in refused.stderr, refused.stderr
