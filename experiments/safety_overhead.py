@@ -19,6 +19,12 @@ update) and the optimizer wrapper `TrainState.create` applies, while it traces.
 
     python experiments/safety_overhead.py --out benchmarks/safety-overhead-cpu.md
     python experiments/safety_overhead.py --smoke            # every workload, a few calls
+    python experiments/safety_overhead.py --hlo --workloads dqn,sac   # what each build compiles to
+
+`--hlo` times nothing: it counts, in each build's compiled chunk, the fusions (on a CPU, a
+kernel each), the conditionals and the bytes XLA's cost analysis says it accesses. The HLO
+holds a loop's body once, so the counts are those of one step's program, whatever the load on
+the machine: where a timing misses, they say what the default mode adds.
 """
 
 from __future__ import annotations
@@ -115,14 +121,31 @@ def plain_steps():
         base.train_step, sac_train.train_step, amp_state.skip_nonfinite = saved
 
 
-def compiled_chunk(kind: str, settings: dict, mode: str, positions: int):
-    """(the first state, a compiled `state -> (state, metrics)` of `positions` positions)."""
+def compiled_chunk(kind: str, settings: dict, mode: str, positions: int, hlo: bool = False):
+    """(the first state, a compiled `state -> (state, metrics)` of `positions` positions); with
+    `hlo`, (fusions, conditionals, bytes accessed) of that compiled program instead."""
     algorithm = get_algorithm(kind)
     config = algorithm.config_class(precision="fp32", strict_finite_checks=(mode == "strict"), **settings)
     with plain_steps() if mode == "plain" else contextlib.nullcontext():
         algo = algorithm(config)
         state = algo.initial_state()
-        return state, algo.compile_chunk(state, positions)
+        call = algo.compile_chunk(state, positions)
+    if not hlo:
+        return state, call
+    text, cost = algo.compiled.as_text(), algo.compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return text.count(" fusion("), text.count(" conditional("), cost.get("bytes accessed", float("nan"))
+
+
+def hlo_report(names: list[str]) -> list[str]:
+    lines = ["| workload | build | fusions | conditionals | bytes accessed |", "| --- | --- | --- | --- | --- |"]
+    for name in names:
+        kind, settings, positions = WORKLOADS[name]
+        counts = {mode: compiled_chunk(kind, settings, mode, positions, hlo=True) for mode in MODES}
+        for mode, (fusions, conditionals, nbytes) in counts.items():
+            more = "" if mode == "plain" else f" ({nbytes / counts['plain'][2] - 1:+.1%})"
+            lines.append(f"| {name} | {mode} | {fusions} | {conditionals} | {nbytes:,.0f}{more} |")
+    return lines
 
 
 def measure(names: list[str], calls: int, warmup: int) -> dict:
@@ -179,11 +202,15 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, from: " + ", ".join(WORKLOADS))
     p.add_argument("--smoke", action="store_true", help="2 calls after 3 warm-up ones: checks that every build runs")
     p.add_argument("--out", default=None, help="write the markdown report here too")
+    p.add_argument("--hlo", action="store_true", help="time nothing: count what each build compiles to")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; accepted: {', '.join(WORKLOADS)}")
+    if args.hlo:
+        emit(hlo_report(names), args.out)
+        return 0
     calls, warmup = (2, 3) if args.smoke else (args.calls, args.warmup)
     start = time.perf_counter()
     seconds = measure(names, calls, warmup)
