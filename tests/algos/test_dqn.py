@@ -121,20 +121,22 @@ def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
     assert state.buffer.experience["obs"].dtype == jnp.float32 and state.obs.shape == (2, 4)
 
 
-@pytest.mark.slow  # Nature CNN on 84x84x4 frames, compiled and trained on the CPU: about 45 s on 2 cores
+@pytest.mark.slow  # Nature CNN on 84x84x4 frames, compiled and trained on the CPU: about 30 s on 2 cores
 @pytest.mark.run_bound
 def test_atari_frames_stay_uint8_in_the_buffer():
+    # The dtypes do not depend on the sizes: two rows, 16 updates of 8 frames (at 256 steps and
+    # batches of 32, running them took longer than compiling them).
     pytest.importorskip("ale_py")
     config = DQNConfig(
-        env="ALE/Pong-v5", num_envs=1, total_steps=256, steps_per_row=128, train_frequency=4, learning_starts=64,
-        buffer_size=256, batch_size=32, target_update_interval=64,
+        env="ALE/Pong-v5", num_envs=1, total_steps=128, steps_per_row=64, train_frequency=4, learning_starts=64,
+        buffer_size=128, batch_size=8, target_update_interval=64,
     )  # fmt: skip
     result = train(config, progress=False)
     obs = result.state.buffer.experience["obs"]
     assert obs.dtype == jnp.uint8 and obs.shape[-3:] == (84, 84, 4) and result.state.obs.dtype == jnp.uint8
     assert result.summary["env_backend"] == "gymnasium" and result.summary["buffer_dtypes"]["obs"] == "uint8"
-    assert int(result.state.steps) == 256 and int(result.state.train_state.step) == (256 - 64) // 4
-    assert result.summary["buffer_bytes"] > 2 * 256 * 84 * 84 * 4  # obs and next_obs, a byte a pixel
+    assert int(result.state.steps) == 128 and int(result.state.train_state.step) == (128 - 64) // 4
+    assert result.summary["buffer_bytes"] > 2 * 128 * 84 * 84 * 4  # obs and next_obs, a byte a pixel
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,10 @@ from tests.support.small_run import ppo_argv
 
 # --- crash safety: real processes, real signals ---------------------------------------------
 
-KILL_ARGS = ppo_argv(131072, updates_per_chunk=8, checkpoint_every=4096, seed=7)
+# 128 rollouts of 4 x 128 steps, a checkpoint every 8: a signal sent at the first checkpoint
+# finds the run with 120 rollouts to go (seconds), and each resume trains those in this process.
+KILL_ARGS = ppo_argv(65536, updates_per_chunk=8, checkpoint_every=4096, seed=7)
+ROLLOUTS = 65536 // (4 * 128)
 
 # Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
 # can kill the process while that save is in progress.
@@ -39,7 +42,9 @@ sys.exit(main(sys.argv[1:]))
 @pytest.fixture(scope="module")
 def straight_kill_run():
     config = train_config("ppo", parse_train_args("ppo", KILL_ARGS[2:])[0])
-    return config, train_ppo(config, progress=False)
+    straight = train_ppo(config, progress=False)
+    assert straight.summary["iterations"] == ROLLOUTS
+    return config, straight
 
 
 def start(out, extra_env=None, script=None):
@@ -58,7 +63,7 @@ def resume_and_compare(out, straight):
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in expected.metrics]
 
 
-@pytest.mark.slow  # kill-and-resume subprocess: 18 s
+@pytest.mark.slow  # kill-and-resume subprocess: 15 s
 def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, straight_kill_run, caplog):
     out, marker = tmp_path / "run", tmp_path / "saving"
     proc = start(out, {"HOLD_SAVE": "16", "SAVE_MARKER": str(marker)}, SLOW_SAVE)
@@ -72,7 +77,7 @@ def test_sigkill_during_a_save_ignores_the_incomplete_checkpoint(tmp_path, strai
     assert "incomplete checkpoint" in caplog.text
 
 
-@pytest.mark.slow  # signal-and-resume subprocess: 17 s each
+@pytest.mark.slow  # signal-and-resume subprocess: 14 s each
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, straight_kill_run, sig):
     out = tmp_path / "run"
@@ -84,5 +89,5 @@ def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(tmp_path, s
     assert f"{signal.Signals(sig).name} received" in stderr and "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"] == signal.Signals(sig).name
-    assert committed_steps(out)[-1] == summary["iterations"] < 256
+    assert committed_steps(out)[-1] == summary["iterations"] < ROLLOUTS
     resume_and_compare(out, straight_kill_run)

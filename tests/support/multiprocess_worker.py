@@ -1,6 +1,6 @@
 """One process of a 2-process run joined by jax.distributed on localhost (2 CPU devices each,
 gloo collectives): three update steps on a 4-device mesh where only process 1's rows hold an
-inf, at the second step. Prints what this process saw as JSON; tests/run/test_parallel.py
+inf, at the second step. Prints what this process saw as JSON; tests/run/test_parallel_faults.py
 starts both processes and compares them."""
 
 import json
