@@ -62,7 +62,9 @@ def planned_study(study_dir: pathlib.Path) -> dict | None:
 
 def confirmatory_slices(benchmarks: pathlib.Path = BENCHMARKS) -> list[tuple]:
     """("confirm", study folder, its missing cells) for every planned study with cells still to
-    run, the fewest environment steps first."""
+    run, the fewest environment steps still to train first. A cell is the unit of resume (the
+    archive leaves checkpoints out), so a cell must fit one call: its report lists the device
+    its cells ran on, whatever device the plan's pilot ran on."""
     slices = []
     for study_dir in sorted(p.parent for p in benchmarks.glob("*/plan.json")):
         fixed = planned_study(study_dir)
@@ -70,7 +72,7 @@ def confirmatory_slices(benchmarks: pathlib.Path = BENCHMARKS) -> list[tuple]:
             continue
         cells = [(t, p) for t in fixed["tasks"] for p in fixed["precisions"]]
         missing = [f"{t}/{p}" for t, p in cells if not (study_dir / "cells" / t / p / "summary.json").exists()]
-        steps = sum(fixed["total_steps"][t] for t, _ in cells) * fixed["num_seeds"]
+        steps = sum(fixed["total_steps"][cell.split("/")[0]] for cell in missing) * fixed["num_seeds"]
         if missing:
             slices.append((steps, ("confirm", study_dir.name, tuple(missing))))
     return [item for _, item in sorted(slices)]

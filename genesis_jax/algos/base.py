@@ -2,7 +2,8 @@
 
 An algorithm is a subclass of `Algorithm` in its own folder. Its whole contract with the
 template is these 18 names (7 declared, 3 set by `setup`, 5 filled in, 3 optional hooks),
-each with a default or a check here, none looked up by duck typing:
+each with a default here or checked when the class is made or registered, none looked up by
+duck typing:
 
 - declared (class attributes): `name`, `config_class` (its config: its own fields, the first
   base, + `Config`: the shared mixed-precision and parallel fields), `presets` (the runs the
@@ -288,7 +289,8 @@ _DERIVED_DECLARATIONS = {"score", "checkpoint_key"}
 def _read_old_declarations(cls) -> None:
     old = {name: cls.__dict__[name] for name in _GROUPED_DECLARATIONS if name in cls.__dict__}
     if old:
-        cls.presets = Presets(**{"tiny": {}, **{_GROUPED_DECLARATIONS[k]: v for k, v in old.items()}})
+        inherited = getattr(cls, "presets", None) or Presets(tiny={})  # what a parent declared, either way
+        cls.presets = dataclasses.replace(inherited, **{_GROUPED_DECLARATIONS[k]: v for k, v in old.items()})
         message = f"{cls.__name__} declares {', '.join(old)}: now presets = Presets(tiny=, bench=, study=)"
         warnings.warn(f"{message}; the old names go in 0.5", FutureWarning, stacklevel=3)
     for name in sorted(_DERIVED_DECLARATIONS & cls.__dict__.keys()):

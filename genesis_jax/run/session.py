@@ -277,6 +277,12 @@ class Session:
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
+    @property
+    def checkpoint_key(self) -> str:
+        """0.4.0's attribute, read until 0.5: the meta's row field, now always `row_key`."""
+        warnings.warn("session.checkpoint_key is session.row_key now; it goes in 0.5", FutureWarning, stacklevel=2)
+        return self.row_key
+
     def restore(
         self,
         state,
@@ -325,7 +331,9 @@ class Session:
                 ) from None
             state = fit(restored)
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
-            if self.row_key in meta:  # the row it records beside the step the store checked (0.3 recorded one)
+            if (
+                self.row_key in meta
+            ):  # the row beside the step the store checked (PPO's, DQN's, PQN's before 0.4.1: none)
                 position_of(meta, self.row_key, step, self.store.directory)
             self.position = step
             self.unverified_checkpoint = None if "digest" in meta else step

@@ -134,6 +134,14 @@ def test_0_4_declarations_still_register_with_a_future_warning():
             checkpoint_key, score = "step", "final_loss"
 
     assert Old.presets == Presets(tiny={"total_steps": 16}, study={"t": base.CARTPOLE})
+    ppo = get_algorithm("ppo")
+    with pytest.warns(FutureWarning, match="declares tiny: now presets"):
+
+        class OldPPO(ppo):  # what it does not declare again, it inherits, as in 0.4.0
+            tiny = {**ppo.presets.tiny, "num_envs": 2}
+
+    assert OldPPO.presets == Presets({**ppo.presets.tiny, "num_envs": 2}, ppo.presets.bench, ppo.presets.study)
+    assert OldPPO.presets.bench and OldPPO.presets.study
     assert Old.score == "eval_loss"  # the bench's score follows from acting, whatever was declared
     assert [str(w.message) for w in caught] == [
         "Old declares tiny, study_tasks: now presets = Presets(tiny=, bench=, study=); the old names go in 0.5",
