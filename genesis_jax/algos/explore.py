@@ -99,7 +99,8 @@ class EpsilonGreedy:
         """The initial `QState`'s fields: the train state (Adam at `lr`), the environments reset
         (host ones from the seed), their running returns, the steps so far and the key."""
         net_key, env_key, rng = jax.random.split(key, 3)
-        params = self.net.init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
+        # One program: run eagerly (an init that resets host environments is), Flax's init compiles op by op.
+        params = jax.jit(self.net.init)(net_key, jnp.zeros((1, *self.spec.obs_shape)))
         obs, env_state = self.env.reset(env_key)
         train_state = self.config.create_train_state(params, self.config.adam(lr))
         returns, steps = jnp.zeros(self.config.num_envs, jnp.float32), jnp.int32(0)

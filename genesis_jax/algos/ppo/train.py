@@ -111,7 +111,8 @@ class PPO(Algorithm):
         state_key, env_key, run_key = jax.random.split(key, 3)
         net_key, _ = jax.random.split(state_key)  # (the second key once seeded a state field; kept for the same params)
         obs, env_state = self.env.reset(env_key)  # host environments restart from the seed
-        params = make_network(c, self.spec, c.train_precision()).init(net_key, jnp.zeros((1, *self.spec.obs_shape)))
+        network = make_network(c, self.spec, c.train_precision())
+        params = jax.jit(network.init)(net_key, jnp.zeros((1, *self.spec.obs_shape)))  # one program: see algos/explore
         # Adam (eps 1e-5); the learning rate anneals linearly per update when asked. Clipping: the update step's.
         per_update = c.update_epochs * c.num_minibatches
         lr = (lambda count: c.lr * (1.0 - (count // per_update) / c.num_updates)) if c.anneal_lr else c.lr

@@ -96,10 +96,11 @@ class SAC(Algorithm):
         c, spec = self.config, self.spec
         k_critic, k_actor, k_env, rng = jax.random.split(key, 4)
         obs, act = jnp.zeros((1, *spec.obs_shape)), jnp.zeros((1, spec.action_dim))
-        critic_params = self.critic.init(k_critic, obs, act)
+        critic_params = jax.jit(self.critic.init)(k_critic, obs, act)  # one program: see algos/explore
         env_obs, env_state = self.env.reset(k_env)  # host environments restart from the seed
         critic = c.create_train_state(critic_params, c.adam(c.critic_lr), shared_scaler=True)
-        actor = c.create_train_state(self.actor.init(k_actor, obs), c.adam(c.actor_lr), shared_scaler=True)
+        actor_params = jax.jit(self.actor.init)(k_actor, obs)
+        actor = c.create_train_state(actor_params, c.adam(c.actor_lr), shared_scaler=True)
         alpha = c.create_train_state(jnp.log(jnp.float32(c.init_alpha)), c.adam(c.alpha_lr), shared_scaler=True)
         target = jax.tree.map(jnp.copy, critic.params)  # its own buffers (the state is donated), as stored
         zeros = jnp.zeros(c.num_envs)
