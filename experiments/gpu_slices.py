@@ -54,6 +54,10 @@ def benched_workloads(bench_dir: pathlib.Path) -> set[str]:
     return workloads
 
 
+def cell_done(study_dir: pathlib.Path, task: str, precision: str) -> bool:
+    return (study_dir / "cells" / task / precision / "summary.json").exists()
+
+
 def planned_study(study_dir: pathlib.Path) -> dict | None:
     """The settings the plan in `study_dir` fixed for its confirmatory study (None: no plan that fixes them)."""
     path = study_dir / "plan.json"
@@ -70,11 +74,10 @@ def confirmatory_slices(benchmarks: pathlib.Path = BENCHMARKS) -> list[tuple]:
         fixed = planned_study(study_dir)
         if fixed is None:
             continue
-        cells = [(t, p) for t in fixed["tasks"] for p in fixed["precisions"]]
-        missing = [f"{t}/{p}" for t, p in cells if not (study_dir / "cells" / t / p / "summary.json").exists()]
-        steps = sum(fixed["total_steps"][cell.split("/")[0]] for cell in missing) * fixed["num_seeds"]
+        missing = [(t, p) for t in fixed["tasks"] for p in fixed["precisions"] if not cell_done(study_dir, t, p)]
+        steps = sum(fixed["total_steps"][t] for t, _ in missing) * fixed["num_seeds"]
         if missing:
-            slices.append((steps, ("confirm", study_dir.name, tuple(missing))))
+            slices.append((steps, ("confirm", study_dir.name, tuple(f"{t}/{p}" for t, p in missing))))
     return [item for _, item in sorted(slices)]
 
 
@@ -82,20 +85,10 @@ def confirmatory_command(study_dir: pathlib.Path) -> list[str]:
     """The study command its plan fixed (plan.md's "To run it"): it refuses any other settings."""
     fixed = planned_study(study_dir)
     steps = ",".join(f"{task}={n}" for task, n in fixed["total_steps"].items())
-    return [
-        *(
-            sys.executable,
-            "-m",
-            "genesis_jax.cli",
-            "study",
-            "--out",
-            str(study_dir),
-            "--tasks",
-            ",".join(fixed["tasks"]),
-        ),
-        *("--precisions", ",".join(fixed["precisions"]), "--total-steps", steps, "--seed", str(fixed["seed"])),
-        *("--num-seeds", str(fixed["num_seeds"]), "--reps", str(fixed["reps"]), "--confirmatory", "--no-progress"),
-    ]
+    cmd = [sys.executable, "-m", "genesis_jax.cli", "study", "--out", str(study_dir)]
+    cmd += ["--tasks", ",".join(fixed["tasks"]), "--precisions", ",".join(fixed["precisions"])]
+    cmd += ["--total-steps", steps, "--seed", str(fixed["seed"]), "--num-seeds", str(fixed["num_seeds"])]
+    return cmd + ["--reps", str(fixed["reps"]), "--confirmatory", "--no-progress"]
 
 
 def pending_slices(
@@ -108,7 +101,7 @@ def pending_slices(
     todo = [("bench", w) for w in BENCH_WORKLOADS if w not in benched]
     todo += confirmatory_slices(benchmarks)
     for task in PRESETS["gpu"]["tasks"]:
-        missing = tuple(p for p in PRECISIONS if not (study_dir / "cells" / task / p / "summary.json").exists())
+        missing = tuple(p for p in PRECISIONS if not cell_done(study_dir, task, p))
         if missing:
             todo.append(("task", task, missing))
     return todo

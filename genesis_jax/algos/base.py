@@ -323,7 +323,7 @@ class Algorithm:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         _read_old_declarations(cls)
-        if not isinstance(getattr(cls, "presets", Presets({})), Presets):
+        if "presets" in cls.__dict__ and not isinstance(cls.presets, Presets):  # a parent's was checked with it
             raise TypeError(f"{cls.__name__}.presets must be a `Presets`, got {type(cls.presets).__name__}")
         if "config_class" in cls.__dict__:  # derived from the declarations: what the tools around it read
             cls.fields = cls.config_class.__bases__[0]  # the first --help group

@@ -95,15 +95,16 @@ RENAMED_KEYWORDS = {
 }
 # Keywords a Session no longer needs, read and ignored until 0.5 with a FutureWarning: the
 # checkpoint's own step is the run's position, so no meta field has to be named for it.
-RETIRED_KEYWORDS = ("meta_key", "checkpoint_key")
+RETIRED_KEYWORDS = {"meta_key", "checkpoint_key"}
 
 
 def _renamed_keywords(init):
     @functools.wraps(init)
     def wrapper(self, *args, **kwargs):
-        for old in set(RETIRED_KEYWORDS) & kwargs.keys():
+        for old in RETIRED_KEYWORDS & kwargs.keys():
             kwargs.pop(old)
-            warnings.warn(f"Session({old}=) is no longer needed and is ignored; it goes in 0.5", FutureWarning, 2)
+            message = f"Session({old}=) is no longer needed and is ignored; it goes in 0.5"
+            warnings.warn(message, FutureWarning, stacklevel=2)
         for old in RENAMED_KEYWORDS.keys() & kwargs.keys():
             new = RENAMED_KEYWORDS[old]
             if new in kwargs:
