@@ -35,14 +35,18 @@ LONG_SKIP_REASON = "a long run: pytest --long (or GENESIS_LONG_TESTS=1) runs it"
 #   algorithm took 92 s instead of 111 s, a PPO learning run and the SAC tests 102 s instead
 #   of 106 s (level 0: 71 s, but 147 s);
 # - without XLA:CPU's (MLIR) fusion emitters: a tiny run of each algorithm at one precision
-#   took 43-45 s instead of 58 s, a SAC and a PPO learning run 54 s instead of 55 s.
+#   took 43-45 s instead of 58 s, a SAC and a PPO learning run 54 s instead of 55 s;
+# - LLVM's module codegen in one part, not split in up to 32 for threads: the two workers keep
+#   both cores busy already, and each split costs CPU: tests/algos/test_every_precision.py -k fp16
+#   (-n 0, 4 runs against 4 of the default) took a median 0.92x the CPU time (0.96x the wall).
 # Set in the environment: the xdist workers and every subprocess (CLI runs, launch's processes)
 # compile the same way, so comparisons across processes hold.
 FAST_COMPILE_FLAGS = {"--xla_backend_optimization_level": "1"}
-# An XLA_FLAGS entry the installed XLA does not know aborts every process: the emitters' flag
-# only where jaxlib surely has it (0.7 and later; the suite is measured on 0.10).
+# An XLA_FLAGS entry the installed XLA does not know aborts every process: the emitters' and the
+# split's flags only where jaxlib surely has them (0.7 and later; the suite is measured on 0.10).
 if tuple(int(part) for part in importlib.metadata.version("jaxlib").split(".")[:2]) >= (0, 7):
     FAST_COMPILE_FLAGS["--xla_cpu_use_fusion_emitters"] = "false"
+    FAST_COMPILE_FLAGS["--xla_cpu_parallel_codegen_split_count"] = "1"
 # Most of the suite's programs run a few updates: XLA without most of its optimisations (LLVM's
 # level 0 and its expensive passes off: `jax_disable_most_optimizations`) compiles them faster
 # and runs them about as fast. On 2 cores, one process: tests/algos/test_every_precision.py took

@@ -222,10 +222,9 @@ def accuracy_caption(rows: list[dict], quick: bool) -> str:
 
 
 def plot_results(rows: list[dict], traces: dict, path, quick: bool = False) -> None:
-    plt = plots._pyplot()
     names = list(dict.fromkeys(r["workload"] for r in rows))
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plots.figure(2, 2, figsize=(12, 8))
     width = 0.8 / max(1, len(precisions))
     for ax, key, title in (
         (axes[0, 0], "speedup", "steps/s over fp32"),
@@ -249,7 +248,6 @@ def plot_results(rows: list[dict], traces: dict, path, quick: bool = False) -> N
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:

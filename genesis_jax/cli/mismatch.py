@@ -61,9 +61,8 @@ def grid_matrix(cells: list[dict], env: str, metric: str, precisions=GRID_PRECIS
 
 def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", precisions=GRID_PRECISIONS) -> None:
     """One heat map per env: learner precision (rows) x rollout precision (columns)."""
-    plt = plots._pyplot()
     envs = list(dict.fromkeys(c["env"] for c in cells))
-    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
+    fig, axes = plots.figure(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
     for ax, env in zip(axes[0], envs):
         m = grid_matrix(cells, env, metric, precisions)
         shown = np.log10(np.maximum(m, 1e-12))  # exact zeros (same precision) at the bottom of the scale
@@ -76,4 +75,3 @@ def plot_heatmaps(cells: list[dict], path, metric: str = "mismatch_kl_v2", preci
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

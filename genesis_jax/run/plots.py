@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 
-def _pyplot():
-    import matplotlib
+def figure(nrows: int = 1, ncols: int = 1, *, figsize, **subplots):
+    """(a figure drawn by Agg, its axes), without pyplot: no global figure state, nothing to
+    close, and a process writing a run's plots imports a third less of matplotlib (0.4 s)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **subplots)
 
 
 def plot_curves(
@@ -24,9 +24,8 @@ def plot_curves(
 ) -> None:
     """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known
     floor; `twin_keys` (a loss beside a return) on an axis of their own, on the right."""
-    plt = _pyplot()
     xs = [r[x_key] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (ax1, ax2) = figure(2, 1, figsize=(7, 6), sharex=True)
     values = lambda key: [float("nan") if r[key] is None else r[key] for r in rows]  # noqa: E731
     for key in y_keys:
         ax1.plot(xs, values(key), label=key)
@@ -48,7 +47,6 @@ def plot_curves(
     ax2.set_xlabel(x_key)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 UNDERFLOW_PLOT = "underflow.png"
@@ -58,10 +56,9 @@ def plot_underflow(rows: list[dict], x_key: str, path, title: str) -> None:
     """The underflow telemetry over the run: per layer, the fraction of non-zero float32
     gradient entries below float16's smallest normal (solid) and flushed to 0 (dashed) in
     the float16 backward at the run's loss scale (`genesis_jax.amp.telemetry`)."""
-    plt = _pyplot()
     xs = [r[x_key] for r in rows]
     layers = sorted(k.split("/", 1)[1] for k in rows[0] if k.startswith("underflow/"))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = figure(figsize=(7, 4))
     for i, layer in enumerate(layers):
         color = f"C{i % 10}"
         ax.plot(xs, [r[f"underflow/{layer}"] for r in rows], color=color, label=layer)
@@ -71,4 +68,3 @@ def plot_underflow(rows: list[dict], x_key: str, path, title: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
