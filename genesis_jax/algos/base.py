@@ -673,7 +673,7 @@ class Algorithm:
         self.session = session
         with session:
             state = session.restore(self.initial_state(), self.from_checkpoint, self.config.check_resume)
-            remaining = session.num_rows - session.position
+            remaining = session.num_rows - session.rows_done
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
             if remaining and session.progress:  # past every refusal: a note never joins a one-line error

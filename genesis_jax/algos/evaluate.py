@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -58,8 +59,8 @@ class Policy:
     spec: EnvSpec  # the environment it acts in
     greedy: bool
     run_dir: str
-    position: int  # the checkpoint's position: its update (PPO, PQN) or row (DQN, SAC)
-    position_key: str  # "update" or "row"
+    row: int  # the checkpoint's row: its update (PPO, PQN) or row (DQN, SAC)
+    row_key: str  # the algorithm's name for a row: "update" or "row"
     env_steps: int  # environment steps trained up to that checkpoint (one seed's)
     precision: str  # the run's precision: what the policy computes in
     seed_index: int  # of a multi-seed run, the seed (0: the first, --seed itself)
@@ -71,6 +72,18 @@ class Policy:
     def seed(self) -> int:
         """The training seed of the seed played (seed k of an N-seed run is --seed + k)."""
         return self.config.seed + self.seed_index
+
+    @property
+    def position(self) -> int:
+        """0.4.0's field, read until 0.5: now `row`."""
+        warnings.warn("Policy.position is Policy.row now; it goes in 0.5", FutureWarning, stacklevel=2)
+        return self.row
+
+    @property
+    def position_key(self) -> str:
+        """0.4.0's field, read until 0.5: now `row_key`."""
+        warnings.warn("Policy.position_key is Policy.row_key now; it goes in 0.5", FutureWarning, stacklevel=2)
+        return self.row_key
 
     def act(self, key, obs):
         """Actions for a batch of observations [N, *obs_shape]."""
@@ -97,11 +110,11 @@ class Policy:
         seed = f", the run's seed {self.seed} (index {self.seed_index})" if self.config.num_seeds > 1 else ""
         return (
             f"{self.algorithm.upper()} {self.spec.env_id} [{self.precision}] {how}{seed}, checkpoint at "
-            f"{self.position_key} {self.position} ({self.env_steps} steps)"
+            f"{self.row_key} {self.row} ({self.env_steps} steps)"
         )
 
 
-def _status(reader: RunDirectory, position: int, total: int, key: str) -> str:
+def _status(reader: RunDirectory, row: int, total: int, key: str) -> str:
     """How the run ended, from its summary, and where the checkpoint played stands in it."""
     summary = reader.read_summary()
     if summary is None:
@@ -112,12 +125,12 @@ def _status(reader: RunDirectory, position: int, total: int, key: str) -> str:
         stopped = summary.get("stopped")
         how = {None: "finished", "diverged": "stopped by the divergence guard", "failed": "failed"}
         ended = how.get(stopped, f"stopped by {stopped}")
-    if position < total:
-        ended += f": its checkpoint at {key} {position} of {total} plays"
+    if row < total:
+        ended += f": its checkpoint at {key} {row} of {total} plays"
     return ended
 
 
-def _config(algorithm, meta: dict, position: int, directory: str):
+def _config(algorithm, meta: dict, row: int, directory: str):
     fields = {f.name for f in dataclasses.fields(algorithm.config_class) if f.init}
     values = {k: v for k, v in (meta.get("config") or {}).items() if k in fields}
     values.update({k: v for k, v in _ONE_PROCESS.items() if k in fields})
@@ -125,7 +138,7 @@ def _config(algorithm, meta: dict, position: int, directory: str):
         return algorithm.config_class(**values)
     except (TypeError, ValueError) as err:
         raise CheckpointMismatchError(
-            f"checkpoint at step {position} in {directory} records settings this version refuses: {err}"
+            f"checkpoint at step {row} in {directory} records settings this version refuses: {err}"
         ) from None
 
 
@@ -173,12 +186,12 @@ def load(
             )
         if step is not None and step not in steps:
             raise ValueError(f"{run_dir} has no checkpoint at {step}; it has {', '.join(map(str, steps))}")
-        position = steps[-1] if step is None else step
-        meta = store.read_meta(position)
+        row = steps[-1] if step is None else step
+        meta = store.read_meta(row)
         kind = meta.get("kind")
         if kind not in REGISTRY:
             raise CheckpointMismatchError(
-                f"checkpoint at step {position} in {store.directory} comes from a {kind or 'unknown'} run, not one of "
+                f"checkpoint at step {row} in {store.directory} comes from a {kind or 'unknown'} run, not one of "
                 f"genesis-jax's algorithms: policies load from runs of {', '.join(acting_algorithms())}"
             )
         algorithm = get_algorithm(kind)
@@ -187,7 +200,7 @@ def load(
                 f"{run_dir} holds a {kind} run, which does not act in an environment: policies load from runs of "
                 f"{', '.join(acting_algorithms())}"
             )
-        config = _config(algorithm, meta, position, store.directory)
+        config = _config(algorithm, meta, row, store.directory)
         num_seeds = getattr(config, "num_seeds", 1)
         if isinstance(seed_index, bool) or not isinstance(seed_index, int) or not 0 <= seed_index < num_seeds:
             raise ValueError(
@@ -199,7 +212,7 @@ def load(
             init = algo.init if num_seeds == 1 else (lambda keys: jax.lax.map(algo.init, keys))
             target = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(init, keys))
             state, meta = store.restore(
-                target, position, kind, algorithm.train_state_path, allow_unverified=allow_unverified
+                target, row, kind, algorithm.train_state_path, allow_unverified=allow_unverified
             )
         finally:
             algo.close()
@@ -211,12 +224,12 @@ def load(
         spec=algo.spec,
         greedy=greedy,
         run_dir=str(run_dir),
-        position=position,
-        position_key=algorithm.row_key,
-        env_steps=position * algo.steps_per_row,
+        row=row,
+        row_key=algorithm.row_key,
+        env_steps=row * algo.steps_per_row,
         precision=meta.get("precision") or config.train_precision().name,
         seed_index=seed_index,
-        status=_status(reader, position, algo.num_rows, algorithm.row_key),
+        status=_status(reader, row, algo.num_rows, algorithm.row_key),
         state=state,
         act_with=jax.jit(lambda state, key, obs: algo.act(state, greedy)(key, obs)),
     )
@@ -267,7 +280,7 @@ class Evaluation:
             "env_backend": self.backend,
             "precision": p.precision,
             "greedy": p.greedy,
-            "checkpoint": {p.position_key: p.position, "step": p.env_steps},
+            "checkpoint": {p.row_key: p.row, "step": p.env_steps},
             "seed_index": p.seed_index,
             "run_status": p.status,
             "eval_seed": self.seed,

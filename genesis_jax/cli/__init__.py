@@ -421,7 +421,7 @@ def _run_collect(args) -> int:
                 f"not {args.env}"
             )
         policy = trained.act
-        name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.position_key} {trained.position}"
+        name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.row_key} {trained.row}"
     data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name)
     save_dataset(data, args.out)
     print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")

@@ -6,7 +6,7 @@ bar, SIGINT / SIGTERM, the divergence-guard stop, the save cadence, `summary.jso
 final exception. A trainer supplies its initial state, one compiled chunk (`step`), the
 metric rows of a chunk (`to_rows`) and its summary fields. Its keywords are the algorithm
 template's (`algos.base`), in the words of the glossary: a *row* is one line of
-`metrics.jsonl`, and `position` counts the rows run so far:
+`metrics.jsonl`, and `rows_done` counts the rows run so far:
 
 >>> import jax.numpy as jnp
 >>> from genesis_jax.run.session import Session
@@ -18,7 +18,7 @@ template's (`algos.base`), in the words of the glossary: a *row* is one line of
 ...     w = session.restore(jnp.float32(8.0))
 ...     w = session.run(w, step, to_rows)
 ...     summary = session.finish({"final_loss": session.rows[-1]["loss"]})
->>> summary["final_loss"], session.position
+>>> summary["final_loss"], session.rows_done
 (2.0, 3)
 
 With a directory (`Session("runs/toy", ...)`) the state is checkpointed, so it must be a dict,
@@ -194,7 +194,7 @@ class Session:
         self._replay_dropped = 0  # what a grown replay buffer dropped (`checkpoint.replay_dropped`)
         self.store: CheckpointStore | None = None
         self.writers: list[MetricWriter] = []
-        self.position = 0  # rows run, those restored included
+        self.rows_done = 0  # rows run, those restored included
         self.rows: list[dict] = []
         self.config_changes: list[str] = []
         self.stopped: str | None = None
@@ -279,6 +279,12 @@ class Session:
         return None if self.run_dir is None else self.run_dir.path
 
     @property
+    def position(self) -> int:
+        """0.4.0's attribute, read until 0.5: the rows run so far, now `rows_done`."""
+        warnings.warn("session.position is session.rows_done now; it goes in 0.5", FutureWarning, stacklevel=2)
+        return self.rows_done
+
+    @property
     def checkpoint_key(self) -> str:
         """0.4.0's attribute, read until 0.5: the meta's row field, now always `row_key`."""
         warnings.warn("session.checkpoint_key is session.row_key now; it goes in 0.5", FutureWarning, stacklevel=2)
@@ -291,7 +297,7 @@ class Session:
         check_resume: Callable[[dict], None] | None = None,
     ):
         """With `resume`: the newest complete checkpoint at or before the last intact metric
-        row (so no row goes missing), its state, its position, and the metric rows up to it
+        row (so no row goes missing), its state, its rows done, and the metric rows up to it
         (later ones, logged after it, are dropped: no row twice). A run killed before its
         first checkpoint starts cleanly from `state`; without `resume`, `state`. Refused in
         one sentence: changed settings (named first, before anything is counted in their
@@ -336,14 +342,14 @@ class Session:
                 self.row_key in meta
             ):  # the row beside the step the store checked (PPO's, DQN's, PQN's before 0.4.1: none)
                 position_of(meta, self.row_key, step, self.store.directory)
-            self.position = step
+            self.rows_done = step
             self.unverified_checkpoint = None if "digest" in meta else step
             if self.config is not None:  # against the checkpoint resumed (the newest's, above, may differ)
                 self.config_changes = self._config_changes(meta)
-        self.rows = [row for row in rows if row[self.row_key] <= self.position]
+        self.rows = [row for row in rows if row[self.row_key] <= self.rows_done]
         if self.primary:  # of several processes, one trims metrics.jsonl; the others only read it
             self.run_dir.keep_metrics(len(self.rows))
-        self._last_save = self.position
+        self._last_save = self.rows_done
         return state
 
     def _config_changes(self, meta: dict) -> list[str]:
@@ -384,18 +390,18 @@ class Session:
         return text
 
     def save(self, state) -> None:
-        """A checkpoint of `state` at the current position (every process takes part)."""
+        """A checkpoint of `state` after the rows done (every process takes part)."""
         if self.store is None:
             return
-        meta = {"kind": self.name, self.row_key: self.position}
+        meta = {"kind": self.name, self.row_key: self.rows_done}
         if self.config is not None:
             meta["config"] = self.config.to_dict()
         if self.inputs:
             meta["inputs"] = self.inputs
         if self._replay_dropped:
             meta["replay_dropped"] = self._replay_dropped
-        self.store.save(self.position, state, meta, force=True, train_state_path=self.train_state_path)
-        self._last_save = self.position
+        self.store.save(self.rows_done, state, meta, force=True, train_state_path=self.train_state_path)
+        self._last_save = self.rows_done
         self._saved = True
 
     # -- the loop ---------------------------------------------------------------------------
@@ -409,7 +415,7 @@ class Session:
         on_start: Callable[[], None] | None = None,
     ):
         """Calls `step(state) -> (state, metrics)` (`per_call` rows) until `num_rows` rows ran, the guard halted
-        (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, position)` and saves on
+        (`metrics["halted"]`), or a signal arrived; logs `to_rows(metrics, rows_done)` and saves on
         the cadence and at the end. `on_start()` is called once just before the first step, when
         one runs: past every refusal, so a note it prints never joins a one-line error. The next
         call is dispatched before this one's rows are written, so the device and the host
@@ -426,12 +432,12 @@ class Session:
         try:
             with handlers as signals:
                 signal_name = lambda: signal.Signals(signals.received or signal.SIGTERM).name  # noqa: E731
-                starts = self.position < self.num_rows
+                starts = self.rows_done < self.num_rows
                 if starts and parallel.any_process(signals.received is not None):
                     self.stopped, starts = signal_name(), False  # a signal while the chunk compiled: no chunk runs
                 if starts and on_start is not None:
                     on_start()
-                total, done = self.num_rows * self.steps_per_row, self.position * self.steps_per_row
+                total, done = self.num_rows * self.steps_per_row, self.rows_done * self.steps_per_row
                 bar = progress.progress_bar(total, done, enabled=self.progress, unit=self.unit)
                 pending = dispatch(state) if starts else None
                 while pending is not None:
@@ -440,7 +446,7 @@ class Session:
                     self.run_seconds += time.perf_counter() - self._dispatched
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
-                    after = self.position + per_call
+                    after = self.rows_done + per_call
                     due = (
                         self.store is not None
                         and self.checkpoint_every
@@ -450,8 +456,8 @@ class Session:
                     go_on = after < self.num_rows and not halted and not signalled
                     if go_on and not due:  # dispatched before this call's rows are written: device and host overlap
                         pending = dispatch(state)
-                    new_rows = _until_halt(to_rows(metrics, self.position))
-                    self.position += len(new_rows)
+                    new_rows = _until_halt(to_rows(metrics, self.rows_done))
+                    self.rows_done += len(new_rows)
                     self.rows_run += len(new_rows)
                     self._log(new_rows, bar)
                     if pending is not None:
@@ -504,7 +510,7 @@ class Session:
             raise DivergenceError((report or "training diverged") + where, summary)
         if self.stopped is None:
             return summary
-        at = f"{self.row_key} {self.position} of {self.num_rows}"
+        at = f"{self.row_key} {self.rows_done} of {self.num_rows}"
         if untouched:  # stopped before the first chunk: nothing new to save, the directory as it was
             kept = f"; {self.path} is left as it was" if self.run_dir else ""
             message = f"{self.stopped} received before training began ({at}): nothing was trained{kept}"

@@ -160,7 +160,10 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     train_ppo(config, out_dir=str(run), progress=False)
     policy = load(str(run), greedy=False)  # as in training: it samples
     assert policy.spec.env_id == "CartPole-v1"
-    name = f"PPO checkpoint {run} update {policy.position}"
+    assert (policy.row_key, policy.row) == ("update", 4)  # 2,048 steps of 4 x 128
+    with pytest.warns(FutureWarning, match=r"Policy.position is Policy.row now; it goes in 0.5"):
+        assert policy.position == 4
+    name = f"PPO checkpoint {run} update {policy.row}"
     trained = trajectories.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=policy.act, policy_name=name)
     assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
     host = trajectories.collect_dataset("CartPole-v1", 4, 12, seed=0, backend="gymnasium")

@@ -214,9 +214,11 @@ def test_checkpoint_key_is_ignored_with_a_future_warning_the_checkpoints_step_be
     again = Session(str(tmp_path / "run"), name="toy", num_rows=3, resume=True, progress=False)
     with again:
         again.restore({"w": jnp.float32(1.0)})
-        assert again.position == 2 and "done" not in again.store.read_meta(2)
+        assert again.rows_done == 2 and "done" not in again.store.read_meta(2)
         with pytest.warns(FutureWarning, match=r"session.checkpoint_key is session.row_key now"):
             assert again.checkpoint_key == "update"
+        with pytest.warns(FutureWarning, match=r"session.position is session.rows_done now; it goes in 0.5"):
+            assert again.position == 2
 
 
 def test_an_old_keyword_beside_its_new_spelling_is_refused_not_silently_chosen():
