@@ -31,7 +31,7 @@ from flax import nnx
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.jaxpr import cast_per_op
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
-from genesis_jax.amp.optim import find_skip_state, global_norm
+from genesis_jax.amp.optim import deciding_skip_state, global_norm
 from genesis_jax.amp.policy import as_policy
 
 
@@ -162,10 +162,10 @@ def _scaler_of(source):
         source = (source.scaler, source.opt_state)
     if not isinstance(source, tuple) or len(source) != 2:
         raise TypeError(f"{SKIPPING}; got {source!r:.60}, which does not show whether its optimizer skips")
-    try:
-        find_skip_state(source[1])
-    except ValueError:
-        raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step") from None
+    if deciding_skip_state(source[1]) is None:
+        if deciding_skip_state(source[0]) is not None:
+            raise TypeError(f"{SKIPPING}: (scaler, opt_state) in that order, got (opt_state, scaler)")
+        raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step")
     check_scaler(source[0])
     return source[0]
 

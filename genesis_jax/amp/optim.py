@@ -65,11 +65,14 @@ register_restore_check(SkipNonFiniteState, skip_rules)
 
 
 def find_skip_state(opt_state) -> SkipNonFiniteState:
-    """The `SkipNonFiniteState` inside `opt_state`, however deeply `skip_nonfinite` was
-    chained or wrapped (`optax.chain`, `optax.multi_transform`, `inject_hyperparams`).
+    """The `SkipNonFiniteState` that decides for the whole optimizer in `opt_state`: the state
+    itself, or inside `inject_hyperparams` (which only passes hyperparameters in), or last in an
+    `optax.chain` after stateless transformations (weight decay, clipping: nothing a skipped
+    step could change). `deciding_skip_state` says where it may not be.
 
     Raises:
-        ValueError: when there is none (the optimizer was not wrapped in `skip_nonfinite`).
+        ValueError: when there is none (the optimizer was not wrapped in `skip_nonfinite`), or
+            when one decides for a part of the optimizer only.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -78,11 +81,41 @@ def find_skip_state(opt_state) -> SkipNonFiniteState:
         >>> int(find_skip_state(opt.init({"w": jnp.ones(2)})).skipped)
         0
     """
-    is_skip = lambda n: isinstance(n, SkipNonFiniteState)
-    found = [node for node in jax.tree.leaves(opt_state, is_leaf=is_skip) if is_skip(node)]
-    if not found:
+    found = deciding_skip_state(opt_state)
+    if found is None:
         raise ValueError("no skip_nonfinite state in this optimizer state: wrap the optimizer in amp.skip_nonfinite")
-    return found[0]
+    return found
+
+
+_PASSES_HYPERPARAMETERS_IN = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
+    """`find_skip_state`'s, or None where `opt_state` holds no `SkipNonFiniteState`. One that
+    decides for a part of the optimizer only is refused, naming the fix: a skipped step would
+    still change the params or the state around it (inside `optax.MultiSteps` it is given the
+    mean of micro-batches its decision never saw; in one group of `multi_transform` the other
+    groups step; a transformation after it, such as AdamW's weight decay, still applies; a
+    stateful one before it takes the non-finite gradients into its state)."""
+    node = opt_state
+    while not isinstance(node, SkipNonFiniteState):
+        if isinstance(node, _PASSES_HYPERPARAMETERS_IN):
+            node = node.inner_state
+        elif type(node) is tuple and node and not jax.tree.leaves(node[:-1]):  # a chain, stateless before the last
+            node = node[-1]
+        else:
+            break
+    if isinstance(node, SkipNonFiniteState):
+        return node
+    is_skip = lambda n: isinstance(n, SkipNonFiniteState)  # noqa: E731
+    if not any(is_skip(n) for n in jax.tree.leaves(opt_state, is_leaf=is_skip)):
+        return None
+    raise ValueError(
+        f"amp.skip_nonfinite decides for a part of this optimizer only (it sits inside a {type(node).__name__}), "
+        "so a skipped step would still change the params or the optimizer state: wrap the whole optimizer, "
+        "amp.skip_nonfinite(optax.chain(...)) or amp.skip_nonfinite(optax.MultiSteps(...)), or give "
+        "TrainState.create or amp.Optimizer the bare optimizer, which they wrap"
+    )
 
 
 _SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState)
@@ -342,10 +375,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def is_skip_nonfinite(tx) -> bool:
-    """Whether `tx`'s state holds a `SkipNonFiniteState` anywhere (`skip_nonfinite` is in it,
-    outermost or inside `optax.chain`, `inject_hyperparams` and the like)."""
-    try:
-        return find_skip_state(jax.eval_shape(tx.init, {"p": jnp.zeros(1)})) is not None
-    except Exception:  # none found (ValueError), or an optimizer that cannot init on a toy tree: wrap it
-        return False
+def is_skip_nonfinite(tx, params) -> bool:
+    """Whether `tx`'s state for `params` holds the `SkipNonFiniteState` that decides for the
+    whole optimizer (`find_skip_state`); one that decides for a part is refused there."""
+    return deciding_skip_state(jax.eval_shape(tx.init, params)) is not None

@@ -39,17 +39,25 @@ from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.grads import scaled_value_and_grad
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
-from genesis_jax.amp.optim import check_options, find_skip_state, is_skip_nonfinite, skip_nonfinite, skip_rules
+from genesis_jax.amp.optim import (
+    check_options,
+    deciding_skip_state,
+    find_skip_state,
+    is_skip_nonfinite,
+    skip_nonfinite,
+    skip_rules,
+)
 from genesis_jax.amp.policy import Precision, get_precision
 from genesis_jax.amp.restore import register_restore_check, rules_of
 from genesis_jax.amp.testing import FaultInjection
 
 
-def _setup(tx, params, precision, scaler, *options):
+def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
     """`TrainState.create`'s and `Optimizer`'s arguments, each refused with a sentence naming it
     before any array is made; then (params cast, tx wrapped in `skip_nonfinite`, scaler, precision
-    name). `params` is a callable giving them (an NNX model's state), or None: not cast. `options`:
-    max_grad_norm, guard, advance_schedule_on_skip and strict, `skip_nonfinite`'s."""
+    name). `model_params`: an NNX model's, which live in the model: not cast, but refused where
+    the precision stores params in another dtype. `options`: max_grad_norm, guard,
+    advance_schedule_on_skip and strict, `skip_nonfinite`'s."""
     refuse_unless(isinstance(tx, optax.GradientTransformation), "tx", tx, "an optax GradientTransformation")
     if scaler is not None:
         check_scaler(scaler)
@@ -57,18 +65,35 @@ def _setup(tx, params, precision, scaler, *options):
     refuse_unless(ok, "precision", precision, "a precision name, a Precision or None")
     check_options(*options, strict_none=True)
     prec = get_precision(precision) if isinstance(precision, str) else precision
-    if prec is not None and not callable(params):
-        params = prec.policy.cast_to_param(params)
-    scaler = (prec.scaler() if prec is not None else NoOpLossScale()) if scaler is None else scaler
-    if is_skip_nonfinite(tx):
+    if prec is not None:
+        params = _check_model_param_dtypes(params, prec) if model_params else prec.policy.cast_to_param(params)
+    # A copy: states created from one scaler object must not share its buffers (donation refuses that).
+    scaler = (
+        (prec.scaler() if prec is not None else NoOpLossScale()) if scaler is None else jax.tree.map(jnp.copy, scaler)
+    )
+    if is_skip_nonfinite(tx, params):
         if options != (None, None, False, None):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
         norm, guard, advance, strict = options
-        leaves = jax.tree.leaves(params() if callable(params) else params)
-        strict = any(jnp.asarray(p).dtype == jnp.float16 for p in leaves) if strict is None else strict
+        strict = any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params)) if strict is None else strict
         tx = skip_nonfinite(tx, max_grad_norm=norm, guard=guard, advance_schedule_on_skip=advance, strict=strict)
     return params, tx, scaler, "fp32" if prec is None else prec.name
+
+
+def _check_model_param_dtypes(params, prec: Precision):
+    """An NNX model's floating params, refused where they are not the precision's param dtype
+    (a model built in float16 under "fp16" would silently keep float16 master weights)."""
+    want = jnp.dtype(prec.param_dtype)
+    found = {jnp.dtype(p.dtype) for p in jax.tree.leaves(params) if jnp.issubdtype(p.dtype, jnp.floating)}
+    if found - {want}:
+        names = ", ".join(sorted(d.name for d in found - {want}))
+        raise ValueError(
+            f"precision {prec.name!r} stores params in {want.name}, but the model's nnx.Param are {names}: build "
+            f"its layers with param_dtype=jnp.{want.name} (dtype= sets what they compute in)"
+            + ("" if want == jnp.float16 else ", or use precision='fp16-full' for float16 params")
+        )
+    return params
 
 
 def _check_computes_in_half(apply_fn, precision) -> None:
@@ -426,33 +451,59 @@ def _count(x) -> int:
 
 def _optimizer_counts(state) -> dict:
     """steps, skipped and skip_rate of a TrainState, an nnx.Optimizer or an optimizer state."""
-    has_steps = isinstance(state, (TrainState, nnx.Optimizer))
-    try:
-        skipped = _count(find_skip_state(state.opt_state if has_steps else state).skipped)
-    except ValueError:
+    has_steps = _is_stepper(state)
+    found = deciding_skip_state(state.opt_state if has_steps else state)
+    if found is None:
         what = "an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite"
-        raise TypeError(f"amp.stats reads {what}, got {type(state).__name__}") from None
+        raise TypeError(f"amp.stats reads {what}, got {type(state).__name__}")
+    skipped = _count(found.skipped)
     if not has_steps:
         return {"skipped": skipped}
     steps = _count(state.step)
     return {"steps": steps, "skipped": skipped, "skip_rate": skipped / steps if steps else 0.0}
 
 
+def _scaler_fields(state) -> dict:
+    """scale, backoffs and precision of a TrainState or amp.Optimizer; none for an optimizer state."""
+    if not isinstance(state, (TrainState, Optimizer)):
+        return {}
+    scaler = state.scaler.get_value() if isinstance(state, Optimizer) else state.scaler
+    scale, backoffs = float(np.asarray(scaler.loss_scale).mean()), _count(getattr(scaler, "backoffs", 0))
+    return {"scale": scale, "backoffs": backoffs, "precision": state.precision}
+
+
+def _is_stepper(node) -> bool:
+    return isinstance(node, (TrainState, nnx.Optimizer))
+
+
+def _named(states, named_states) -> dict:
+    """Each state by name (its keyword, or its position); a dict, list or tuple of states (as
+    `update_scaler` takes them) gives each of its own by key. None is left out."""
+    named = {}
+    for name, s in [*enumerate(states), *named_states.items()]:
+        if type(s) in (dict, list, tuple) and any(map(_is_stepper, jax.tree.leaves(s, is_leaf=_is_stepper))):
+            named.update({str(k): v for k, v in (s.items() if isinstance(s, dict) else enumerate(s)) if v is not None})
+        elif s is not None:
+            named[str(name)] = s
+    return named
+
+
 def stats(*states, **named_states) -> dict:
-    """Host-side counts of one optimizer, or of several sharing a scaler.
+    """Host-side counts of one optimizer, or of several.
 
     Args:
         *states: `amp.TrainState`s, `amp.Optimizer`s, `nnx.Optimizer`s wrapping `skip_nonfinite`, or
-            `skip_nonfinite`'s optimizer states. Under a seed axis the counts are summed
-            over seeds and the scale averaged.
+            `skip_nonfinite`'s optimizer states; or one dict, list or tuple of them. Under a seed
+            axis the counts are summed over seeds and the scale averaged.
         **named_states: the same, named: `stats(critic=qf_state, actor=actor_state)`; a
             None is left out (`alpha=None`, a temperature that is not learned).
 
     Returns:
         For one: steps (taken or skipped, while not halted), skipped, skip_rate and, for a
         `TrainState` or `amp.Optimizer`, scale, backoffs (times the scaler backed off) and precision. For
-        several: `optimizers` (each one's steps, skipped, skip_rate), and the shared scaler's
-        scale, backoffs and precision.
+        several: `optimizers` (each one's steps, skipped, skip_rate), and the scale, backoffs
+        and precision where they hold the same (a shared scaler); where they differ, each
+        optimizer's own beside its counts.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -460,18 +511,17 @@ def stats(*states, **named_states) -> dict:
         >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
         {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
     """
-    named = {str(name): s for name, s in [*enumerate(states), *named_states.items()] if s is not None}
+    named = _named(states, named_states)
     if not named:  # alpha=None: no such optimizer
         raise TypeError("amp.stats needs at least one state")
-    first = next(iter(named.values()))
-    counts, shared = {name: _optimizer_counts(s) for name, s in named.items()}, {}
-    if isinstance(first, (TrainState, Optimizer)):
-        scaler = first.scaler.get_value() if isinstance(first, Optimizer) else first.scaler
-        scale, backoffs = float(np.asarray(scaler.loss_scale).mean()), _count(getattr(scaler, "backoffs", 0))
-        shared = {"scale": scale, "backoffs": backoffs, "precision": first.precision}
+    counts = {name: _optimizer_counts(s) for name, s in named.items()}
+    scalers = {name: _scaler_fields(s) for name, s in named.items()}
+    first = next(iter(scalers.values()))
     if len(named) == 1:
-        return {**next(iter(counts.values())), **shared}
-    return {"optimizers": counts, **shared}
+        return {**next(iter(counts.values())), **first}
+    if all(fields == first for fields in scalers.values()):
+        return {"optimizers": counts, **first}
+    return {"optimizers": {name: {**counts[name], **scalers[name]} for name in counts}}
 
 
 class Optimizer(nnx.Optimizer):
@@ -512,7 +562,7 @@ class Optimizer(nnx.Optimizer):
         strict: bool | None = None,
     ):
         options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
-        _, tx, scaler, precision = _setup(tx, lambda: nnx.state(model, wrt), precision, scaler, *options)
+        _, tx, scaler, precision = _setup(tx, nnx.state(model, wrt), precision, scaler, *options, model_params=True)
         super().__init__(model, tx, wrt=wrt)
         self.scaler, self.precision = nnx.Variable(scaler), precision
 

@@ -141,3 +141,110 @@ def test_5_stats_leaves_out_an_optimizer_that_is_none():
     counts = amp.stats(critic=make(), actor=make(), alpha=None)  # CleanRL's --no-autotune
     assert set(counts["optimizers"]) == {"critic", "actor"}
     assert amp.stats(make(), None)["steps"] == 0
+
+
+# -- found by trying more compositions as a user would ------------------------------------
+
+PARAMS = {"critic": jnp.ones(3), "actor": jnp.ones(3)}
+NAN_GRADS = {"critic": jnp.full(3, jnp.nan), "actor": jnp.full(3, jnp.nan)}
+PART_ONLY = "amp.skip_nonfinite decides for a part of this optimizer only .*: wrap the whole optimizer"
+
+
+class TwoGroups(nnx.Module):  # the NNX twin of PARAMS
+    def __init__(self):
+        self.critic, self.actor = nnx.Param(jnp.ones(3)), nnx.Param(jnp.ones(3))
+
+
+def by_group(params):  # multi_transform's labels, from a function: each leaf its top-level name
+    return jax.tree_util.tree_map_with_path(lambda path, _: path[0].key, params)
+
+
+@pytest.mark.parametrize(
+    "make_tx",
+    [
+        # inside MultiSteps: given the mean of micro-batches its decision never saw (NaN params)
+        lambda: optax.MultiSteps(amp.skip_nonfinite(optax.adam(1e-2)), 2).gradient_transformation(),
+        # one group of multi_transform, labelled by a function: the other group steps on NaN
+        lambda: optax.multi_transform(
+            {"critic": amp.skip_nonfinite(optax.sgd(0.1)), "actor": optax.sgd(0.1)}, by_group
+        ),
+        # a transformation after it (AdamW's decay): it changes the params on a skipped step
+        lambda: optax.chain(amp.skip_nonfinite(optax.sgd(0.1)), optax.add_decayed_weights(0.5)),
+        # a stateful one before it: its state takes the non-finite gradients
+        lambda: optax.chain(optax.scale_by_adam(), amp.skip_nonfinite(optax.sgd(0.1))),
+    ],
+    ids=["inside-multisteps", "one-group-of-multi-transform", "before-weight-decay", "after-adam's-moments"],
+)
+def test_a_skip_nonfinite_that_decides_for_part_of_the_optimizer_is_refused_in_every_style(make_tx):
+    with pytest.raises(ValueError, match=PART_ONLY):
+        amp.TrainState.create(params=PARAMS, tx=make_tx(), precision="fp16")
+    with pytest.raises(ValueError, match=PART_ONLY):
+        amp.Optimizer(TwoGroups(), make_tx(), wrt=nnx.Param)
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["critic"] * x) + jnp.sum(p["actor"] * x))
+    with pytest.raises(ValueError, match=PART_ONLY):  # a pytree loop of your own
+        grad_fn((amp.DynamicLossScale(), make_tx().init(PARAMS)), PARAMS, jnp.ones(3))
+
+
+@pytest.mark.parametrize(
+    "tx",
+    [
+        amp.skip_nonfinite(optax.MultiSteps(optax.adam(1e-2), 2).gradient_transformation()),
+        amp.skip_nonfinite(optax.chain(optax.sgd(0.1), optax.add_decayed_weights(0.5))),
+        optax.chain(optax.clip_by_global_norm(1.0), amp.skip_nonfinite(optax.sgd(0.1))),
+        optax.multi_transform({"critic": optax.sgd(0.1), "actor": optax.adam(1e-2)}, by_group),
+    ],
+    ids=["around-multisteps", "around-weight-decay", "after-stateless-clipping", "multi-transform-wrapped-whole"],
+)
+def test_the_same_compositions_with_skip_nonfinite_around_the_whole_skip_exactly(tx):
+    state = amp.TrainState.create(params=PARAMS, tx=tx, precision="fp16")
+    state = state.apply_gradients(grads=NAN_GRADS)
+    assert all(np.asarray(v).tolist() == [1.0] * 3 for v in state.params.values())  # unchanged, bit for bit
+    assert int(state.skipped) == 1
+    state = state.apply_gradients(grads={"critic": jnp.ones(3), "actor": jnp.ones(3)})
+    assert int(state.skipped) == 1 and np.isfinite(np.asarray(state.params["critic"])).all()
+
+
+def test_stats_of_a_dict_of_states_counts_each_and_independent_scalers_are_reported_each():
+    make = lambda: amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16")  # noqa: E731
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p * x))
+    actor, critic = make(), make()
+    for x in (jnp.full(2, jnp.inf), jnp.full(2, jnp.inf)):  # the critic overflows twice, on its own scaler
+        _, grads, finite, norm, scaler = grad_fn(critic, critic.params, x)
+        critic = critic.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
+    counts = amp.stats({"actor": actor, "critic": critic})  # as update_scaler takes them
+    assert {name: c["skipped"] for name, c in counts["optimizers"].items()} == {"actor": 0, "critic": 2}
+    # not one scale for both: each its own, beside its counts
+    assert "scale" not in counts
+    assert counts["optimizers"]["critic"]["scale"] == 2.0**14 and counts["optimizers"]["critic"]["backoffs"] == 2
+    assert counts["optimizers"]["actor"]["scale"] == 2.0**16 and counts["optimizers"]["actor"]["backoffs"] == 0
+    assert amp.stats(actor=actor, critic=critic) == counts
+
+
+def test_an_nnx_model_in_float16_under_float32_master_weights_is_refused_naming_param_dtype():
+    model = nnx.Linear(3, 1, dtype=jnp.float16, param_dtype=jnp.float16, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"'fp16' stores params in float32, but the model's nnx.Param are float16"):
+        amp.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param, precision="fp16")
+    amp.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param, precision="fp16-full")  # float16 params: its own
+
+
+def test_callable_params_are_cast_to_float32_master_weights_as_any_pytree():
+    params = jax.tree_util.Partial(lambda w, x: w * x, jnp.ones(3, jnp.float16))  # callable, as an eqx.Module is
+    state = amp.TrainState.create(params=params, tx=optax.sgd(0.1), precision="fp16")
+    assert [leaf.dtype for leaf in jax.tree.leaves(state.params)] == [jnp.float32]
+
+
+def test_states_created_from_one_scaler_object_can_be_donated_together():
+    scaler = amp.DynamicLossScale()  # one object for both, as from-pytorch.md's shared scaler
+    make = lambda: amp.TrainState.create(  # noqa: E731
+        params=jnp.ones(2), tx=optax.sgd(0.1), scaler=scaler, precision="fp16", shared_scaler=True
+    )
+    step = jax.jit(lambda a, c: (a.replace(step=a.step + 1), c), donate_argnums=(0, 1))
+    a, c = step(make(), make())  # raised "Attempt to donate the same buffer twice" before
+    assert int(a.step) == 1 and float(c.scaler.loss_scale) == 2.0**16
+
+
+def test_an_optimizer_state_and_scaler_given_in_the_wrong_order_are_named_so():
+    tx, params = amp.skip_nonfinite(optax.sgd(0.1)), jnp.ones(2)
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p * x))
+    with pytest.raises(TypeError, match=r"\(scaler, opt_state\) in that order, got \(opt_state, scaler\)"):
+        grad_fn((tx.init(params), amp.DynamicLossScale()), params, jnp.ones(2))
