@@ -129,6 +129,20 @@ class AutocastModule:
         return f"autocast({self.module!r}, compute={jnp.dtype(self.policy.compute_dtype).name})"
 
 
+def split_aux(out, has_aux: bool):
+    """(loss, aux) of what `loss_fn` returned, refusing a return that does not fit `has_aux` or
+    a loss that is not one number, each in a sentence (JAX's own errors come from deep inside)."""
+    if has_aux and not (isinstance(out, tuple) and len(out) == 2):
+        got = f"an array of shape {jnp.shape(out)}" if hasattr(out, "shape") else type(out).__name__
+        raise TypeError(f"with has_aux=True, loss_fn must return (loss, aux), got {got}")
+    loss, aux = out if has_aux else (out, None)
+    if isinstance(loss, (tuple, list, dict)) or jnp.shape(loss) != ():
+        fix = "; with aux, return (loss, aux) and pass has_aux=True" if isinstance(out, tuple) and not has_aux else ""
+        shown = type(loss).__name__ if isinstance(loss, (tuple, list, dict)) else f"shape {jnp.shape(loss)}"
+        raise TypeError(f"loss_fn must return one number, the loss (a scalar), got {shown}{fix}")
+    return loss, aux
+
+
 def _float32_loss(loss) -> jax.Array:
     """The loss as float32, with a warning (at trace time) when it was computed in float16:
     its gradient starts as the loss scale itself, which overflows float16 above 65504, so
@@ -257,8 +271,7 @@ def scaled_value_and_grad(
 
     def scaled_grads(scaler, args, kwargs):  # (scaled gradients, the float32 loss, aux)
         def scaled(*args):
-            out = loss_fn(*args, **kwargs)
-            loss, aux = out if has_aux else (out, None)
+            loss, aux = split_aux(loss_fn(*args, **kwargs), has_aux)
             loss = _float32_loss(loss)
             return scaler.scale(loss), (loss, aux)
 

@@ -71,6 +71,12 @@ class _LossScaleBase:
         return {f: getattr(self, f) for f in self._fields}
 
     def _from_state_dict(self, state: dict):
+        if set(state) != set(self._fields):  # another kind of scaler: it would be read as this one
+            raise ValueError(
+                f"a {type(self).__name__} cannot be restored from a saved scaler with fields "
+                f"{', '.join(sorted(state))}: restore into a state created with the precision (and scaler) "
+                "the checkpoint was saved with"
+            )
         return self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
 
     def __repr__(self):

@@ -36,7 +36,7 @@ from flax import nnx, struct
 from flax.training import train_state
 
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
-from genesis_jax.amp.grads import scaled_value_and_grad
+from genesis_jax.amp.grads import scaled_value_and_grad, split_aux
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import (
@@ -334,7 +334,7 @@ def train_step(
     optional_callable("grad_transform", grad_transform)
 
     def loss_with_faults(params, *args):
-        loss, aux = loss_fn(params, *args) if has_aux else (loss_fn(params, *args), None)
+        loss, aux = split_aux(loss_fn(params, *args), has_aux)
         if faults is not None and faults.loss_spike_steps:
             loss = faults.spike_loss(jnp.asarray(loss, jnp.float32), state.step)
         return loss, aux

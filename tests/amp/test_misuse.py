@@ -248,3 +248,36 @@ def test_an_optimizer_state_and_scaler_given_in_the_wrong_order_are_named_so():
     grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p * x))
     with pytest.raises(TypeError, match=r"\(scaler, opt_state\) in that order, got \(opt_state, scaler\)"):
         grad_fn((tx.init(params), amp.DynamicLossScale()), params, jnp.ones(2))
+
+
+def test_a_checkpoint_restored_into_another_kind_of_scaler_is_refused_not_read_as_it():
+    from flax import serialization
+
+    fp16 = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16")
+    fp32 = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp32")
+    for saved, template in ((fp16, fp32), (fp32, fp16)):  # read as a NoOp scale of 65536 / a KeyError before
+        with pytest.raises(ValueError, match=r"cannot be restored from a saved scaler with fields .*: restore into"):
+            serialization.from_bytes(template, serialization.to_bytes(saved))
+    restored = serialization.from_bytes(fp16, serialization.to_bytes(fp16))
+    assert float(restored.scaler.loss_scale) == 2.0**16
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "has_aux", "message"),
+    [
+        (lambda p, x: (jnp.sum(p * x), {"n": 1}), False, r"got tuple; with aux, return \(loss, aux\) and pass has_aux"),
+        (lambda p, x: p * x, False, r"loss_fn must return one number, the loss \(a scalar\), got shape \(2,\)"),
+        (
+            lambda p, x: jnp.sum(p * x),
+            True,
+            r"with has_aux=True, loss_fn must return \(loss, aux\), got an array of shape \(\)",
+        ),
+    ],
+    ids=["aux-without-has-aux", "a-vector-loss", "has-aux-without-aux"],
+)
+def test_a_loss_fn_that_does_not_return_what_has_aux_says_is_refused_in_a_sentence(loss_fn, has_aux, message):
+    state = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16")
+    with pytest.raises(TypeError, match=message):
+        amp.train_step(state, loss_fn, jnp.ones(2), has_aux=has_aux)
+    with pytest.raises(TypeError, match=message):
+        amp.scaled_value_and_grad(loss_fn, has_aux=has_aux)(state, state.params, jnp.ones(2))
