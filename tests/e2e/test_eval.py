@@ -26,6 +26,9 @@ from tests.support.files import one_line_error, snapshot
 from tests.support.registry import tiny_argv
 
 ACTING = acting_algorithms()
+# PQN's tiny run as test_pqn_greedy_return_is_each_seeds_own_greedy_evaluation needs it (2 seeds,
+# each evaluated greedily after training): one PQN run serves both tests.
+OVERRIDES = {"pqn": {"num_seeds": 2, "seed": 3, "eval_episodes": 32}}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,7 @@ def test_every_registered_algorithm_but_the_world_model_acts():
 @pytest.mark.slow  # a tiny fp16 run of each, then its evaluation: about 15 s each on 2 cores
 @pytest.mark.parametrize("name", ACTING)
 def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys, name):
-    run = trained(name)
+    run = trained(name, **OVERRIDES.get(name, {}))
     result = eval_json(capsys, run, "--episodes", "3", "--seed", "5")
     assert result["algorithm"] == name and result["precision"] == "fp16" and result["greedy"]
     assert result["episodes"] == len(result["returns"]) == len(result["lengths"]) == 3
@@ -101,9 +104,9 @@ def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys,
     assert not sampled["greedy"] and len(sampled["returns"]) == 2
 
 
-@pytest.mark.slow  # a tiny PQN run of 2 seeds, each seed's evaluation over 32 episodes
+@pytest.mark.slow  # the tiny PQN run of 2 seeds (shared), each seed's evaluation over 32 episodes
 def test_pqn_greedy_return_is_each_seeds_own_greedy_evaluation(trained, capsys):
-    run = trained("pqn", num_seeds=2, seed=3, eval_episodes=32)
+    run = trained("pqn", **OVERRIDES["pqn"])
     summary = json.loads((run / "summary.json").read_text())
     for index, expected in enumerate(summary["eval_return_per_seed"]):  # seed k evaluated from seed + k
         result = eval_json(capsys, run, "--episodes", "32", "--seed", str(3 + index), "--seed-index", str(index))

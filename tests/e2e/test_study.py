@@ -18,7 +18,7 @@ SCORES = {
     "fp16": np.array([[0.92, 0.5], [0.97, 0.62], [0.81, 0.41], [0.9, 0.5], [0.88, 0.66], [0.99, 0.47]]),
     "bf16": np.array([[0.5, 0.2], [0.6, 0.3], [0.4, 0.1], [0.55, 0.25], [0.45, 0.3], [0.6, 0.2]]),
 }
-REPS = 300
+REPS = 100  # bootstrap replications (the study's least): ours are checked against rliable's at the same count
 
 
 def rliable_direct(score_dict, func, seed=0):

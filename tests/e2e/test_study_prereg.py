@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from tests.e2e.test_study_honesty import STEPS, files, one_line, write_cell
 PILOT = 8
 
 
-def make_plan(out, capsys, *extra) -> dict:
+def make_plan(out, *extra) -> dict:
     """A plan from hand-written pilot cells: fp16 follows fp32 seed by seed (correlated)."""
     rng = np.random.default_rng(1)
     fp32 = 400 + 40 * rng.standard_normal(PILOT)
@@ -30,8 +32,22 @@ def make_plan(out, capsys, *extra) -> dict:
         write_cell(out / "plan", precision, num_seeds=PILOT, returns=returns.tolist())
     argv = ["study", "--plan", "--out", str(out), "--pilot-seeds", str(PILOT), "--precisions", "fp32,fp16"]
     assert main([*argv, "--total-steps", str(STEPS), "--reps", "100", "--no-progress", *extra]) == 0
-    capsys.readouterr()
     return json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def planned_study(tmp_path_factory):
+    """`make_plan`'s --out, planned once for the tests that take its plan as it is: each one
+    works in a copy of it (`copied_plan`)."""
+    out = tmp_path_factory.mktemp("planned") / "study"
+    make_plan(out)
+    return out
+
+
+def copied_plan(planned_study, tmp_path) -> tuple:
+    """(a copy of the planned --out in `tmp_path`, its plan.json): what `make_plan` gives."""
+    out = pathlib.Path(shutil.copytree(planned_study, tmp_path / "study"))
+    return out, json.loads((out / "plan.json").read_text())
 
 
 def confirmatory_argv(out, saved, *extra):
@@ -51,9 +67,8 @@ def write_study_cells(out, saved, record: str | None):
             plan.record_cell(out, path, record)
 
 
-def test_the_plan_fixes_margin_seeds_range_statistics_and_thresholds(tmp_path, capsys):
-    out = tmp_path / "study"
-    saved = make_plan(out, capsys)
+def test_the_plan_fixes_margin_seeds_range_statistics_and_thresholds(planned_study, tmp_path):
+    out, saved = copied_plan(planned_study, tmp_path)
     task = saved["tasks"]["CartPole-v1"]
     random = cells.random_floor("CartPole-v1")
     assert task["random"] == pytest.approx(random) and task["reference"] == 500.0
@@ -80,8 +95,8 @@ def test_the_plan_fixes_margin_seeds_range_statistics_and_thresholds(tmp_path, c
     assert text.rstrip().endswith("--confirmatory`")
 
 
-def test_num_seeds_at_plan_time_is_a_floor(tmp_path, capsys):
-    saved = make_plan(tmp_path / "study", capsys, "--num-seeds", "40")
+def test_num_seeds_at_plan_time_is_a_floor(tmp_path):
+    saved = make_plan(tmp_path / "study", "--num-seeds", "40")
     assert saved["study"]["num_seeds"] == 40 > saved["tasks"]["CartPole-v1"]["seeds"]
 
 
@@ -92,9 +107,8 @@ def test_a_confirmatory_study_without_a_plan_is_refused(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_a_confirmatory_study_at_other_settings_than_its_plan_is_refused(tmp_path, capsys):
-    out = tmp_path / "study"
-    saved = make_plan(out, capsys)
+def test_a_confirmatory_study_at_other_settings_than_its_plan_is_refused(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
     before = files(out)
     assert main([*confirmatory_argv(out, saved), "--seed", "0"]) == 2  # the pilot's seeds again
     line = one_line(capsys)
@@ -102,9 +116,8 @@ def test_a_confirmatory_study_at_other_settings_than_its_plan_is_refused(tmp_pat
     assert files(out) == before
 
 
-def test_cells_that_started_before_the_plan_or_under_another_are_refused(tmp_path, capsys):
-    out = tmp_path / "study"
-    saved = make_plan(out, capsys)
+def test_cells_that_started_before_the_plan_or_under_another_are_refused(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
     write_study_cells(out, saved, record=None)  # the cells ran first, the plan was (re)written after
     assert main(confirmatory_argv(out, saved)) == 2
     assert "ran before the plan, not under plan" in one_line(capsys)
@@ -116,9 +129,8 @@ def test_cells_that_started_before_the_plan_or_under_another_are_refused(tmp_pat
 
 
 @pytest.mark.slow  # three reports: about a minute on 2 busy cores
-def test_the_report_quotes_the_plan_or_says_exploratory(tmp_path, capsys):
-    out = tmp_path / "study"
-    saved = make_plan(out, capsys)
+def test_the_report_quotes_the_plan_or_says_exploratory(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
     digest = plan.plan_hash(saved)
     write_study_cells(out, saved, record=digest)
     assert main(confirmatory_argv(out, saved)) == 0
@@ -141,12 +153,13 @@ def test_no_plan_says_exploratory(tmp_path, capsys):
         write_cell(out, precision)
     argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "3", "--total-steps", str(STEPS)]
     assert main([*argv, "--reps", "100", "--no-cost", "--no-progress"]) == 0
-    assert "Exploratory: no plan (`--plan`) fixed this study" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "Exploratory: no plan (`--plan`) fixed this study" in text
+    assert "Plan: none (`--plan` was not run in this --out)" in text
 
 
-def test_a_plan_is_not_changed_after_its_study_began(tmp_path, capsys):
-    out = tmp_path / "study"
-    saved = make_plan(out, capsys)
+def test_a_plan_is_not_changed_after_its_study_began(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
     before = (out / "plan.json").read_text()
     plan.record_cell(out, out / "cells" / "CartPole-v1" / "fp32", plan.plan_hash(saved))  # a confirmatory cell began
     argv = ["study", "--plan", "--out", str(out), "--pilot-seeds", str(PILOT), "--precisions", "fp32,fp16"]

@@ -40,30 +40,6 @@ def test_auc_is_each_seeds_mean_return_over_the_runs_windows():
     np.testing.assert_allclose(cells.auc_scores(rows, points=4), [200.0, 100.0])
 
 
-@pytest.mark.slow
-def test_the_report_gives_a_final_and_an_auc_verdict_per_task(tmp_path):
-    out = tmp_path / "study"
-    ramp = [[20.0 + 120 * u + 3 * k for k in range(6)] for u in range(4)]  # learns over the run
-    write_cell(out, "fp32", num_seeds=6, returns=ramp[-1], rows=curve_rows(ramp))
-    # fp16: the same end, but at the end from the start (a higher AUC, the same final return)
-    flat = [ramp[-1]] * 4
-    write_cell(out, "fp16", num_seeds=6, returns=ramp[-1], rows=curve_rows(flat))
-    assert main(study_argv(out, "--num-seeds", "6")) == 0
-    text = (out / "report.md").read_text()
-    final_row = next(line for line in text.splitlines() if line.startswith("| CartPole-v1 | final return |"))
-    auc_row = next(line for line in text.splitlines() if line.startswith("| CartPole-v1 | AUC |"))
-    assert "| equivalent (0.00 [" in final_row  # the same final returns
-    # AUC difference by hand: fp16 is at ramp[-1] throughout, fp32's mean over the 4 updates
-    fp32_auc = np.mean(ramp, axis=0)
-    expected = (stats.iqm(np.array(ramp[-1])[:, None]) - stats.iqm(fp32_auc[:, None])) / (500 - 22.0)
-    saved = json.loads((out / "stats.json").read_text())
-    difference = saved["auc"]["equivalence"]["fp16"][0][0]
-    randomised = cells.random_floor("CartPole-v1")
-    assert difference[0] == pytest.approx(expected * (500 - 22.0) / (500 - randomised))
-    assert "better" in auc_row
-    assert "Plan: none (`--plan` was not run in this --out)" in text
-
-
 def test_seeds_needed_is_tost_with_the_normal_quantiles():
     z = scipy.stats.norm.ppf
     for sd in (0.01, 0.05, 0.1, 0.2):
@@ -91,7 +67,7 @@ def test_the_planned_seeds_give_the_promised_power_for_the_mean():
 
 
 @pytest.mark.slow
-def test_the_plan_from_its_pilot_and_the_study_states_it(tmp_path, capsys):
+def test_the_plan_from_its_pilot_and_the_study_states_it_and_judges_both_scores(tmp_path, capsys):
     out = tmp_path / "study"
     rng = np.random.default_rng(1)
     pilot = {p: (400 + 40 * rng.standard_normal(8)).tolist() for p in ("fp32", "fp16")}
@@ -111,12 +87,27 @@ def test_the_plan_from_its_pilot_and_the_study_states_it(tmp_path, capsys):
     # its time: both pilot cells' 1 s of training per 8 seeds and 1 s of compilation, at the planned seeds
     assert saved["estimated_seconds"] == pytest.approx(2 * (1.0 + saved["seeds"] / 8))
     assert "| CartPole-v1 | 2048 steps | 8 |" in printed and f"--num-seeds {saved['seeds']}" in printed
-    # the study at fewer seeds than planned says so, in its header and its verdicts
-    for precision in ("fp32", "fp16"):
-        write_cell(out, precision)
-    assert main(study_argv(out)) == 0
+    # the study at fewer seeds than planned says so, in its header and its verdicts; its cells also
+    # give the report's two scores, each with its own verdict (a report without a plan says "Plan:
+    # none": tests/e2e/test_study_prereg.py)
+    ramp = [[20.0 + 120 * u + 3 * k for k in range(6)] for u in range(4)]  # learns over the run
+    write_cell(out, "fp32", num_seeds=6, returns=ramp[-1], rows=curve_rows(ramp))
+    # fp16: the same end, but at the end from the start (a higher AUC, the same final return)
+    flat = [ramp[-1]] * 4
+    write_cell(out, "fp16", num_seeds=6, returns=ramp[-1], rows=curve_rows(flat))
+    assert main(study_argv(out, "--num-seeds", "6")) == 0
     text = (out / "report.md").read_text()
-    assert f"CartPole-v1: {saved['seeds']}; this study ran 3, fewer than planned for CartPole-v1" in text
+    assert f"CartPole-v1: {saved['seeds']}; this study ran 6, fewer than planned for CartPole-v1" in text
+    final_row = next(line for line in text.splitlines() if line.startswith("| CartPole-v1 | final return |"))
+    auc_row = next(line for line in text.splitlines() if line.startswith("| CartPole-v1 | AUC |"))
+    assert "| equivalent (0.00 [" in final_row  # the same final returns
+    # AUC difference by hand: fp16 is at ramp[-1] throughout, fp32's mean over the 4 updates
+    fp32_auc = np.mean(ramp, axis=0)
+    expected = (stats.iqm(np.array(ramp[-1])[:, None]) - stats.iqm(fp32_auc[:, None])) / (500 - 22.0)
+    saved_stats = json.loads((out / "stats.json").read_text())
+    difference = saved_stats["auc"]["equivalence"]["fp16"][0][0]
+    assert difference[0] == pytest.approx(expected * (500 - 22.0) / (500 - random))
+    assert "better" in auc_row
 
 
 def test_fp32_as_its_own_reference_is_judged_against_the_random_floor():
@@ -190,12 +181,12 @@ def test_sigint_while_a_cell_compiles_stops_the_study_subprocess(tmp_path):
     assert not (out / "cells" / "CartPole-v1" / "fp16").exists()
 
 
-@pytest.mark.slow  # trains a PPO and a world model with the telemetry: about a minute
-def test_the_telemetry_reaches_the_rows_the_summary_and_a_plot(tmp_path):
-    ppo, wm = tmp_path / "ppo", tmp_path / "wm"
+@pytest.mark.slow  # trains a world model with the telemetry (its PPO run: the GPU preset's fp16 cell, shared)
+def test_the_telemetry_reaches_the_rows_the_summary_and_a_plot(gpu_smoke_study, tmp_path):
+    # PPO's run: the smoke study's fp16 cell, a PPO run at fp16 with the telemetry (a study
+    # turns it on there); the world model's through `train`'s own flag.
+    ppo, wm = gpu_smoke_study / "cells" / "CartPole-v1" / "fp16", tmp_path / "wm"
     base = ["--precision", "fp16", "--loss-scaling", "none", "--underflow-telemetry", "--quiet", "--no-progress"]
-    # --eval-episodes 0: the greedy evaluation after training (its own compile) is not what is tested here
-    assert main(["train", "ppo", *base, "--total-steps", "1024", "--eval-episodes", "0", "--out", str(ppo)]) == 0
     assert (
         main(
             ["train", "world-model", *base, "--data", "synthetic-small", "--epochs", "2"]
@@ -205,7 +196,7 @@ def test_the_telemetry_reaches_the_rows_the_summary_and_a_plot(tmp_path):
     )
     for run, layer in ((ppo, "actor_0"), (wm, "enc_0")):
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        assert all(
+        assert rows and all(
             0.0 <= r[f"underflow/{layer}"] <= 1.0 and r[f"flushed/{layer}"] <= r[f"underflow/{layer}"] for r in rows
         )
         summary = json.loads((run / "summary.json").read_text())
@@ -214,15 +205,23 @@ def test_the_telemetry_reaches_the_rows_the_summary_and_a_plot(tmp_path):
     assert len(json.loads((wm / "summary.json").read_text())["eval_loss_per_seed"]) == 2
 
 
-@pytest.mark.slow  # compiles and trains 2 PPO cells at a smoke size
-def test_the_gpu_preset_runs_at_a_smoke_size(tmp_path):
-    """The preset's settings reach the cells and the report. Its wide res-MLP task is checked as
-    the cell it would train, not run: on a CPU a float16 1024-wide cell of 2 updates took 110 s
-    (float16 arithmetic is emulated there), which is the GPU's work."""
-    out = tmp_path / "gpu"
+@pytest.fixture(scope="module")
+def gpu_smoke_study(tmp_path_factory):
+    """The GPU preset's study at a smoke size: 2 PPO cells (fp32, fp16) of CartPole-v1, 2 seeds,
+    1024 steps: its --out."""
+    out = tmp_path_factory.mktemp("gpu") / "gpu"
     argv = ["study", "--preset", "gpu", "--out", str(out), "--tasks", "CartPole-v1"]
     argv += ["--precisions", "fp32,fp16", "--num-seeds", "2", "--total-steps", "1024", "--reps", "100"]
     assert main([*argv, "--no-cost", "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.slow  # the gpu_smoke_study fixture compiles and trains 2 PPO cells at a smoke size
+def test_the_gpu_preset_runs_at_a_smoke_size(gpu_smoke_study):
+    """The preset's settings reach the cells and the report. Its wide res-MLP task is checked as
+    the cell it would train, not run: on a CPU a float16 1024-wide cell of 2 updates took 110 s
+    (float16 arithmetic is emulated there), which is the GPU's work."""
+    out = gpu_smoke_study
     text = (out / "report.md").read_text()
     assert "--preset gpu" in text and "2 seeds per cell" in text and "CartPole-v1: 1024 steps" in text
     summary = json.loads((out / "cells" / "CartPole-v1" / "fp16" / "summary.json").read_text())
