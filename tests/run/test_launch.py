@@ -5,12 +5,14 @@ forever for another (a refused run directory, a barrier, a signal)."""
 import fcntl
 import os
 import pathlib
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -248,6 +250,7 @@ CHILD = textwrap.dedent(
     if {ignore_term}:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     assert exit_with_launcher(grace_seconds=1.0, interval=0.05) is {watch}
+    print("watching", flush=True)
     time.sleep(600)
     """
 )
@@ -268,8 +271,10 @@ def test_a_child_dies_with_its_launcher(how, watch, ignore_term):
     if not watch:  # the child does not watch: only the kernel's death signal can end it
         child = child.replace("exit_with_launcher(", "(lambda **_: False)(")
     stand_in = start_python(["-c", STAND_IN, how, child])
-    pid = int(stand_in.stdout.readline())
-    time.sleep(1.0)  # the child is up and watching
+    lines = queue.Queue()  # read on a thread: a child that never says "watching" fails the test, not hangs it
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in stand_in.stdout], daemon=True).start()
+    pid = int(lines.get(timeout=60))
+    assert lines.get(timeout=60) == "watching"  # the child is up and watching
     assert alive(pid)
     stand_in.kill()
     stand_in.wait()
@@ -291,9 +296,10 @@ def test_killing_the_launcher_at_once_ends_the_processes():
 @pytest.mark.slow
 def test_killing_the_launcher_while_training_ends_every_process(tmp_path):
     """SIGKILL of the launcher in the middle of training: both processes get SIGTERM (a clean
-    stop with a final checkpoint where it comes in time) and are gone within the grace."""
+    stop with a final checkpoint where it comes in time) and are gone within the grace. A checkpoint
+    every 4 updates: compiled chunks of 2 updates, so the first rows come, and a stop is taken, soon."""
     out = tmp_path / "run"
-    args = [*TINY_PPO, "--total-steps", "10000000", "--checkpoint-every", "4096", "--out", str(out)]
+    args = [*TINY_PPO, "--total-steps", "10000000", "--checkpoint-every", "256", "--out", str(out)]
     proc = start_python([*LAUNCH, "--", *args], cpu_env(drop_xla_flags=True))
     pids = launched_pids(proc)
     metrics = out / "metrics.jsonl"

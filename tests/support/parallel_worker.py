@@ -1,6 +1,6 @@
 """Runs data-parallel scenarios on 4 forced CPU devices and prints their raw results as
-JSON; tests/run/test_parallel.py starts it in a separate process (XLA_FLAGS must be set before
-JAX starts) and makes the assertions."""
+JSON, every scenario in one process (one start of Python and JAX for all); tests/run/test_parallel.py
+starts it in a separate process (XLA_FLAGS must be set before JAX starts) and makes the assertions."""
 
 import json
 import sys
@@ -27,11 +27,18 @@ def checksum(tree) -> float:
     return float(sum(np.sum(np.asarray(x, np.float64) * (i + 1)) for i, x in enumerate(jax.tree.leaves(tree))))
 
 
+# 8 updates of 512 steps, a checkpoint after the 4th and the 8th (tests/run/test_parallel.py runs the same).
+PPO = dict(precision="fp16", total_steps=4096, num_envs=8, num_steps=64, seed=1)
+PPO_CHECKPOINT_EVERY = 2048
+
+
 def ppo(out_dir=None):
     runs = {}
     for devices in (1, 4):
-        config = PPOConfig(precision="fp16", total_steps=8192, num_envs=8, num_steps=64, seed=1, devices=devices)
-        result = train_ppo(config, out_dir=out_dir if devices == 4 else None, progress=False, checkpoint_every=4096)
+        config = PPOConfig(**PPO, devices=devices)
+        result = train_ppo(
+            config, out_dir=out_dir if devices == 4 else None, progress=False, checkpoint_every=PPO_CHECKPOINT_EVERY
+        )
         runs[devices] = {
             "losses": [r["loss"] for r in result.metrics],
             "returns": [r["return_sum"] for r in result.metrics],
@@ -91,10 +98,6 @@ def inject_one_shard():
 
 
 if __name__ == "__main__":
-    scenario = sys.argv[1]
-    result = {
-        "ppo": lambda: ppo(sys.argv[2] if len(sys.argv) > 2 else None),
-        "world_model": world_model,
-        "inject": inject_one_shard,
-    }[scenario]()
+    # python -m tests.support.parallel_worker PPO_OUT_DIR: every scenario, the PPO run's checkpoints in PPO_OUT_DIR
+    result = {"ppo": ppo(sys.argv[1]), "world_model": world_model(), "inject": inject_one_shard()}
     print("RESULT " + json.dumps({"device_count": jax.device_count(), **result}))
