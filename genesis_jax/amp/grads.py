@@ -285,6 +285,13 @@ def scaled_value_and_grad(
         return grads, loss, aux
 
     def split(x):
+        is_key = jnp.issubdtype(jnp.result_type(x), jax.dtypes.prng_key)
+        if jnp.ndim(x) == 0 or is_key:
+            raise ValueError(
+                f"accumulate={accumulate} splits the leading axis of every positional argument but the "
+                f"differentiated one, and one holds a {'key' if is_key else 'scalar'}: give loss_fn "
+                "what is not a batch (a scalar, a key, target params) as a keyword argument, which is not split"
+            )
         if x.shape[0] % accumulate:
             raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulate} micro-batches")
         return x.reshape(accumulate, x.shape[0] // accumulate, *x.shape[1:])
@@ -296,6 +303,10 @@ def scaled_value_and_grad(
             return jax.tree.map(jnp.add, total, grads), (loss, aux)
 
         micro = jax.tree.map(split, [None if i == argnums else x for i, x in enumerate(args)])
+        if not jax.tree.leaves(micro):  # keywords are not split
+            raise ValueError(
+                f"accumulate={accumulate} splits loss_fn's positional arguments: pass the batch positionally"
+            )
         zeros = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.promote_types(g.dtype, jnp.float32)), args[argnums])
         total, (losses, aux) = jax.lax.scan(micro_step, zeros, micro)
         return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux

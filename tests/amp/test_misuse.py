@@ -281,3 +281,24 @@ def test_a_loss_fn_that_does_not_return_what_has_aux_says_is_refused_in_a_senten
         amp.train_step(state, loss_fn, jnp.ones(2), has_aux=has_aux)
     with pytest.raises(TypeError, match=message):
         amp.scaled_value_and_grad(loss_fn, has_aux=has_aux)(state, state.params, jnp.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((jnp.ones((4, 2)), jnp.float32(0.5)), {}, r"accumulate=2 splits the leading axis .* one holds a scalar"),
+        ((jnp.ones((4, 2)), jax.random.key(0)), {}, r"accumulate=2 splits the leading axis .* one holds a key"),
+        ((), {"x": jnp.ones((4, 2)), "c": 0.5}, r"accumulate=2 splits loss_fn's positional arguments: pass the batch"),
+    ],
+    ids=["a-scalar", "a-typed-key", "the-batch-as-keywords"],
+)
+def test_accumulate_given_what_it_cannot_split_says_what_to_pass_instead(args, kwargs, message):
+    def loss_fn(params, x, c=1.0, key=None):
+        return jnp.mean(x @ params) * c
+
+    state = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16")
+    with pytest.raises(ValueError, match=message):
+        amp.scaled_value_and_grad(loss_fn, accumulate=2)(state, state.params, *args, **kwargs)
+    if args:  # the same given as a keyword: split as it should be
+        out = amp.scaled_value_and_grad(loss_fn, accumulate=2)(state, state.params, args[0])
+        assert bool(out.grads_finite)
