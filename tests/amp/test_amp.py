@@ -2,6 +2,7 @@
 optax wrapper, gradient accumulation, schedules on skipped steps, per-module precision rules,
 and the PureJaxRL-style example pair."""
 
+import os
 import pathlib
 import runpy
 import textwrap
@@ -20,6 +21,12 @@ from genesis_jax.nets import MLP, ActorCritic
 from tests.support.processes import run_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+COMPILE_ENV = (
+    "XLA_FLAGS",
+    "JAX_DISABLE_MOST_OPTIMIZATIONS",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+)
 
 
 def regression(seed=0, n=64):
@@ -90,11 +97,16 @@ def test_in_fp32_without_a_scale_the_pieces_equal_plain_optax():
     params = model.init(jax.random.PRNGKey(1), x)
     ours, _, _, _ = run_pieces(optax.adam(3e-3), dtype=jnp.float32, steps=50, scaler=NoOpLossScale())
     tx, loss_fn = optax.adam(3e-3), mse(model)
-    opt_state, plain = tx.init(params), []
-    for _ in range(50):
+
+    @jax.jit  # plain optax, one step jitted (op by op it took 10 s)
+    def plain_step(params, opt_state):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state, plain = tx.init(params), []
+    for _ in range(50):
+        params, opt_state, loss = plain_step(params, opt_state)
         plain.append(float(loss))
     np.testing.assert_allclose(ours, plain, rtol=1e-5)
 
@@ -327,45 +339,64 @@ def test_the_jitted_train_step_leaves_the_callers_arrays_usable():
     assert amp.stats(state)["steps"] == 2
 
 
-@pytest.mark.slow  # a 4-device subprocess: 11 s
-def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices():
+# One fresh Python for two tests (its start-up and JAX's import are most of each): first what
+# importing genesis_jax.amp loads, then shard_map over 4 forced CPU devices.
+FRESH_PROCESS = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    import pkgutil, sys
+    import genesis_jax.amp
+    loaded = sorted(m for m in sys.modules if m == "genesis_jax" or m.startswith("genesis_jax."))
+    # after the snapshot: walk_packages imports every subpackage it lists
+    everything = sorted(m.name for m in pkgutil.walk_packages(sys.modules["genesis_jax"].__path__, "genesis_jax."))
+    print("IMPORTS " + repr((everything, loaded)), flush=True)
+
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from jax.sharding import Mesh, PartitionSpec as P
+    from genesis_jax import DynamicLossScale, amp
+    from genesis_jax.nets import MLP
+    model = MLP(features=(16, 1), dtype=jnp.float16)
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 8)); y = jnp.sin(x).sum(-1, keepdims=True)
+    params = model.init(jax.random.PRNGKey(1), x)
+    loss_fn = lambda p, x, y: jnp.mean((model.apply(p, x) - y) ** 2)
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    grad_fn = amp.scaled_value_and_grad(loss_fn, axis_name="data")
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    def step(params, opt_state, scaler, x, y):
+        loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+        return optax.apply_updates(params, updates), opt_state, scaler, grads, finite[None]
+    sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("data"), P("data")),
+                                    out_specs=(P(), P(), P(), P(), P("data")), check_vma=False))
+    scaler = DynamicLossScale(init_scale=2.0 ** 10)  # each shard's mean loss: 4x the whole batch's gradients
+    out = sharded(params, tx.init(params), scaler, x, y)
+    ref = amp.scaled_value_and_grad(loss_fn)((scaler, tx.init(params)), params, x, y)
+    for a, b in zip(jax.tree.leaves(out[3]), jax.tree.leaves(ref.grads)):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-4)  # float16 forward, 4 shards vs 1
+    assert np.asarray(out[4]).tolist() == [True] * 4
+    bad = y.at[9].set(jnp.inf)  # row 9 lives on the second device only
+    new_params, opt_state, scaler, _, finite = sharded(params, tx.init(params), scaler, x, bad)
+    assert np.asarray(finite).tolist() == [False] * 4
+    assert float(scaler.loss_scale) == 2.0 ** 9 and int(opt_state.skipped) == 1
+    assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
+    print("MESH ok")
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh_process():
+    # The suite's compile settings (conftest.py) and its shared compilation cache, nothing else.
+    compile_env = {k: v for k, v in os.environ.items() if k in COMPILE_ENV}
+    env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", **compile_env}
+    return run_python(["-c", FRESH_PROCESS], env=env, timeout=300)
+
+
+@pytest.mark.slow  # a 4-device subprocess, shared with the import test below
+def test_pieces_agree_across_a_mesh_axis_on_four_cpu_devices(fresh_process):
     """shard_map over 4 forced CPU devices: the averaged gradients equal the whole batch's, and
     an inf in one shard makes every replica skip and back off together."""
-    code = textwrap.dedent("""
-        import os
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-        import jax, jax.numpy as jnp, numpy as np, optax
-        from jax.sharding import Mesh, PartitionSpec as P
-        from genesis_jax import DynamicLossScale, amp
-        from genesis_jax.nets import MLP
-        model = MLP(features=(16, 1), dtype=jnp.float16)
-        x = jax.random.normal(jax.random.PRNGKey(0), (32, 8)); y = jnp.sin(x).sum(-1, keepdims=True)
-        params = model.init(jax.random.PRNGKey(1), x)
-        loss_fn = lambda p, x, y: jnp.mean((model.apply(p, x) - y) ** 2)
-        tx = amp.skip_nonfinite(optax.adam(1e-3))
-        grad_fn = amp.scaled_value_and_grad(loss_fn, axis_name="data")
-        mesh = Mesh(np.array(jax.devices()), ("data",))
-        def step(params, opt_state, scaler, x, y):
-            loss, grads, finite, _, scaler = grad_fn((scaler, opt_state), params, x, y)
-            updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
-            return optax.apply_updates(params, updates), opt_state, scaler, grads, finite[None]
-        sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(), P("data"), P("data")),
-                                        out_specs=(P(), P(), P(), P(), P("data")), check_vma=False))
-        scaler = DynamicLossScale(init_scale=2.0 ** 10)  # each shard's mean loss: 4x the whole batch's gradients
-        out = sharded(params, tx.init(params), scaler, x, y)
-        ref = amp.scaled_value_and_grad(loss_fn)((scaler, tx.init(params)), params, x, y)
-        for a, b in zip(jax.tree.leaves(out[3]), jax.tree.leaves(ref.grads)):
-            np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-4)  # float16 forward, 4 shards vs 1
-        assert np.asarray(out[4]).tolist() == [True] * 4
-        bad = y.at[9].set(jnp.inf)  # row 9 lives on the second device only
-        new_params, opt_state, scaler, _, finite = sharded(params, tx.init(params), scaler, x, bad)
-        assert np.asarray(finite).tolist() == [False] * 4
-        assert float(scaler.loss_scale) == 2.0 ** 9 and int(opt_state.skipped) == 1
-        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
-        print("ok")
-    """)
-    out = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    out = fresh_process
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "MESH ok", out.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -376,10 +407,11 @@ def examples():
     }
 
 
-@pytest.mark.slow  # runs the example scripts' training: 10 s each
+@pytest.mark.slow  # runs the example scripts' training: 6 s each, most of it compiling
 @pytest.mark.parametrize("name", ["purejaxrl_style_ppo", "purejaxrl_style_ppo_fp16"])
 def test_the_purejaxrl_style_examples_improve_the_return(examples, name):
-    out = jax.jit(examples[name]["make_train"]({"TOTAL_TIMESTEPS": 60_000}))(jax.random.PRNGKey(0))
+    # 78 updates: the last 10 returned 5-7x the first 10 over seeds 0-5 of either example
+    out = jax.jit(examples[name]["make_train"]({"TOTAL_TIMESTEPS": 40_000}))(jax.random.PRNGKey(0))
     returns = np.asarray(out["metrics"]["episode_return"])
     assert np.nanmean(returns[-10:]) > 2 * np.nanmean(returns[:10])
     if name.endswith("fp16"):
@@ -454,18 +486,11 @@ def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32(
 
 
 @pytest.mark.slow
-def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module():
-    code = textwrap.dedent("""
-        import pkgutil, sys
-        import genesis_jax.amp
-        loaded = sorted(m for m in sys.modules if m == "genesis_jax" or m.startswith("genesis_jax."))
-        # after the snapshot: walk_packages imports every subpackage it lists
-        everything = sorted(m.name for m in pkgutil.walk_packages(sys.modules["genesis_jax"].__path__, "genesis_jax."))
-        print(repr((everything, loaded)))
-    """)
-    out = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    everything, loaded = eval(out.stdout.strip().splitlines()[-1])
+def test_importing_genesis_jax_amp_loads_no_other_genesis_jax_module(fresh_process):
+    out = fresh_process
+    snapshots = [line for line in out.stdout.splitlines() if line.startswith("IMPORTS ")]
+    assert snapshots, out.stderr[-3000:]  # printed once the imports and the walk succeeded
+    everything, loaded = eval(snapshots[-1][len("IMPORTS ") :])
     amp_modules = {m for m in everything if m.startswith("genesis_jax.amp.")}
     assert len(everything) > 30 and {"genesis_jax.amp.state", "genesis_jax.amp.grads"} <= amp_modules
     others = sorted(set(everything) - amp_modules - {"genesis_jax.amp"})

@@ -116,6 +116,12 @@ def torch_scales(flags: list[tuple[bool, ...]], init_scale: float, growth_interv
     return scales
 
 
+# The SAC tests' batch: one size, so that the fp16 twin's end-to-end run traces the same three
+# updates as the skip test and loads them from the run's compilation cache (another shape, or a
+# weak type, compiles them again).
+SAC_BATCH = 16
+
+
 @pytest.mark.slow  # compiles the example's three jitted updates
 def test_the_sac_fp16_twin_skips_exactly_and_backs_off_as_torch_gradscaler():
     example = load("cleanrl_style_sac_fp16")
@@ -124,13 +130,14 @@ def test_the_sac_fp16_twin_skips_exactly_and_backs_off_as_torch_gradscaler():
     qf, actor, alpha = (s.replace(scaler=scaler) for s in states)
     obs_dim, act_dim = example.env.observation_space.shape[0], example.env.action_space.shape[0]
     key = jax.random.PRNGKey(0)
-    obs, actions = jax.random.normal(key, (8, obs_dim)), jnp.zeros((8, act_dim))
-    clean = (obs, actions, jnp.ones(8), obs, jnp.zeros(8))
+    obs, actions = jax.random.normal(key, (SAC_BATCH, obs_dim)), jnp.zeros((SAC_BATCH, act_dim))
+    clean = (obs, actions, jnp.ones(SAC_BATCH), obs, jnp.zeros(SAC_BATCH))
+    poisoned = (obs, actions, jnp.full(SAC_BATCH, jnp.inf, jnp.float32), obs, jnp.zeros(SAC_BATCH))  # inf rewards
     # iteration: (critic finite, actor and temperature finite); the actor sees inf observations
     schedule = [(True, True), (False, True), (True, True), (True, True), (False, False), (True, True)]
     flags, scales = [], []
     for critic_ok, others_ok in schedule:
-        batch = clean if critic_ok else (obs, actions, jnp.full(8, jnp.inf), obs, jnp.zeros(8))
+        batch = clean if critic_ok else poisoned
         actor_obs = obs if others_ok else jnp.full_like(obs, jnp.inf)
         before = (qf, actor)
         qf, *_ = example.update_critic(qf, actor, alpha, *batch, key)
@@ -159,7 +166,7 @@ def test_the_sac_fp16_twin_skips_exactly_and_backs_off_as_torch_gradscaler():
 def test_each_sac_twin_runs_its_loop_end_to_end(name, monkeypatch):
     example = load(name)
     monkeypatch.setattr(example, "LEARNING_STARTS", 40)
-    monkeypatch.setattr(example, "BATCH_SIZE", 16)
+    monkeypatch.setattr(example, "BATCH_SIZE", SAC_BATCH)
     returns, states = example.train(250)
     assert len(returns) == 1 and np.isfinite(returns[0])  # Pendulum's episodes are 200 steps
     for state in states:
