@@ -15,7 +15,7 @@ from genesis_jax.cli import main
 from genesis_jax.run import run_dir as runs
 from genesis_jax.run.checkpoint import CheckpointStore
 from tests.support.files import one_line_error, snapshot, unwritable_path
-from tests.support.small_run import SMALL, copy_of, metric_updates, train_small_run
+from tests.support.small_run import SMALL, copy_of, metric_updates, ppo_argv, train_small_run
 
 
 @pytest.fixture(scope="module")
@@ -108,33 +108,14 @@ def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, cap
         assert summary["config_changes"] == [words] and summary["total_steps"] == 4096
 
 
-@pytest.mark.slow  # two trainings: 21 s
-def test_resume_refuses_a_precision_change_in_either_direction(tmp_path, capsys):
-    for saved, asked in (("fp32", "fp16"), ("fp16", "bf16")):
-        run = tmp_path / saved
-        assert (
-            main(["train", "ppo", "--precision", saved, "--total-steps", "1024", "--no-progress", "--out", str(run)])
-            == 0
-        )
+@pytest.mark.slow  # small_run fixture, and an fp32 run (test_overwrite_replaces...'s program): 5 s
+def test_resume_refuses_a_precision_change_in_either_direction(small_run, tmp_path, capsys):
+    fp32 = tmp_path / "fp32"
+    assert main(ppo_argv(2048, precision="fp32") + ["--out", str(fp32)]) == 0
+    for run, asked in ((fp32, "fp16"), (copy_of(small_run, tmp_path), "bf16")):  # SMALL: fp16
         before = snapshot(run)
-        capsys.readouterr()  # the training run's own output (fp16 on a CPU: a note)
-        assert (
-            main(
-                [
-                    "train",
-                    "ppo",
-                    "--precision",
-                    asked,
-                    "--total-steps",
-                    "2048",
-                    "--no-progress",
-                    "--out",
-                    str(run),
-                    "--resume",
-                ]
-            )
-            == 2
-        )
+        capsys.readouterr()  # the training run's own output
+        assert main(ppo_argv(4096, precision=asked) + ["--out", str(run), "--resume"]) == 2
         assert "precision" in one_line_error(capsys)
         assert snapshot(run) == before
 

@@ -13,7 +13,8 @@ from genesis_jax.run.checkpoint import CheckpointStore
 from tests.support.processes import start_python, wait_until
 from tests.support.small_run import SMALL, copy_of, metric_updates, ppo_argv, train_small_run
 
-# A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk.
+# A run long enough to be caught in the middle: 64 updates of 512 steps, 8 per chunk (the
+# program of test_reliability_kills.py's runs, which a test run compiles once for both files).
 LONG = ppo_argv(32768, updates_per_chunk=8)
 
 
@@ -45,22 +46,22 @@ def test_killed_before_its_first_checkpoint_then_resumed_logs_every_update_once(
 LONGER = ppo_argv(1048576, updates_per_chunk=64)
 
 
-@pytest.mark.slow  # three CLI subprocesses: 22-25 s
-def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path):
+@pytest.mark.slow  # a CLI subprocess, then two runs in this process: 10-15 s
+def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(tmp_path, capsys):
     run = tmp_path / "run"
     first = start(LONGER + ["--out", str(run)])
     # The run directory is locked before the run restores or compiles anything: the second
-    # process can start as soon as the lock names the first (which never needs to finish compiling).
+    # process (this one, with its own pid) is refused as soon as the lock names the first,
+    # which never needs to finish compiling.
     wait_until(lambda: (run / ".lock").exists() and (run / ".lock").read_text().strip() == str(first.pid), first)
-    second = start(LONGER + ["--out", str(run), "--resume"])
-    assert second.wait(timeout=120) == 2
-    err = second.stderr.read().strip().splitlines()
+    assert main(LONGER + ["--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"in use by another run (pid {first.pid})" in err[0], err
+    assert first.poll() is None  # refused by a live holder, not after it ended
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert (run / ".lock").read_text().strip() == str(first.pid)  # stale: its holder is dead
-    third = start(SMALL + ["--out", str(run), "--overwrite"])  # takes the stale lock over
-    assert third.wait(timeout=300) == 0, third.stderr.read()[-2000:]
+    assert main(SMALL + ["--out", str(run), "--overwrite"]) == 0  # a third run takes the stale lock over
     assert not (run / ".lock").exists() and metric_updates(run) == list(range(1, 5))
 
 

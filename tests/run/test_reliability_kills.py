@@ -17,10 +17,12 @@ from tests.support.small_run import ppo_argv
 
 # --- crash safety: real processes, real signals ---------------------------------------------
 
-# 128 rollouts of 4 x 128 steps, a checkpoint every 8: a signal sent at the first checkpoint
-# finds the run with 120 rollouts to go (seconds), and each resume trains those in this process.
-KILL_ARGS = ppo_argv(65536, updates_per_chunk=8, checkpoint_every=4096, seed=7)
-ROLLOUTS = 65536 // (4 * 128)
+# 64 rollouts of 4 x 128 steps, a checkpoint every 8: a signal sent at the first checkpoint
+# finds the run with 56 rollouts to go (seconds), and each resume trains those in this process.
+# The sizes and chunk of test_integrity_processes.py's LONG (the seed and the checkpoints shape
+# no program): in one test run, the one program compiled once for both files.
+KILL_ARGS = ppo_argv(32768, updates_per_chunk=8, checkpoint_every=4096, seed=7)
+ROLLOUTS = 32768 // (4 * 128)
 
 # Runs the CLI with Orbax's final rename of one step's save held back, so that the parent
 # can kill the process while that save is in progress.

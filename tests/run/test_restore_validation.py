@@ -27,7 +27,7 @@ from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore,
 from genesis_jax.run.session import Session
 from tests.support.files import snapshot
 from tests.support.processes import cpu_env, run_python
-from tests.support.small_run import ppo_argv
+from tests.support.small_run import SMALL, ppo_argv
 
 X = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
 Y = X.sum(-1)
@@ -294,17 +294,15 @@ def test_a_full_disk_mid_save_exits_4_in_one_line_and_keeps_the_earlier_checkpoi
         store.restore_raw(2)  # still reads, checksum and all
 
 
-@pytest.mark.slow  # a PPO run through the command line, then a refused resume: 86 s on 2 busy cores
+@pytest.mark.slow  # a PPO run through the command line (SMALL: compiled once a test run), a refused resume
 def test_the_command_line_refuses_a_tampered_ppo_checkpoint_with_status_2(tmp_path, capsys):
-    sizes = dict(num_envs=4, num_steps=128, hidden=(8, 8))
-    args = [*ppo_argv(512, **sizes), "--out", str(tmp_path / "ppo")]
-    assert main(args) == 0
+    assert main([*SMALL, "--out", str(tmp_path / "ppo")]) == 0
     checkpoints = tmp_path / "ppo" / "checkpoints"
     step = CheckpointStore(checkpoints).latest_step()
     resave(checkpoints, step, setter("train_state", "scaler", "loss_scale", value=np.nan))
     before = snapshot(tmp_path / "ppo")
     capsys.readouterr()
-    assert main([*ppo_argv(1024, **sizes), "--out", str(tmp_path / "ppo"), "--resume"]) == EXIT_BAD_INPUT
+    assert main([*ppo_argv(4096), "--out", str(tmp_path / "ppo"), "--resume"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train_state.scaler.loss_scale = nan" in err[0], err
     assert snapshot(tmp_path / "ppo") == before
