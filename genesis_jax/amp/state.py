@@ -68,9 +68,10 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
     if prec is not None:
         params = _check_model_param_dtypes(params, prec) if model_params else prec.policy.cast_to_param(params)
     # A copy: states created from one scaler object must not share its buffers (donation refuses that).
-    scaler = (
-        (prec.scaler() if prec is not None else NoOpLossScale()) if scaler is None else jax.tree.map(jnp.copy, scaler)
-    )
+    if scaler is None:
+        scaler = prec.scaler() if prec is not None else NoOpLossScale()
+    else:
+        scaler = jax.tree.map(jnp.copy, scaler)
     if is_skip_nonfinite(tx, params):
         if options != (None, None, False, None):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
