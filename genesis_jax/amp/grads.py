@@ -29,10 +29,10 @@ import jmp
 from flax import nnx
 
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
-from genesis_jax.amp.jaxpr import cast_per_op
+from genesis_jax.amp.jaxpr import cast_per_op, refuse_float32_compute
 from genesis_jax.amp.loss_scale import LossScale, check_scaler
 from genesis_jax.amp.optim import deciding_skip_state, global_norm
-from genesis_jax.amp.policy import as_policy
+from genesis_jax.amp.policy import Precision, as_policy, get_precision
 
 
 class ScaledGrads(NamedTuple):
@@ -184,6 +184,23 @@ def _scaler_of(source):
     return source[0]
 
 
+def _half_precision(source, policy) -> tuple[str, Any] | None:
+    """(its name, the half dtype) where `policy=`, else the precision of what applies the gradients
+    (an `amp.TrainState`, an `amp.Optimizer`), computes in half precision; None elsewhere (fp32,
+    or `(scaler, opt_state)` without `policy=`: the loss alone decides)."""
+    if policy is None:
+        policy = getattr(source, "precision", None)
+    if isinstance(policy, str):
+        policy = get_precision(policy)
+    if isinstance(policy, Precision):
+        name, policy = policy.name, policy.policy
+    elif isinstance(policy, jmp.Policy):
+        name = ",".join(f"{k}={jnp.dtype(getattr(policy, f'{k}_dtype')).name}" for k in ("params", "compute", "output"))
+    else:
+        return None
+    return (name, policy.compute_dtype) if jnp.dtype(policy.compute_dtype).itemsize == 2 else None
+
+
 def _check_arrays(tree, argnums: int) -> None:
     """Refuses a differentiated argument holding a leaf JAX cannot differentiate (a function, an
     object: a whole Equinox module), before JAX's generic TypeError, naming the fix."""
@@ -219,6 +236,12 @@ def scaled_value_and_grad(
     argument `argnums`: a params pytree, or a Flax NNX module, whose `nnx.Param` state is
     differentiated) are unscaled in float32, and one scalar, their global norm, decides
     whether all are finite. The scaler comes back adjusted.
+
+    Where `policy=` or the optimizer's precision (an `amp.TrainState`'s, an `amp.Optimizer`'s)
+    computes in half precision, the loss is traced once more, to read what it computes in
+    (`amp.dtype_report`): one whose matmuls and convolutions all run in float32 (a network
+    without `dtype=`) is refused with a ValueError naming the fix, before any step. A loss
+    with none passes, and so does `(scaler, opt_state)` without `policy=`.
 
     Args:
         loss_fn: `(*args, **kwargs) -> loss`, or `-> (loss, aux)` with `has_aux`.
@@ -267,9 +290,9 @@ def scaled_value_and_grad(
     optional_callable("grad_transform", grad_transform)
     ok = isinstance(argnums, int) and not isinstance(argnums, bool) and argnums >= 0
     refuse_unless(ok, "argnums", argnums, "a non-negative int (one differentiated argument)")
-    policy = as_policy(policy)
+    named_policy, policy = policy, as_policy(policy)
 
-    def scaled_grads(scaler, args, kwargs):  # (scaled gradients, the float32 loss, aux)
+    def scaled_grads(scaler, args, kwargs, half):  # (scaled gradients, the float32 loss, aux)
         def scaled(*args):
             loss, aux = split_aux(loss_fn(*args, **kwargs), has_aux)
             loss = _float32_loss(loss)
@@ -279,6 +302,8 @@ def scaled_value_and_grad(
             if isinstance(args[argnums], nnx.Module):
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
+        if half is not None:  # at trace time: one more trace of the loss, nothing in the compiled step
+            refuse_float32_compute(*half, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)
@@ -296,10 +321,10 @@ def scaled_value_and_grad(
             raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulate} micro-batches")
         return x.reshape(accumulate, x.shape[0] // accumulate, *x.shape[1:])
 
-    def accumulated(scaler, args, kwargs):  # the differentiated argument whole, the others split
+    def accumulated(scaler, args, kwargs, half):  # the differentiated argument whole, the others split
         def micro_step(total, micro_args):
             micro_args[argnums] = args[argnums]
-            grads, loss, aux = scaled_grads(scaler, tuple(micro_args), kwargs)
+            grads, loss, aux = scaled_grads(scaler, tuple(micro_args), kwargs, half)
             return jax.tree.map(jnp.add, total, grads), (loss, aux)
 
         micro = jax.tree.map(split, [None if i == argnums else x for i, x in enumerate(args)])
@@ -311,15 +336,15 @@ def scaled_value_and_grad(
         total, (losses, aux) = jax.lax.scan(micro_step, zeros, micro)
         return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux
 
-    def fn(scaler, *args, **kwargs) -> ScaledGrads:
-        scaler = _scaler_of(scaler)
+    def fn(source, *args, **kwargs) -> ScaledGrads:
+        scaler, half = _scaler_of(source), _half_precision(source, named_policy)
         if len(args) <= argnums:
             raise TypeError(f"loss_fn's argument {argnums} (argnums) is missing: got {len(args)} positional arguments")
         if isinstance(args[argnums], nnx.Module) and accumulate > 1:
             raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
         if not isinstance(args[argnums], nnx.Module):
             _check_arrays(args[argnums], argnums)
-        grads, loss, aux = (scaled_grads if accumulate == 1 else accumulated)(scaler, args, kwargs)
+        grads, loss, aux = (scaled_grads if accumulate == 1 else accumulated)(scaler, args, kwargs, half)
         if axis_name is not None:
             grads, loss = jax.lax.pmean((grads, loss), axis_name)
         if grad_transform is not None:

@@ -96,6 +96,23 @@ def dtype_report(fn, *args, **kwargs) -> DtypeReport:
     return DtypeReport(tuple(_ops(closed.jaxpr, "")), outputs)
 
 
+def refuse_float32_compute(precision: str, half, fn, *args, **kwargs) -> None:
+    """Refuses `fn(*args, **kwargs)` whose matmuls and convolutions all run wider than `half`,
+    the dtype `precision` computes in: the network ignores it (no `dtype=`, or it casts up), so
+    nothing runs in half precision. A function with no matmul or convolution passes."""
+    report = dtype_report(fn, *args, **kwargs)
+    ops = [(kind, d, n) for kind in ("matmul", "conv") for d, n in report.dtypes(kind).items()]
+    if not ops or any(jnp.dtype(d).itemsize <= jnp.dtype(half).itemsize for _, d, n in ops):
+        return
+    half = jnp.dtype(half).name
+    raise ValueError(
+        f"precision {precision!r} computes nothing in {half}: loss_fn runs "
+        f"{', '.join(f'{n} {kind}(s) in {d}' for kind, d, n in ops)}: give the network's layers dtype=jnp.{half} (Flax "
+        f"linen or NNX), or wrap the network in amp.autocast(network, {precision!r}) (a function, a linen or "
+        "Equinox module); amp.dtype_report(loss_fn, ...) shows what runs in what"
+    )
+
+
 def _dtype(x):
     return x.dtype if hasattr(x, "dtype") else np.result_type(x)
 

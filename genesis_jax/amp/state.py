@@ -8,13 +8,14 @@ decide, clip, apply or skip, adjust the scaler, count.
 
 >>> import jax, jax.numpy as jnp, optax
 >>> from genesis_jax import amp
+>>> predict = amp.autocast(lambda params, x: x @ params["w"], "fp16")   # the matmul in float16
 >>> def loss_fn(params, x, y):
-...     return jnp.mean((x @ params["w"] - y) ** 2)
->>> state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+...     return jnp.mean((predict(params, x) - y) ** 2)
+>>> state = amp.TrainState.create(params={"w": jnp.full(3, 0.125)}, tx=optax.sgd(0.1), precision="fp16")
 >>> step = jax.jit(amp.train_step, static_argnums=1)
 >>> state, metrics = step(state, loss_fn, jnp.ones((4, 3)), jnp.zeros(4))
 >>> float(metrics["loss"]), int(state.step), float(state.scaler.loss_scale)
-(9.0, 1, 65536.0)
+(0.140625, 1, 65536.0)
 
 Several optimizers share one scaler as PyTorch's `GradScaler` is shared: create their states
 with `shared_scaler=True`, step each with `train_step` (a step uses the scale and leaves it
@@ -27,7 +28,6 @@ import functools
 import weakref
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,26 +95,6 @@ def _check_model_param_dtypes(params, prec: Precision):
             + ("" if want == jnp.float16 else ", or use precision='fp16-full' for float16 params")
         )
     return params
-
-
-def _check_computes_in_half(apply_fn, precision) -> None:
-    """Mistake 3: a precision computing in half precision over float32 params, with `apply_fn` a
-    linen module's `apply` whose `dtype` (none, None or float32) leaves its matmuls in float32:
-    refused, naming the fix. A function, an autocast module or half-precision params pass."""
-    module = getattr(apply_fn, "__self__", None)
-    if not isinstance(module, nn.Module) or getattr(apply_fn, "__name__", None) != "apply":
-        return
-    prec = get_precision(precision) if isinstance(precision, str) else precision
-    if not isinstance(prec, Precision) or jnp.dtype(prec.param_dtype) != jnp.float32:
-        return
-    half, dtype = jnp.dtype(prec.compute_dtype), getattr(module, "dtype", None)
-    if half.itemsize < 4 and (dtype is None or jnp.dtype(dtype).itemsize >= 4):
-        has = "no dtype field" if not hasattr(module, "dtype") else f"dtype={dtype and jnp.dtype(dtype).name}"
-        raise ValueError(
-            f"precision {prec.name!r} would compute nothing in {half.name}: apply_fn is the apply of "
-            f"{type(module).__name__}, a linen module with {has}, so its matmuls run in float32; pass "
-            f"apply_fn=amp.autocast(module, {prec.name!r}).apply, or build the module with dtype=jnp.{half.name}"
-        )
 
 
 def _keep_if(keep, new, old):
@@ -205,10 +185,7 @@ class TrainState(train_state.TrainState):
         Args:
             params: the parameters (cast to the precision's param dtype when one is given).
             tx: any optax optimizer.
-            apply_fn: the network's apply function, as in Flax (None: not used). A linen
-                module's `apply` under a half-precision `precision` must compute in it: a
-                module without `dtype=` (or with None or float32) is refused, naming
-                `amp.autocast(module, precision).apply` or `dtype=` as the fix.
+            apply_fn: the network's apply function, as in Flax (None: not used).
             scaler: the loss scaler; None: the precision's own (`DynamicLossScale` for fp16,
                 none for fp32 and bf16), or no scaling without a precision.
             precision: a precision name or `Precision`; None: parameters as given, "fp32".
@@ -224,7 +201,6 @@ class TrainState(train_state.TrainState):
         """
         _refuse_loss_scale_keyword(kwargs)
         optional_callable("apply_fn", apply_fn)
-        _check_computes_in_half(apply_fn, precision)
         flag("shared_scaler", shared_scaler)
         options = (max_grad_norm, guard, advance_schedule_on_skip, strict)
         params, tx, scaler, name = _setup(tx, params, precision, scaler, *options)
@@ -306,7 +282,9 @@ def train_step(
     Args:
         state: a `TrainState`.
         loss_fn: `(params, *args) -> loss`, or `-> (loss, aux)` with `has_aux`; the loss is
-            taken in float32.
+            taken in float32. Under a half-precision `state.precision`, a loss whose matmuls
+            and convolutions all run in float32 is refused when traced, before any step
+            (`scaled_value_and_grad`).
         *args: `loss_fn`'s other arguments (a batch, a key, targets: any number, or none).
         has_aux: whether `loss_fn` returns `(loss, aux)`.
         axis_name: inside `pmap` / `shard_map`, the axis to average gradients over.

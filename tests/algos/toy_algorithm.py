@@ -24,7 +24,7 @@ class ToyFields(SeedFields):
     """Optimizer steps in all."""
     batch_size: int = 32
     """Samples per step."""
-    lr: float = 0.05
+    lr: float = 0.8
     """SGD's learning rate."""
 
 
@@ -44,8 +44,8 @@ TRUE_W = jnp.array([1.0, -2.0, 0.5])
 
 
 def loss_fn(params, batch):
-    x, y = batch
-    return jnp.mean(jnp.square(x @ params["w"] - y).astype(jnp.float32)), None
+    x, y = batch  # x in the precision's compute dtype: the matmul runs in it, the loss in float32
+    return jnp.mean(jnp.square((x @ params["w"].astype(x.dtype)).astype(jnp.float32) - y)), None
 
 
 class Toy(Algorithm):
@@ -59,9 +59,10 @@ class Toy(Algorithm):
 
     def update(self, state, data):
         rng, key = jax.random.split(state.rng)
-        x = jax.random.normal(key, (self.config.batch_size, 3))
+        x = 0.25 * jax.random.normal(key, (self.config.batch_size, 3))  # its float16 gradients stay below 65504 at 2^16
         y = x @ TRUE_W + 0.01 * jax.random.normal(rng, (self.config.batch_size,))
-        ts, m = self.train_step(state.train_state, loss_fn, (x, y))
+        compute = self.config.train_precision().compute_dtype
+        ts, m = self.train_step(state.train_state, loss_fn, (x.astype(compute), y))
         return ToyState(ts, rng), {"loss": m["loss"]}  # the scale, the skips and the guard's halt: the template's
 
     def summary(self, rows, state):

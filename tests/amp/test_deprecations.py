@@ -54,9 +54,9 @@ def test_the_old_loss_scale_spellings_fail_loudly():
 def test_the_0_2_train_step_order_is_refused_naming_loss_fn():
     def loss_fn(params, batch):
         x, y = batch
-        return jnp.mean((x @ params["w"] - y) ** 2), {"n": x.shape[0]}
+        return jnp.mean((x @ params["w"].astype(x.dtype) - y) ** 2), {"n": x.shape[0]}
 
-    batch = (jnp.ones((4, 3)), jnp.zeros(4))
+    batch = (jnp.ones((4, 3), jnp.float16), jnp.zeros(4))  # the matmul in float16, as fp16 computes
     with pytest.raises(TypeError, match="loss_fn must be callable"):
         amp.train_step(a_state(), batch, loss_fn)  # now train_step(state, loss_fn, batch, has_aux=True)
     _, metrics = amp.train_step(a_state(), loss_fn, batch, has_aux=True)

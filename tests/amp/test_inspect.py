@@ -106,8 +106,8 @@ def test_a_step_under_autocast_differentiates_in_float16_with_float32_gradients(
 
 
 def test_mistake_3_a_dtype_less_linen_module_computes_in_float32_which_the_report_shows():
-    """What `TrainState.create(apply_fn=net.apply, precision="fp16")` would have trained, had it
-    not been refused (tests/amp/test_misuse.py): every matmul of the step in float32."""
+    """What `TrainState.create(apply_fn=net.apply, precision="fp16")` would have trained: every
+    matmul of the step in float32, which the step refuses (tests/amp/test_misuse.py)."""
     net, y = Dense2(), jnp.zeros(8)
     params = net.init(jax.random.PRNGKey(0), X)
 
@@ -119,7 +119,9 @@ def test_mistake_3_a_dtype_less_linen_module_computes_in_float32_which_the_repor
 
         return amp.dtype_report(amp.train_step, state, loss_fn, X, y).dtypes("matmul")
 
-    assert matmuls(net.apply) == {"float32": 5}  # what the user believed was float16
+    assert amp.dtype_report(lambda p: net.apply(p, X), params).dtypes("matmul") == {"float32": 2}
+    with pytest.raises(ValueError, match=r"precision 'fp16' computes nothing in float16: loss_fn runs 2 matmul"):
+        matmuls(net.apply)  # what the user believed was float16
     assert matmuls(amp.autocast(net, "fp16").apply) == {"float16": 5}  # the fix the refusal names
 
 

@@ -98,29 +98,67 @@ class Typed(nn.Module):
         return nn.Dense(1, dtype=self.dtype)(x)[..., 0]
 
 
+COMPUTES_NOTHING = (
+    r"precision '(fp16|bf16)' computes nothing in (float16|bfloat16): loss_fn runs \d matmul.* in float32"
+)
+
+
+def linen_loss(apply_fn):
+    return lambda params, x: jnp.mean(apply_fn(params, x).astype(jnp.float32) ** 2)
+
+
 @pytest.mark.parametrize("module", [Dense2(), Typed(), Typed(jnp.float32)], ids=["no-field", "None", "float32"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_3_a_half_precision_over_a_linen_module_computing_in_float32_is_refused_at_create(module, precision):
+def test_3_a_half_precision_step_whose_linen_module_computes_in_float32_is_refused_before_it_runs(module, precision):
     params = module.init(jax.random.PRNGKey(0), X)
-    with pytest.raises(ValueError, match=r"would compute nothing in .*amp\.autocast\(module, .*\)\.apply, or build"):
-        amp.TrainState.create(apply_fn=module.apply, params=params, tx=optax.adam(1e-3), precision=precision)
+    state = amp.TrainState.create(apply_fn=module.apply, params=params, tx=optax.adam(1e-3), precision=precision)
+    for apply_fn in (module.apply, jax.jit(module.apply), None):  # the apply given, jitted, or none at all
+        state = state.replace(apply_fn=apply_fn)
+        with pytest.raises(ValueError, match=COMPUTES_NOTHING + r".*dtype=jnp\.\w+.*amp\.autocast\(network"):
+            jax.jit(amp.train_step, static_argnums=1)(state, linen_loss(module.apply), X)
+    assert int(state.step) == 0
+
+
+def test_3_an_nnx_model_and_a_loss_under_policy_that_compute_in_float32_are_refused_before_any_step():
+    class Float32MLP(HalfMLP):  # the layers without dtype=: float32 matmuls
+        def __init__(self, rngs):
+            self.hidden, self.out = nnx.Linear(3, 8, rngs=rngs), nnx.Linear(8, 1, rngs=rngs)
+
+    model = Float32MLP(nnx.Rngs(0))
+    optimizer = amp.Optimizer(model, optax.adam(1e-3), precision="fp16")
+    with pytest.raises(ValueError, match=COMPUTES_NOTHING):
+        amp.scaled_value_and_grad(loss_fn)(optimizer, model, X)
+    assert int(optimizer.step[...]) == 0 and float(amp.stats(optimizer)["scale"]) == 2.0**16
+    params = {"w": jnp.ones((3, 1))}
+    casts_up = lambda p, x: jnp.mean(x.astype(jnp.float32) @ p["w"].astype(jnp.float32))  # noqa: E731
+    pair = (amp.DynamicLossScale(), amp.skip_nonfinite(optax.sgd(0.1)).init(params))
+    with pytest.raises(ValueError, match=COMPUTES_NOTHING):
+        amp.scaled_value_and_grad(casts_up, policy="fp16")(pair, params, X)
 
 
 @pytest.mark.filterwarnings("ignore:precision 'fp16-full' stores")
 def test_3_what_computes_in_half_precision_or_in_float32_by_choice_is_accepted():
-    params = Dense2().init(jax.random.PRNGKey(0), X)
     ok = [
-        dict(apply_fn=amp.autocast(Dense2(), "fp16").apply, precision="fp16"),  # the fix
-        dict(apply_fn=Typed(jnp.float16).apply, precision="fp16"),  # the other fix
-        dict(apply_fn=Typed(jnp.bfloat16).apply, precision="fp16"),  # half all the same
-        dict(apply_fn=lambda params, x: x @ params["w"], precision="fp16"),  # a function: its own casts
-        dict(apply_fn=Dense2().apply, precision="fp32"),
-        dict(apply_fn=Dense2().apply, precision=None),
-        dict(apply_fn=Dense2().apply, precision="fp16-full"),  # float16 params: their dtype, not a field, decides
-        dict(apply_fn=None, precision="fp16"),  # the package's algorithms: the loss applies the network
+        (amp.autocast(Dense2(), "fp16"), "fp16"),  # the fix
+        (Typed(jnp.float16), "fp16"),  # the other fix
+        (Typed(jnp.bfloat16), "fp16"),  # half all the same
+        (Dense2(), "fp32"),
+        (Dense2(), None),
     ]
-    for kwargs in ok:
-        amp.TrainState.create(params=params, tx=optax.adam(1e-3), **kwargs)
+    for module, precision in ok:
+        params = module.init(jax.random.PRNGKey(0), X)
+        state = amp.TrainState.create(apply_fn=module.apply, params=params, tx=optax.adam(1e-3), precision=precision)
+        state, _ = amp.train_step(state, linen_loss(module.apply), X)
+        assert int(state.step) == 1
+    params = Dense2().init(jax.random.PRNGKey(0), X)
+    full = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision="fp16-full")  # float16 params
+    with pytest.raises(ValueError, match=COMPUTES_NOTHING.replace("fp16|", "fp16-full|")):  # float32 x promotes
+        amp.train_step(full, linen_loss(Dense2().apply), X)
+    assert int(amp.train_step(full, linen_loss(Dense2().apply), X.astype(jnp.float16))[0].step) == 1
+    temperature = amp.TrainState.create(params=jnp.float32(0.0), tx=optax.sgd(0.1), precision="fp16")
+    assert int(amp.train_step(temperature, lambda a, h: -a * (h + 1.0), jnp.float32(-2.0))[0].step) == 1  # no matmul
+    pair = (amp.DynamicLossScale(), amp.skip_nonfinite(optax.sgd(0.1)).init(params))
+    assert amp.scaled_value_and_grad(linen_loss(Dense2().apply))(pair, params, X).grads_finite  # the loss decides
 
 
 def test_4_a_whole_equinox_model_is_refused_with_the_partition_to_use():
@@ -294,9 +332,10 @@ def test_a_loss_fn_that_does_not_return_what_has_aux_says_is_refused_in_a_senten
 )
 def test_accumulate_given_what_it_cannot_split_says_what_to_pass_instead(args, kwargs, message):
     def loss_fn(params, x, c=1.0, key=None):
-        return jnp.mean(x @ params) * c
+        return jnp.mean((x.astype(jnp.float16) @ params.astype(jnp.float16)).astype(jnp.float32)) * c
 
-    state = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16")
+    scaler = amp.DynamicLossScale(init_scale=2.0**8)  # the float16 backward of a ones batch overflows at 2^16
+    state = amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16", scaler=scaler)
     with pytest.raises(ValueError, match=message):
         amp.scaled_value_and_grad(loss_fn, accumulate=2)(state, state.params, *args, **kwargs)
     if args:  # the same given as a keyword: split as it should be

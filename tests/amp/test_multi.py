@@ -19,7 +19,8 @@ INF = float("inf")
 def linear_loss(params, batch):
     """Least squares; `factor` (1 or inf) forces a non-finite loss and gradients."""
     x, y, factor = batch
-    return factor * jnp.mean((x @ params["w"] + params["b"] - y) ** 2), {"factor": factor}
+    prediction = (x.astype(jnp.float16) @ params["w"].astype(jnp.float16)).astype(jnp.float32)  # fp16's matmul
+    return factor * jnp.mean((prediction + params["b"] - y) ** 2), {"factor": factor}
 
 
 def problem(seed):

@@ -18,8 +18,9 @@ class RLTrainState(amp.TrainState):
     target_params: Any  # required: no default, after the parent's keyword-only fields
 
 
-def loss_fn(params, x, y):
-    return jnp.mean((x @ params["w"] - y) ** 2)
+def loss_fn(params, x, y):  # the matmul in float16, as fp16 computes; the loss in float32
+    prediction = x.astype(jnp.float16) @ params["w"].astype(jnp.float16)
+    return jnp.mean((prediction.astype(jnp.float32) - y) ** 2)
 
 
 def test_a_subclass_with_a_required_field_creates_steps_under_jit_and_round_trips():
@@ -30,7 +31,7 @@ def test_a_subclass_with_a_required_field_creates_steps_under_jit_and_round_trip
         params=params, target_params={"w": jnp.zeros(3)}, tx=optax.adam(1e-2), precision="fp16", max_grad_norm=1.0
     )
     assert isinstance(state, RLTrainState) and type(state.scaler).__name__ == "DynamicLossScale"
-    x, y = jnp.ones((4, 3)), jnp.zeros(4)
+    x, y = jnp.full((4, 3), 0.1), jnp.zeros(4)  # its float16 gradients below 65504 at the scale 2^16
 
     @jax.jit
     def step(state, x, y):

@@ -99,7 +99,7 @@ def test_jitted_step_compiles_once():
     update = stepper(counting_loss)
     for _ in range(5):
         state, _ = update(state, batch)
-    assert len(traces) == 1
+    assert len(traces) == 2  # both at the first call: to read what it computes in, and to differentiate it
     assert update._cache_size() == 1
 
 
@@ -265,8 +265,10 @@ def test_without_loss_scaling_the_step_never_reads_the_scale(precision, scaled):
     through to the new state; fp16's dynamic scale feeds all of those."""
     state = TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision=precision, max_grad_norm=1.0)
 
-    def loss_fn(params, x):
-        return jnp.mean(jnp.square(x @ params["w"])), {}
+    compute = get_precision(precision).compute_dtype
+
+    def loss_fn(params, x):  # the matmul in the precision's compute dtype, the loss in float32
+        return jnp.mean(jnp.square((x.astype(compute) @ params["w"].astype(compute)).astype(jnp.float32))), {}
 
     closed = jax.make_jaxpr(lambda s, x: train_step(s, loss_fn, x, has_aux=True))(state, jnp.ones((4, 3)))
     (position,) = [i for i, leaf in enumerate(jax.tree.leaves(state)) if leaf is state.scaler.loss_scale]

@@ -33,8 +33,9 @@ X = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
 Y = X.sum(-1)
 
 
-def loss_fn(params, batch):
-    return jnp.mean((batch[0] @ params["w"] - batch[1]) ** 2), None
+def loss_fn(params, batch):  # the matmul in float16, as fp16 computes; the loss in float32
+    prediction = batch[0].astype(jnp.float16) @ params["w"].astype(jnp.float16)
+    return jnp.mean((prediction.astype(jnp.float32) - batch[1]) ** 2), None
 
 
 def fresh_state():
