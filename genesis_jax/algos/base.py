@@ -499,10 +499,15 @@ class Algorithm:
         return underflow_metrics(reference, half)
 
     def compile_chunk(self, state, per_chunk: int):
-        """`call(state) -> (state, metrics[per_chunk])`, compiled: `update` scanned
-        `per_chunk` times, vmapped over seeds, sharded over the mesh, the state donated. Each
-        row's metrics get the template's own: the scale, the skips of every optimizer in the
-        state, and whether the divergence guard halted it."""
+        """`call(state) -> (state, metrics[per_chunk])`, compiled (`lower_chunk`)."""
+        self.compiled = compiled = self.lower_chunk(state, per_chunk).compile()
+        return lambda state: compiled(state, self.data)
+
+    def lower_chunk(self, state, per_chunk: int) -> jax.stages.Lowered:
+        """The chunk program for `state`, lowered: `update` scanned `per_chunk` times, vmapped
+        over seeds, sharded over the mesh, the state donated. Each row's metrics get the
+        template's own: the scale, the skips of every optimizer in the state, and whether the
+        divergence guard halted it."""
 
         def update(state, data):
             new, metrics = self.update(state, data)
@@ -528,8 +533,7 @@ class Algorithm:
         mesh, out = self.config.mesh(), {}
         if mesh is not None:
             out["out_shardings"] = (self.shardings(jax.eval_shape(lambda: state), mesh), replicated(mesh))
-        self.compiled = compiled = jax.jit(chunk, donate_argnums=0, **out).lower(state, self.data).compile()
-        return lambda state: compiled(state, self.data)
+        return jax.jit(chunk, donate_argnums=0, **out).lower(state, self.data)
 
     def initial_state(self):
         """The initial state, from one compiled program (a Flax init run eagerly compiles

@@ -153,6 +153,38 @@ def set_in(tree: dict, path: tuple[str, ...], value) -> dict:
     return {**tree, path[0]: set_in(tree[path[0]], path[1:], value)} if path else value
 
 
+def _typed_differently(leaf, like) -> bool:
+    both = isinstance(leaf, jax.Array) and isinstance(like, jax.Array)
+    return both and (leaf.weak_type != like.weak_type or leaf.committed != like.committed)
+
+
+def as_typed_as(state, template):
+    """`state` (restored into `template`'s structure) with each array's weak type and
+    commitment as in `template`, its buffers donated, not copied. A checkpoint holds neither:
+    restored, a weakly typed leaf (an environment's `time = 0`, a replay buffer's index) comes
+    back strongly typed and every leaf committed to its device, so the first program called on
+    it would be another one than the run's from its initial state (a miss of the persistent
+    compilation cache, and a weak leaf's type promotion changed)."""
+    leaves, treedef = jax.tree.flatten(state)
+    likes = treedef.flatten_up_to(template)
+    changed = [i for i, (leaf, like) in enumerate(zip(leaves, likes)) if _typed_differently(leaf, like)]
+    if not changed:
+        return state
+    abstract = [
+        jax.ShapeDtypeStruct(
+            likes[i].shape,
+            likes[i].dtype,
+            weak_type=likes[i].weak_type,
+            sharding=likes[i].sharding if likes[i].committed else None,
+        )
+        for i in changed
+    ]
+    retyped = jax.jit(lambda xs: xs, donate_argnums=0).lower(abstract).compile()([leaves[i] for i in changed])
+    for i, leaf in zip(changed, retyped):
+        leaves[i] = leaf
+    return jax.tree.unflatten(treedef, leaves)
+
+
 def train_state_meta(train_state) -> dict:
     """What a checkpoint records of its `TrainState` (None: a state without one): its
     precision and loss-scaler type, so a restore can refuse a mismatch by name."""
@@ -585,7 +617,8 @@ class CheckpointStore:
         train_state_path: tuple[str, ...] = (),
         allow_unverified: bool = False,
     ) -> tuple[Any, dict]:
-        """Restores the newest (or given) step into the structure and dtypes of `target`.
+        """Restores the newest (or given) step into the structure, dtypes, weak types and
+        shardings of `target` (`as_typed_as`): a run resumed calls the program its initial state did.
 
         Args:
             target: a state of the run's structure (its values are not used).
@@ -631,7 +664,7 @@ class CheckpointStore:
                 "the scaler starts from its defaults"
             )
             restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
-        state = serialization.from_state_dict(target, restored)
+        state = as_typed_as(serialization.from_state_dict(target, restored), target)
         dropped = meta.get("replay_dropped", 0)
         if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
             raise CheckpointMismatchError(

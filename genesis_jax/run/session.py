@@ -50,6 +50,7 @@ from genesis_jax.run.checkpoint import (
     CheckpointMismatchError,
     CheckpointShapeError,
     CheckpointStore,
+    as_typed_as,
     check_kind,
     position_of,
     replay_dropped,
@@ -336,7 +337,7 @@ class Session:
                     f"({'; '.join(self.config_changes)}): {err.differences}; resume with the run's own settings, "
                     "or start a new run (another --out, or --overwrite)"
                 ) from None
-            state = fit(restored)
+            state = as_typed_as(fit(restored), state)  # typed as `state`: the program of a run not resumed
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
             if (
                 self.row_key in meta

@@ -25,6 +25,7 @@ from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
 from genesis_jax.algos.base import MEASURED, Presets, StudyTask, chunk_size
 from genesis_jax.cli import main
+from genesis_jax.run.session import Session
 from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
 from tests.support.helpers import tree_equal
@@ -158,6 +159,32 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     tree_equal(resumed.state, straight.state)  # every leaf: params, optimizer, scaler, buffers, environments, keys
     timeless = lambda rows: [{k: v for k, v in r.items() if "per_second" not in k} for r in rows]  # noqa: E731
     assert json.dumps(timeless(resumed.metrics)) == json.dumps(timeless(straight.metrics))
+
+
+@pytest.mark.slow  # 2-5 s per algorithm: an init and two lowerings
+@pytest.mark.parametrize("name", NAMES)
+def test_a_resumed_run_lowers_the_chunk_program_of_the_run_never_interrupted(name, tmp_path):
+    # The persistent compilation cache keys a program by its text: a restored state typed otherwise
+    # than the initial one (a weak leaf strongly typed, a leaf committed to its device) lowered
+    # another program, compiled again on every resume instead of loaded.
+    algorithm = get_algorithm(name)(tiny_config(name))
+    try:
+        state = algorithm.initial_state()
+        options = {"name": name, "num_rows": algorithm.num_rows, "row_key": algorithm.row_key, "progress": False}
+        options |= {"train_state_path": algorithm.train_state_path, "inputs": algorithm.inputs()}
+        with Session(str(tmp_path), algorithm.config, **options) as session:
+            session.save(session.restore(state))
+        with Session(str(tmp_path), algorithm.config, resume=True, **options) as session:
+            restored = session.restore(state, algorithm.from_checkpoint)  # into the initial state, as `train` restores
+        assert not set(map(id, jax.tree.leaves(restored))) & set(map(id, jax.tree.leaves(state)))  # read back
+        typed = lambda tree: [  # noqa: E731
+            (jax.tree_util.keystr(path), jax.typeof(x), x.weak_type, x.committed, x.sharding)
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)
+        ]
+        assert typed(restored) == typed(state)
+        assert algorithm.lower_chunk(restored, 1).as_text() == algorithm.lower_chunk(state, 1).as_text()
+    finally:
+        algorithm.close()
 
 
 @pytest.mark.long
