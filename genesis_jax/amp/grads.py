@@ -184,21 +184,16 @@ def _scaler_of(source):
     return source[0]
 
 
-def _half_precision(source, policy) -> tuple[str, Any] | None:
-    """(its name, the half dtype) where `policy=`, else the precision of what applies the gradients
-    (an `amp.TrainState`, an `amp.Optimizer`), computes in half precision; None elsewhere (fp32,
-    or `(scaler, opt_state)` without `policy=`: the loss alone decides)."""
-    if policy is None:
-        policy = getattr(source, "precision", None)
+def _half_precision(source, policy) -> Precision | None:
+    """`policy=`, else the precision of what applies the gradients (an `amp.TrainState`'s, an
+    `amp.Optimizer`'s), where it computes in half precision; None elsewhere (fp32, or
+    `(scaler, opt_state)` without `policy=`: the loss alone decides)."""
+    policy = getattr(source, "precision", None) if policy is None else policy
+    if isinstance(policy, jmp.Policy):
+        policy = str(policy)  # jmp's own spelling ("p=full,c=f16,o=full"), which get_precision reads
     if isinstance(policy, str):
         policy = get_precision(policy)
-    if isinstance(policy, Precision):
-        name, policy = policy.name, policy.policy
-    elif isinstance(policy, jmp.Policy):
-        name = ",".join(f"{k}={jnp.dtype(getattr(policy, f'{k}_dtype')).name}" for k in ("params", "compute", "output"))
-    else:
-        return None
-    return (name, policy.compute_dtype) if jnp.dtype(policy.compute_dtype).itemsize == 2 else None
+    return policy if isinstance(policy, Precision) and policy.is_half else None
 
 
 def _check_arrays(tree, argnums: int) -> None:
@@ -303,7 +298,7 @@ def scaled_value_and_grad(
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
         if half is not None:  # at trace time: one more trace of the loss, nothing in the compiled step
-            refuse_float32_compute(*half, loss_fn, *args, **kwargs)
+            refuse_float32_compute(half.name, half.compute_dtype, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)
