@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -31,6 +32,13 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# This process only orders the slices; each runs in a child, which needs the whole GPU. Importing
+# the package imports gymnax, whose import makes a jax array: that starts JAX's backend, which on a
+# GPU takes 75% of its memory at once, so the children got the rest and a 1,652-seed cell ran out.
+# So this process, run as a script, runs JAX on the CPU; its children get the environment it was given.
+CHILD_ENV = dict(os.environ)
+if __name__ == "__main__":
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 from genesis_jax.cli.study import PRESETS  # noqa: E402
 
@@ -41,8 +49,10 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp16-unscaled")
 # The big-network workloads, 2 seeds, three precisions, a slice each: on a fresh H200,
 # 1-2 minutes each for the PPO and PQN ones, about 5 for SAC.
 BENCH_WORKLOADS = ("ppo-resmlp-1024", "ppo-cnn-minatar", "pqn-cnn-minatar", "sac-resmlp-1024")
-# The device has jax, flax, optax, chex and orbax; these it lacks (Python 3.12 wheels).
-WHEELS = "jmp gymnasium farama-notifications gymnax tyro docstring-parser typeguard shtab flashbax rliable arch"
+# The device has jax, flax, optax, chex and orbax; these it lacks (Python 3.12 wheels). rliable
+# 1.2 is an sdist alone, so the device gets 1.0.8, which does not bound arch: arch 8 refuses the
+# RandomState rliable hands it (the study's statistics fail), hence arch pinned to rliable 1.2's bound.
+WHEELS = "jmp gymnasium farama-notifications gymnax tyro docstring-parser typeguard shtab flashbax rliable arch==7.2.0"
 
 
 def benched_workloads(bench_dir: pathlib.Path) -> set[str]:
@@ -154,7 +164,7 @@ def run(
             cmd = task_command(item[1], study_dir, num_seeds)
         print("slice:", *item[:2], *item[2:3], f"({left:.0f} s left)", flush=True)
         try:
-            finished = subprocess.run(cmd, timeout=left, check=False).returncode == 0
+            finished = subprocess.run(cmd, timeout=left, check=False, env=CHILD_ENV).returncode == 0
         except subprocess.TimeoutExpired:
             print("slice stopped at the deadline:", *item, flush=True)
             break
