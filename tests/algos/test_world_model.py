@@ -157,8 +157,9 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     from genesis_jax.algos.ppo import train as train_ppo
 
     run = tmp_path / "ppo"
-    # eval_episodes=0: no greedy evaluation after training (its own compile), which collecting does not use
-    config = PPOConfig(env="CartPole-v1", precision="fp32", total_steps=2048, eval_episodes=0)
+    # eval_episodes=0: no greedy evaluation after training (its own compile), which collecting does not use;
+    # fp16 at 2,048 steps: the chunk program of tests/support/small_run.py's SMALL, compiled once for the run
+    config = PPOConfig(env="CartPole-v1", precision="fp16", total_steps=2048, eval_episodes=0)
     train_ppo(config, out_dir=str(run), progress=False)
     policy = load(str(run), greedy=False)  # as in training: it samples
     assert policy.spec.env_id == "CartPole-v1"

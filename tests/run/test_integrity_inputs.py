@@ -44,7 +44,7 @@ def test_overwrite_with_a_bad_argument_leaves_the_old_run_untouched(small_run, t
 
 
 @pytest.mark.slow  # trains a second run: 10 s
-def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, tmp_path):
+def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, tmp_path, capsys):
     from genesis_jax.algos.ppo import train
 
     run = copy_of(small_run, tmp_path)
@@ -65,6 +65,11 @@ def test_overwrite_replaces_the_run_only_once_the_new_one_has_ended(small_run, t
     train(PPOConfig(precision="fp32", total_steps=2048), str(run), overwrite=True, progress=False)
     assert json.loads((run / "summary.json").read_text())["precision"] == "fp32"
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "ppo.png", "summary.json"]
+    # an fp32 run now: its resume in fp16 is refused (the other direction: the next test)
+    before, _ = snapshot(run), capsys.readouterr()  # the training runs' own output
+    assert main(ppo_argv(4096, precision="fp16") + ["--out", str(run), "--resume"]) == 2
+    assert "precision" in one_line_error(capsys)
+    assert snapshot(run) == before
 
 
 @pytest.mark.slow  # small_run fixture (9-58 s)
@@ -94,8 +99,11 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_its_step(small_run, tmp
         (["--seed", "3"], "seed: 0 -> 3"),
     ],
 )
-def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, capsys, change, words):
+def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, capsys, caplog, change, words):
     run = copy_of(small_run, tmp_path)
+    if change[0] == "--lr":  # the resume allowed below also drops a torn last metrics line
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write('{"update": 5, "loss": 0.1')  # a process killed mid-line
     before = snapshot(run)
     argv = SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"] + change
     assert main(argv) == 2
@@ -103,33 +111,23 @@ def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, cap
     assert words in line and "--allow-config-change" in line, line
     assert snapshot(run) == before
     if change[0] == "--lr":  # allowed: it continues, and the summary says what changed
+        caplog.clear()
         assert main(argv + ["--allow-config-change"]) == 0
         summary = json.loads((run / "summary.json").read_text())
         assert summary["config_changes"] == [words] and summary["total_steps"] == 4096
+        # the torn last metrics line was dropped with a warning, the rows after it appended
+        assert "torn last line" in caplog.text
+        assert metric_updates(run) == list(range(1, 9))
+        assert summary["iterations"] == len(metric_updates(run))
 
 
-@pytest.mark.slow  # small_run fixture, and an fp32 run (test_overwrite_replaces...'s program): 5 s
+@pytest.mark.slow  # small_run fixture (fp32 -> fp16: on test_overwrite_replaces...'s fp32 run)
 def test_resume_refuses_a_precision_change_in_either_direction(small_run, tmp_path, capsys):
-    fp32 = tmp_path / "fp32"
-    assert main(ppo_argv(2048, precision="fp32") + ["--out", str(fp32)]) == 0
-    for run, asked in ((fp32, "fp16"), (copy_of(small_run, tmp_path), "bf16")):  # SMALL: fp16
-        before = snapshot(run)
-        capsys.readouterr()  # the training run's own output
-        assert main(ppo_argv(4096, precision=asked) + ["--out", str(run), "--resume"]) == 2
-        assert "precision" in one_line_error(capsys)
-        assert snapshot(run) == before
-
-
-@pytest.mark.slow  # resumes training: 10 s
-def test_a_torn_last_metrics_line_is_dropped_with_a_warning(small_run, tmp_path, caplog):
-    run = copy_of(small_run, tmp_path)
-    with open(run / "metrics.jsonl", "a") as f:
-        f.write('{"update": 5, "loss": 0.1')  # a process killed mid-line
-    assert main(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"]) == 0
-    assert "torn last line" in caplog.text
-    assert metric_updates(run) == list(range(1, 9))
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["iterations"] == len(metric_updates(run))
+    run = copy_of(small_run, tmp_path)  # SMALL: fp16
+    before, _ = snapshot(run), capsys.readouterr()
+    assert main(ppo_argv(4096, precision="bf16") + ["--out", str(run), "--resume"]) == 2
+    assert "precision" in one_line_error(capsys)
+    assert snapshot(run) == before
 
 
 def test_json_output_never_holds_nan_or_infinity(tmp_path):
