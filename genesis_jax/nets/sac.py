@@ -27,7 +27,9 @@ class Net(nn.Module):
             x = ResidualMLP(*self.torso[1:], self.dtype)(x)
         for width in self.torso[1] if self.torso[0] == "mlp" else ():
             x = nn.relu(Dense(width, self.dtype)(x))
-        return Dense(self.outputs, self.dtype)(x)
+        # float32, as PPO's heads (FLOAT32_RULES): a Q value or a log-std past float16's 65504 is
+        # an inf no loss scale undoes. (Its params keep the name they had: checkpoints still fit.)
+        return Dense(self.outputs, jnp.float32)(x)
 
 
 # The twin critics as one params tree with a leading axis of 2: one batched matmul per layer.

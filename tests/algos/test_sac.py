@@ -5,6 +5,7 @@ input, learning Pendulum-v1 (SIGKILL and resume: tests/algos/test_registry.py)."
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -155,3 +156,18 @@ def test_the_host_path_trains_on_gymnasium_environments():
 def test_sac_learns_pendulum_within_20k_steps(precision):
     result = train(SACConfig(precision=precision, total_steps=20_000, hidden=(64, 64)), progress=False)
     assert result.summary["final_return"] > -200, [r["episode_return"] for r in result.metrics]
+
+
+def test_the_actor_and_critic_heads_compute_in_float32_under_a_half_precision():
+    # A Q value past float16's 65504 must stay finite: the torso computes in float16, the head in float32.
+    from genesis_jax.amp import dtype_report
+    from genesis_jax.nets.sac import Net
+
+    net, obs, act = Net(("mlp", (16,)), 1, jnp.float16), jnp.ones((4, 3)), jnp.ones((4, 1))
+    params = net.init(jax.random.PRNGKey(0), obs, act)
+    head = sorted(params["params"])[-1]  # Dense_0 the torso's layer, Dense_1 the head
+    params["params"][head]["kernel"] = jnp.full_like(params["params"][head]["kernel"], 1e5)
+    q = net.apply(params, obs, act)
+    assert q.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(q))) and float(jnp.max(q)) > 65504
+    matmuls = dtype_report(lambda p: net.apply(p, obs, act), params).dtypes("matmul")
+    assert matmuls == {"float16": 1, "float32": 1}, matmuls
