@@ -13,6 +13,13 @@ def metric_rows(run: pathlib.Path, wall_clock=()) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in wall_clock} for row in rows]
 
 
+def written_rows(run: pathlib.Path) -> int:
+    """How many whole rows (lines ended by their newline) the run's metrics.jsonl holds so far:
+    for polling a run another process is writing, whose last line may be half written."""
+    path = run / "metrics.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
 def committed_steps(run: pathlib.Path) -> list[int]:
     """The steps of the run's complete checkpoints (run/checkpoints/<step>), oldest first."""
     checkpoints = run / "checkpoints"
