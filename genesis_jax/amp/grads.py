@@ -119,9 +119,6 @@ class AutocastModule:
     def __init__(self, module: nn.Module, policy: jmp.Policy):
         self.module, self.policy, self.apply = module, policy, autocast(module.apply, policy)
 
-    def init(self, *args, **kwargs):
-        return self.module.init(*args, **kwargs)
-
     def __getattr__(self, name):
         return getattr(self.module, name)
 

@@ -87,9 +87,6 @@ def find_skip_state(opt_state) -> SkipNonFiniteState:
     return found
 
 
-_PASSES_HYPERPARAMETERS_IN = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
-
-
 def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
     """`find_skip_state`'s, or None where `opt_state` holds no `SkipNonFiniteState`. One that
     decides for a part of the optimizer only is refused, naming the fix: a skipped step would
@@ -99,7 +96,7 @@ def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
     stateful one before it takes the non-finite gradients into its state)."""
     node = opt_state
     while not isinstance(node, SkipNonFiniteState):
-        if isinstance(node, _PASSES_HYPERPARAMETERS_IN):
+        if isinstance(node, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)):
             node = node.inner_state
         elif type(node) is tuple and node and not jax.tree.leaves(node[:-1]):  # a chain, stateless before the last
             node = node[-1]
@@ -118,16 +115,13 @@ def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
     )
 
 
-_SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState)
-
-
 def _advance_schedules(opt_state):
     """`opt_state` with the count of every learning-rate schedule in it (optax's
     `scale_by_schedule`, `inject_hyperparams`) advanced by one, and nothing else changed:
     what a skipped step does to PyTorch's LR schedulers, which step once per iteration
     while a skipped `optimizer.step()` leaves Adam's own step count alone."""
 
-    is_schedule = lambda n: isinstance(n, _SCHEDULE_STATES)
+    is_schedule = lambda n: isinstance(n, (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState))
     advance = lambda n: n._replace(count=optax.safe_increment(n.count)) if is_schedule(n) else n
     return jax.tree.map(advance, opt_state, is_leaf=is_schedule)
 
@@ -373,9 +367,3 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
 
     return optax.GradientTransformationExtraArgs(init, update)
-
-
-def is_skip_nonfinite(tx, params) -> bool:
-    """Whether `tx`'s state for `params` holds the `SkipNonFiniteState` that decides for the
-    whole optimizer (`find_skip_state`); one that decides for a part is refused there."""
-    return deciding_skip_state(jax.eval_shape(tx.init, params)) is not None

@@ -53,7 +53,4 @@ def restore_rules(tree, read: Callable) -> Iterator[tuple[str, Rule]]:
 
 def key_name(key) -> str:
     """A path key's name: an attribute's, a dict key, a sequence index."""
-    for attr in ("name", "key", "idx"):  # an attribute, a dict key, a sequence index
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
+    return jax.tree_util.keystr((key,), simple=True, separator="")

@@ -101,10 +101,9 @@ def _checked_rules(rules) -> tuple[PrecisionRule, ...]:
     return rules
 
 
-NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm)
 # Norms, and the heads whose outputs the losses read (logits, values), in float32.
 FLOAT32_RULES: tuple[PrecisionRule, ...] = (
-    PrecisionRule(NORMS),
+    PrecisionRule((nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm)),
     PrecisionRule("*head"),
     PrecisionRule("*logits"),
     PrecisionRule(nn.Embed),

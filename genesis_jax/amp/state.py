@@ -43,7 +43,6 @@ from genesis_jax.amp.optim import (
     check_options,
     deciding_skip_state,
     find_skip_state,
-    is_skip_nonfinite,
     skip_nonfinite,
     skip_rules,
 )
@@ -72,7 +71,7 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
         scaler = prec.scaler() if prec is not None else NoOpLossScale()
     else:
         scaler = jax.tree.map(jnp.copy, scaler)
-    if is_skip_nonfinite(tx, params):
+    if deciding_skip_state(jax.eval_shape(tx.init, params)) is not None:  # already wrapped
         if options != (None, None, False, None):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)

@@ -64,15 +64,12 @@ def underflow_fractions(reference, half) -> dict[str, dict]:
         raise ValueError("the float32 and float16 gradients have different layers")
     out = {}
     for layer, refs in ref_layers.items():
-        nonzero = flushed = below = jnp.zeros((), jnp.float32)
-        for ref, hal in zip(refs, half_layers[layer]):
-            live = jnp.asarray(ref) != 0
-            hal = jnp.abs(jnp.asarray(hal, jnp.float32))
-            nonzero += jnp.sum(live, dtype=jnp.float32)
-            flushed += jnp.sum(live & (hal == 0), dtype=jnp.float32)
-            below += jnp.sum(live & (hal < FLOAT16_SMALLEST_NORMAL), dtype=jnp.float32)
-        count = jnp.maximum(nonzero, 1.0)
-        out[layer] = {"flushed": flushed / count, "underflow": below / count, "nonzero": nonzero}
+        live = jnp.concatenate([jnp.ravel(ref) != 0 for ref in refs])
+        hal = jnp.abs(jnp.concatenate([jnp.ravel(jnp.asarray(h, jnp.float32)) for h in half_layers[layer]]))
+        nonzero = jnp.sum(live, dtype=jnp.float32)
+        lost = {"flushed": live & (hal == 0), "underflow": live & (hal < FLOAT16_SMALLEST_NORMAL)}
+        out[layer] = {kind: jnp.sum(x, dtype=jnp.float32) / jnp.maximum(nonzero, 1.0) for kind, x in lost.items()}
+        out[layer]["nonzero"] = nonzero
     return out
 
 

@@ -18,7 +18,7 @@ import importlib.util
 import json
 import logging
 import sys
-from typing import Sequence
+from typing import Annotated, Sequence
 
 from genesis_jax.algos import REGISTRY, get_algorithm  # imports nothing of the rl extra
 from genesis_jax.cli.eval import add_eval_parser, run_eval  # argparse alone: loads nothing of JAX
@@ -112,7 +112,6 @@ def parse_train_args(workload: str, argv: Sequence[str]):
         ValueError: for a bad GENESIS_PRECISION / ENABLE_FP16_TRAINING (the precision's default).
     """
     import io
-    import typing
 
     import tyro
 
@@ -132,7 +131,7 @@ def parse_train_args(workload: str, argv: Sequence[str]):
     }
     command_cls = dataclasses.make_dataclass(
         "TrainCommand",
-        [(name, typing.Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
+        [(name, Annotated[cls, tyro.conf.arg(help=text)]) for name, (cls, text) in groups.items()],
         frozen=True,
     )
     prog = f"genesis-jax train {workload}"
@@ -193,18 +192,17 @@ def _old_spellings(argv: list[str]) -> tuple[list[str], list[str]]:
     out, notes, rest = [], [], iter(argv)
     for arg in rest:
         flag, sep, value = arg.partition("=")
-        if flag in _COMMA_LISTS + _ZERO_FOR_OFF and (sep or (value := next(rest, None)) is not None):
-            if flag in _COMMA_LISTS and "," in value:
-                parts = [v.strip() for v in value.split(",") if v.strip()]
-                notes.append(f"'{flag} {value}' is deprecated; write '{flag} {' '.join(parts)}'")
-                out += [flag, *parts]
-            elif flag in _ZERO_FOR_OFF and _is_zero_for_off(flag, value):
-                notes.append(f"'{flag} {value}' for off is deprecated; write '{flag} None'")
-                out += [flag, "None"]
-            else:
-                out += [flag, value]
-        else:
+        if flag not in _COMMA_LISTS + _ZERO_FOR_OFF or not (sep or (value := next(rest, None)) is not None):
             out.append(arg)
+            continue
+        values = [value]
+        if flag in _COMMA_LISTS and "," in value:
+            values = [v.strip() for v in value.split(",") if v.strip()]
+            notes.append(f"'{flag} {value}' is deprecated; write '{flag} {' '.join(values)}'")
+        elif flag in _ZERO_FOR_OFF and _is_zero_for_off(flag, value):
+            values = ["None"]
+            notes.append(f"'{flag} {value}' for off is deprecated; write '{flag} None'")
+        out += [flag, *values]
     return out, notes
 
 
@@ -628,28 +626,23 @@ def _run(argv: list[str]) -> int:
     parallel = args.parts["parallel"] if args.command == "train" else None
     if parallel is not None and parallel.coordinator_address is not None:
         # First of all: JAX must join the other processes before anything touches a device.
+        # The others not coming in time is a ConnectionError: an OSError, a system failure (`_said`).
         from genesis_jax.run.parallel import initialize_distributed
 
-        try:
-            initialize_distributed(
-                parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
-            )
-        except ConnectionError as err:  # the others did not come in time
-            print(f"genesis-jax: system failure: {err}", file=sys.stderr)
-            return EXIT_SYSTEM
+        initialize_distributed(
+            parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
+        )
     if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
         return _run_launch(args)
     # Of several processes, only process 0 logs, prints and shows progress (Session sees to
     # the bar); the others report errors alone.
     worker = not _primary()
-    logging.basicConfig(
-        level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s")  # on stderr
     # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
     # backends it did not find: their warnings and errors still show (process 0's). absl first,
-    # so that its logger is absl's own.
-    with contextlib.suppress(ImportError):
-        import absl.logging  # noqa: F401
+    # so that its logger is absl's own (absl-py: a requirement of optax's).
+    import absl.logging  # noqa: F401
+
     for noisy in ("absl", "jax"):
         logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
     from genesis_jax.run.compile_cache import enable_compile_cache

@@ -29,8 +29,7 @@ def run_demo(
     model = MLP(features=(64, 64, 1), dtype=prec.compute_dtype)
 
     def loss_fn(params, x, y):
-        out = model.apply(params, x).astype(jnp.float32)
-        return jnp.mean((out - y) ** 2)
+        return jnp.mean((model.apply(params, x).astype(jnp.float32) - y) ** 2)
 
     state = amp.TrainState.create(
         apply_fn=model.apply,

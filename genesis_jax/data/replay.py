@@ -137,14 +137,10 @@ def _buffer_rules(state: TrajectoryBufferState, read) -> list:
         for seed in np.ndindex(np.shape(index)):
             slots = np.ascontiguousarray(values[seed][:, start[seed] :])
             written[seed] |= not full[seed] and bool(np.any(slots.view(np.uint8)))
+    in_order = "True where slots at or past current_index hold transitions (flashbax fills them in order)"
     return [
         ("current_index", index, (index >= 0) & (index < capacity), f"from 0 to {capacity - 1} (the buffer's slots)"),
-        (
-            "is_full",
-            full,
-            full | ~written,
-            "True where slots at or past current_index hold transitions (flashbax fills them in order)",
-        ),
+        ("is_full", full, full | ~written, in_order),
     ]
 
 

@@ -141,9 +141,8 @@ class GymnasiumVecEnv:
     def step(self, action):
         action = np.asarray(action)
         if self.spec.continuous:
-            action = np.clip(action, self.spec.action_low, self.spec.action_high).reshape(
-                (self.num_envs, *self.envs.single_action_space.shape)
-            )
+            shape = (self.num_envs, *self.envs.single_action_space.shape)
+            action = np.clip(action, self.spec.action_low, self.spec.action_high).reshape(shape)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         obs = self._shaped(obs)
         final_obs = obs.copy()
@@ -176,11 +175,8 @@ def io_callback_step(env: GymnasiumVecEnv):
     obs, flags = jax.ShapeDtypeStruct((n, *shape), env.obs_dtype), jax.ShapeDtypeStruct((n,), bool)
     shapes = (obs, jax.ShapeDtypeStruct((n,), np.float32), flags, flags, obs)
 
-    def host(action):
-        return tuple(np.asarray(x, s.dtype) for x, s in zip(env.step(np.asarray(action)), shapes))
-
-    def step(keys, env_state, action):
-        obs, reward, terminated, truncated, final_obs = io_callback(host, shapes, action, ordered=True)
+    def step(keys, env_state, action):  # `env.step` returns arrays of exactly these dtypes
+        obs, reward, terminated, truncated, final_obs = io_callback(env.step, shapes, action, ordered=True)
         return obs, env_state, reward, terminated, truncated, final_obs
 
     return step

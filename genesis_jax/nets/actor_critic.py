@@ -49,10 +49,11 @@ class ActorCritic(nn.Module):
         return make_torso(self.network, self.obs_shape or (1,), **common)
 
     def setup(self):
+        # (the actor's torso, the critic's): one shared by both for the image networks
         if self.network in IMAGE_NETWORKS:
-            self.shared_torso = self._torso("torso")
+            self.torsos = (self._torso("torso"),) * 2
         else:
-            self.actor_torso, self.critic_torso = self._torso("actor"), self._torso("critic")
+            self.torsos = (self._torso("actor"), self._torso("critic"))
         # float32 by the precision rules (the names end in "head"), not by their own dtype.
         orthogonal = nn.initializers.orthogonal
         self.critic_head = Dense(1, self.dtype, self.param_dtype, orthogonal(1.0), name="critic_head")
@@ -74,24 +75,20 @@ class ActorCritic(nn.Module):
             x = torso(x)
         return x.reshape((*batch_shape, x.shape[-1])).astype(jnp.float32)
 
-    def _trunks(self):
-        return (self.shared_torso,) * 2 if self.network in IMAGE_NETWORKS else (self.actor_torso, self.critic_torso)
-
     def _policy_from(self, features):
         out = self.actor_head(features)
         return (out, jnp.broadcast_to(self.log_std.astype(jnp.float32), out.shape)) if self.continuous else (out,)
 
     @precision_rules()
     def value(self, obs):
-        return self.critic_head(self._features(self._trunks()[1], obs))[..., 0]
+        return self.critic_head(self._features(self.torsos[1], obs))[..., 0]
 
     @precision_rules()
     def policy(self, obs):
-        return self._policy_from(self._features(self._trunks()[0], obs))
+        return self._policy_from(self._features(self.torsos[0], obs))
 
     @precision_rules()
     def __call__(self, obs):
-        if self.network in IMAGE_NETWORKS:  # one pass through the shared torso
-            features = self._features(self.shared_torso, obs)
-            return self._policy_from(features), self.critic_head(features)[..., 0]
-        return self.policy(obs), self.value(obs)
+        actor = self._features(self.torsos[0], obs)
+        critic = actor if self.network in IMAGE_NETWORKS else self._features(self.torsos[1], obs)  # one pass if shared
+        return self._policy_from(actor), self.critic_head(critic)[..., 0]

@@ -34,9 +34,7 @@ class WorldModel(nn.Module):
             self.cell = nn.GRUCell(self.width, dtype=self.dtype, param_dtype=self.param_dtype, name="gru")
         else:
             self.blocks = [tuple(dense(self.width, f"block_{i}_{part}") for part in "ab") for i in range(self.depth)]
-        self.obs_head = dense(self.obs_dim, "obs_head")
-        self.reward_head = dense(1, "reward_head")
-        self.term_head = dense(1, "term_head")
+        self.heads = (dense(self.obs_dim, "obs_head"), dense(1, "reward_head"), dense(1, "term_head"))
 
     def encode(self, obs):
         return self.encoder[1](nn.silu(self.encoder[0](obs.astype(jnp.float32))))
@@ -53,8 +51,7 @@ class WorldModel(nn.Module):
         return x
 
     def decode(self, h, obs):
-        heads = (self.obs_head, self.reward_head, self.term_head)
-        delta, reward, term_logit = (head(nn.silu(h)).astype(jnp.float32) for head in heads)
+        delta, reward, term_logit = (head(nn.silu(h)).astype(jnp.float32) for head in self.heads)
         return obs.astype(jnp.float32) + delta if self.predict_delta else delta, reward[..., 0], term_logit[..., 0]
 
     def __call__(self, obs, action):

@@ -171,13 +171,8 @@ def as_typed_as(state, template):
     if not changed:
         return state
     abstract = [
-        jax.ShapeDtypeStruct(
-            likes[i].shape,
-            likes[i].dtype,
-            weak_type=likes[i].weak_type,
-            sharding=likes[i].sharding if likes[i].committed else None,
-        )
-        for i in changed
+        jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=x.sharding if x.committed else None)
+        for x in (likes[i] for i in changed)
     ]
     retyped = jax.jit(lambda xs: xs, donate_argnums=0).lower(abstract).compile()([leaves[i] for i in changed])
     for i, leaf in zip(changed, retyped):
@@ -322,7 +317,7 @@ def refuse_unwritten(rules: list[Rule], *, step: int, directory: str) -> None:
         )
 
 
-def position_of(meta: dict, key: str, step: int, directory: str) -> int:
+def position_of(meta: dict, key: str, step: int, directory: str) -> None:
     """The run position a checkpoint's meta records under `key`, refused in one sentence
     where it is not the step the checkpoint is stored as (a run saves them equal)."""
     value = meta.get(key)
@@ -331,7 +326,6 @@ def position_of(meta: dict, key: str, step: int, directory: str) -> int:
             f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, not {step}: "
             "the checkpoint was altered; restore an intact copy, or start a new run"
         )
-    return value
 
 
 def _is_train_state_dict(node) -> bool:
@@ -369,12 +363,8 @@ def describe_differences(saved: dict[str, str], target: dict[str, str], limit: i
         (k for k in set(saved) & set(target) if saved[k] != target[k]), key=lambda k: (not k.startswith("params"), k)
     )
     parts = [f"{k}: checkpoint {saved[k]} vs run {target[k]}" for k in changed[:limit]]
-    for what, keys in (
-        ("only in the checkpoint", set(saved) - set(target)),
-        ("only in the run", set(target) - set(saved)),
-    ):
-        if keys:
-            parts.append(f"{what}: " + ", ".join(sorted(keys)[:limit]))
+    only = {"only in the checkpoint": set(saved) - set(target), "only in the run": set(target) - set(saved)}
+    parts += [f"{what}: " + ", ".join(sorted(keys)[:limit]) for what, keys in only.items() if keys]
     return "; ".join(parts)
 
 

@@ -90,7 +90,7 @@ def _checked(value, kind, bounds: Bounds | None):
             return value, None
         return None, "one of " + ", ".join(map(str, args))
     if origin is tuple:  # tuple[int, ...]; bounds, where given, hold for each entry of a non-empty one
-        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not all(map(_is_int, value)):
+        if not isinstance(value, (tuple, list)) or not all(map(_is_int, value)):
             return None, "a sequence of integers"
         if bounds is not None and not (value and all(map(bounds.holds, value))):
             return None, f"a non-empty sequence, each {bounds.text}"

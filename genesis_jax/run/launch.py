@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 
-from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PEER, EXIT_SYSTEM
+from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PEER, EXIT_SYSTEM, handling_signals
 
 LAUNCHER_PID_ENV = "GENESIS_LAUNCHER_PID"  # set in every process the launcher starts
 # After the launcher is gone, a process gets this long to stop cleanly (a final checkpoint,
@@ -84,11 +84,10 @@ def port_in_use(port: int) -> bool:
                 probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             try:
                 probe.bind(address)
-            except OSError as err:
+                return False
+            except OSError as err:  # but for EADDRINUSE, this family cannot bind here (no such address): try the other
                 if err.errno == errno.EADDRINUSE:
                     return True
-                continue  # this family cannot bind here (no such address): try the other
-            return False
     return False
 
 
@@ -310,12 +309,10 @@ def launch(
             if p.poll() is None:
                 p.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _supervise(procs, logs, grace_seconds, _out_dir(command))
+        with handling_signals(forward):
+            return _supervise(procs, logs, grace_seconds, _out_dir(command))
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         for p in procs:
             if p.poll() is None:
                 p.kill()

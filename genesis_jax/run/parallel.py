@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from genesis_jax.run.launch import check_port_free, exit_with_launcher, parse_coordinator_address
-from genesis_jax.run.signals import EXIT_PEER, TrainingInterrupted
+from genesis_jax.run.signals import EXIT_PEER, TrainingInterrupted, handling_signals
 
 DATA_AXIS = "data"
 
@@ -104,7 +104,7 @@ def initialize_distributed(
     # JAX's preemption service takes SIGTERM for itself (as a preemption notice) and the
     # process goes on; without it a SIGTERM stops the run as it stops a single process.
     jax.config.update("jax_enable_preemption_service", False)
-    with _signal_handlers(signal.SIG_DFL):
+    with handling_signals(signal.SIG_DFL):
         if coordinator_address != AUTO and process_id != 0:
             _wait_for_coordinator(host, port, initialization_timeout)
         try:
@@ -136,23 +136,6 @@ def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:
                     "start process 0 there, or check --coordinator-address"
                 ) from None
             time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def _signal_handlers(handler, only_python_handled: bool = False):
-    """SIGINT and SIGTERM go to `handler` for the block (in the main thread; where
-    `only_python_handled`, only those Python handles). `signal.SIG_DFL`: they end the process
-    at once (a wait inside the runtime, where Python's own handlers would run only after it returns)."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            if not only_python_handled or callable(signal.getsignal(s)):
-                previous[s] = signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 def _leave() -> None:
@@ -197,7 +180,7 @@ def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS) -> None:
     everyone = set(range(global_state.num_processes))
     deadline = time.monotonic() + timeout
     received: list[int] = []  # SIGINT / SIGTERM are only recorded meanwhile: the wait decides how to stop
-    with _signal_handlers(lambda signum, frame: received.append(signum), only_python_handled=True):
+    with handling_signals(lambda signum, frame: received.append(signum), only_python_handled=True):
         try:
             client.key_value_set(f"{prefix}{me}", "1")
             while True:
@@ -219,11 +202,8 @@ def barrier(name: str, timeout: float = AGREEMENT_TIMEOUT_SECONDS) -> None:
                         f"within {timeout:g} s"
                     )
                 time.sleep(0.05)
-        except PeerFailed:
-            _left_alone_status.append(EXIT_PEER)
-            raise
-        except TrainingInterrupted as stop:
-            _left_alone_status.append(128 + stop.signum)
+        except (PeerFailed, TrainingInterrupted) as stop:
+            _left_alone_status.append(128 + stop.signum if isinstance(stop, TrainingInterrupted) else EXIT_PEER)
             raise
         except Exception as err:  # the coordinator (process 0) is gone
             _left_alone_status.append(EXIT_PEER)

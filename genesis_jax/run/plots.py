@@ -13,14 +13,7 @@ def figure(nrows: int = 1, ncols: int = 1, *, figsize, **subplots):
 
 
 def plot_curves(
-    rows: list[dict],
-    x_key: str,
-    y_keys,
-    path,
-    title: str,
-    floor: float | None = None,
-    log_y: bool = True,
-    twin_keys=(),
+    rows: list[dict], x_key: str, y_keys, path, title: str, floor: float | None = None, log_y: bool = True, twin_keys=()
 ) -> None:
     """Curves over `x_key` (None values as gaps) above the loss scale; a dashed line at a known
     floor; `twin_keys` (a loss beside a return) on an axis of their own, on the right."""

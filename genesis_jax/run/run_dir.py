@@ -51,11 +51,8 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
     current = {**settings, **(inputs or {})}
     names = sorted((set(saved) | set(current)) - set(config.RESUMABLE_FIELDS))
     # JSON turned the saved tuples into lists: compare both as JSON values.
-    changes = [
-        f"{n.replace('_', '-')}: {saved.get(n)!r} -> {current.get(n)!r}"
-        for n in names
-        if jsonable(saved.get(n)) != jsonable(current.get(n))
-    ]
+    changed = [n for n in names if jsonable(saved.get(n)) != jsonable(current.get(n))]
+    changes = [f"{n.replace('_', '-')}: {saved.get(n)!r} -> {current.get(n)!r}" for n in changed]
     if changes and not allow:
         advice = "pass --allow-config-change to continue it anyway"
         # A precision change is refused even with the flag (the checkpoint's arrays are in its own).

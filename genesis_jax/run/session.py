@@ -81,19 +81,12 @@ def check_checkpointable(state) -> None:
 
 def _until_halt(rows: list[dict]) -> list[dict]:
     """Rows up to and including the one where the divergence guard stopped training."""
-    for i, row in enumerate(rows):
-        if row.get("halted"):
-            return rows[: i + 1]
-    return rows
+    halt = next((i for i, row in enumerate(rows) if row.get("halted")), len(rows))
+    return rows[: halt + 1]
 
 
 # 0.3's spellings of Session's keywords, read until 0.5 with a FutureWarning: old -> new.
-RENAMED_KEYWORDS = {
-    "kind": "name",
-    "total": "num_rows",
-    "position_key": "row_key",
-    "unit_size": "steps_per_row",
-}
+RENAMED_KEYWORDS = {"kind": "name", "total": "num_rows", "position_key": "row_key", "unit_size": "steps_per_row"}
 # Keywords a Session no longer needs, read and ignored until 0.5 with a FutureWarning: the
 # checkpoint's own step is the run's position, so no meta field has to be named for it.
 RETIRED_KEYWORDS = {"meta_key", "checkpoint_key"}
@@ -216,21 +209,16 @@ class Session:
         self._signals = StopSignals().__enter__()
         try:
             parallel.barrier("genesis-session-checked")
-        except BaseException:
-            self._signals.__exit__(*sys.exc_info())
-            raise
-        if self.run_dir is None:
-            return self
-        try:
-            if self.primary:
-                self.run_dir.open()
-                config = self.config.to_dict() if self.config is not None else {}
-                self.writers = [JsonlWriter(self.run_dir)]
-                for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
-                    named = NAMED_WRITERS.get(spec) if isinstance(spec, str) else None
-                    self.writers.append(named(self.run_dir.path, self.row_key, config) if named else spec)
-            parallel.barrier("genesis-session-opened")
-            self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
+            if self.run_dir is not None:
+                if self.primary:
+                    self.run_dir.open()
+                    config = self.config.to_dict() if self.config is not None else {}
+                    self.writers = [JsonlWriter(self.run_dir)]
+                    for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
+                        named = NAMED_WRITERS.get(spec) if isinstance(spec, str) else None
+                        self.writers.append(named(self.run_dir.path, self.row_key, config) if named else spec)
+                parallel.barrier("genesis-session-opened")
+                self.store = CheckpointStore(self.run_dir.checkpoints, max_to_keep=self.max_to_keep)
         except BaseException:
             # `with` calls __exit__ only after __enter__ returned: unlock and put a set-aside run back here.
             self.__exit__(*sys.exc_info())
@@ -339,9 +327,8 @@ class Session:
                 ) from None
             state = as_typed_as(fit(restored), state)  # typed as `state`: the program of a run not resumed
             self._replay_dropped = replay_dropped(state, meta.get("replay_dropped", 0))
-            if (
-                self.row_key in meta
-            ):  # the row beside the step the store checked (PPO's, DQN's, PQN's before 0.4.1: none)
+            # The row beside the step the store checked (PPO's, DQN's, PQN's before 0.4.1: none).
+            if self.row_key in meta:
                 position_of(meta, self.row_key, step, self.store.directory)
             self.rows_done = step
             self.unverified_checkpoint = None if "digest" in meta else step
@@ -440,6 +427,7 @@ class Session:
                     on_start()
                 total, done = self.num_rows * self.steps_per_row, self.rows_done * self.steps_per_row
                 bar = progress.progress_bar(total, done, enabled=self.progress, unit=self.unit)
+                every = self.checkpoint_every if self.store is not None else 0  # rows between saves (0: none due)
                 pending = dispatch(state) if starts else None
                 while pending is not None:
                     (state, metrics), pending = pending, None
@@ -448,11 +436,7 @@ class Session:
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
                     after = self.rows_done + per_call
-                    due = (
-                        self.store is not None
-                        and self.checkpoint_every
-                        and after - self._last_save >= self.checkpoint_every
-                    )
+                    due = every and after - self._last_save >= every
                     signalled = parallel.any_process(signals.received is not None)
                     go_on = after < self.num_rows and not halted and not signalled
                     if go_on and not due:  # dispatched before this call's rows are written: device and host overlap

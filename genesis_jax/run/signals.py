@@ -5,6 +5,7 @@ It loads no JAX at import (the command line and the launcher read the exit statu
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from typing import TYPE_CHECKING
@@ -70,16 +71,30 @@ def halted_report(train_state, guard: DivergenceGuard) -> str | None:
     halted = jnp.atleast_1d(train_state.halted)
     if not bool(jnp.any(halted)):
         return None
-    i = int(jnp.argmax(halted))
-    pick = lambda x: float(jnp.atleast_1d(x)[i])  # noqa: E731
-    dynamic = isinstance(train_state.scaler, DynamicLossScale)
-    return divergence_message(
-        guard,
-        pick(train_state.scaler.loss_scale),
-        int(pick(train_state.skip_streak)),
-        int(pick(train_state.step)),
-        dynamic,
+    i = int(jnp.argmax(halted))  # the first halted seed's
+    scale, streak, step = (
+        jnp.atleast_1d(x)[i] for x in (train_state.scaler.loss_scale, train_state.skip_streak, train_state.step)
     )
+    dynamic = isinstance(train_state.scaler, DynamicLossScale)
+    return divergence_message(guard, float(scale), int(streak), int(step), dynamic)
+
+
+@contextlib.contextmanager
+def handling_signals(handler, only_python_handled: bool = False):
+    """SIGINT and SIGTERM go to `handler` for the block (in the main thread; where
+    `only_python_handled`, only those Python handles); it yields the handlers they had.
+    `signal.SIG_DFL`: they end the process at once (a wait inside the runtime, where Python's
+    own handlers would run only after it returns)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            if not only_python_handled or callable(signal.getsignal(s)):
+                previous[s] = signal.signal(s, handler)
+    try:
+        yield previous
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 class StopSignals:
@@ -87,25 +102,19 @@ class StopSignals:
     killing the process; the loop checks it between chunks. Outside the main thread, where
     Python cannot install handlers, it does nothing."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self):
         self.received: int | None = None
-        self._previous = {}
+        self._handlers = contextlib.ExitStack()
 
     def _handle(self, signum, _frame):
         self.received = signum
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = previous = signal.signal(sig, self._handle)
-                earlier = getattr(previous, "__self__", None)
-                if isinstance(earlier, StopSignals) and earlier.received is not None:
-                    self.received = earlier.received  # held since the command began (the CLI's catcher)
+        for previous in self._handlers.enter_context(handling_signals(self._handle)).values():
+            earlier = getattr(previous, "__self__", None)
+            if isinstance(earlier, StopSignals) and earlier.received is not None:
+                self.received = earlier.received  # held since the command began (the CLI's catcher)
         return self
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        self._handlers.close()

@@ -233,7 +233,7 @@ def seed_scores(summary: dict) -> np.ndarray:
     final eval loss."""
     if "eval_loss_per_seed" in summary or summary.get("eval_loss") is not None and "final_return" not in summary:
         per_seed = summary.get("eval_loss_per_seed") or [summary["eval_loss"]]
-        return np.log10(np.asarray([np.nan if v is None else v for v in per_seed], np.float64))
+        return np.log10(np.asarray(per_seed, np.float64))  # a None (a non-finite loss) as NaN
     per_seed = summary.get("final_return_per_seed")
     return np.asarray(per_seed if per_seed is not None else [summary["final_return"]], np.float64)
 
@@ -250,14 +250,14 @@ def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarra
     the window's end."""
     windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
     ends = [w[-1] for w in windows]
-    nan = lambda values: [np.nan if v is None else v for v in values]
+    # a None (a non-finite value, or a seed without a recent episode) becomes NaN in the arrays
     if "eval_loss" in rows[0]:  # a world model: log10 of each seed's eval loss, averaged in the window
-        per_seed = [nan(r.get("eval_loss_per_seed") or [r["eval_loss"]]) for r in rows]
+        per_seed = [r.get("eval_loss_per_seed") or [r["eval_loss"]] for r in rows]
         logs = np.log10(np.asarray(per_seed, np.float64))
         return np.asarray([r["epoch"] for r in rows])[ends], np.stack([logs[w].mean(0) for w in windows], axis=1)
     steps = np.asarray([r["step"] for r in rows])[ends]
     if "return_sum_per_seed" not in rows[0] and "recent_return_per_seed" in rows[0]:
-        return steps, np.asarray([nan(rows[i]["recent_return_per_seed"]) for i in ends], np.float64).T
+        return steps, np.asarray([rows[i]["recent_return_per_seed"] for i in ends], np.float64).T
     per_seed = lambda key: np.asarray([r.get(f"{key}_per_seed", [r.get(key)]) for r in rows], np.float64)
     sums, episodes = per_seed("return_sum"), per_seed("episodes")
     mean = lambda s, n: np.divide(s, n, out=np.full(len(s), np.nan), where=n > 0)

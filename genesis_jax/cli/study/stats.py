@@ -158,12 +158,9 @@ def per_task(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> 
     on one task's column at a time (a stratified bootstrap over seeds; the resamples do not
     depend on the statistic, so one bootstrap gives them all)."""
     func = lambda x: np.array([f(x) for f in PER_TASK.values()])
-    out = {key: {name: [] for name in PER_TASK} for key in scores}
-    for task in range(next(iter(scores.values())).shape[1]):
-        for key, values in _estimates({k: m[:, [task]] for k, m in scores.items()}, func, reps, seed).items():
-            for name, estimate in zip(PER_TASK, values):
-                out[key][name].append(estimate)
-    return out
+    num_tasks = next(iter(scores.values())).shape[1]
+    columns = [_estimates({k: m[:, [task]] for k, m in scores.items()}, func, reps, seed) for task in range(num_tasks)]
+    return {key: {name: [c[key][i] for c in columns] for i, name in enumerate(PER_TASK)} for key in scores}
 
 
 def aggregate(scores: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, dict[str, Estimate]]:
