@@ -90,5 +90,6 @@ class ActorCritic(nn.Module):
     @precision_rules()
     def __call__(self, obs):
         actor = self._features(self.torsos[0], obs)
+        policy = self._policy_from(actor)  # the actor's whole pass first, then the critic's
         critic = actor if self.network in IMAGE_NETWORKS else self._features(self.torsos[1], obs)  # one pass if shared
-        return self._policy_from(actor), self.critic_head(critic)[..., 0]
+        return policy, self.critic_head(critic)[..., 0]
