@@ -4,7 +4,8 @@
 The declarations are checked on registration; `update`'s required metrics when it compiles;
 the CLI's --help has its groups; a setting the devices refuse is one line before the disk;
 seed 0 of a vmapped 2-seed run is the 1-seed run; 4 CPU devices match 1; a SIGKILL mid-run
-resumes to the run never interrupted; import-linter keeps it apart from the others; bench and
+resumes to the run never interrupted; the fp32 and fp16 runs of these tests pass
+tests/algos/test_every_precision.py's checks; import-linter keeps it apart from the others; bench and
 study list its workloads."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
 from genesis_jax.algos.base import MEASURED, Presets, StudyTask, chunk_size
 from genesis_jax.cli import main
 from genesis_jax.run.session import Session
+from tests.algos.test_every_precision import CHECKED_IN_REGISTRY, check_a_few_updates
 from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
 from tests.support.helpers import tree_equal
@@ -118,6 +120,12 @@ def test_four_devices_match_one_device_for_every_algorithm():
             np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-5, err_msg=name)
 
 
+def killable_budget(name: str) -> dict:
+    """16 times the algorithm's tiny budget (`killable_run`'s)."""
+    algorithm = get_algorithm(name)
+    return {algorithm.budget_field: 16 * algorithm.presets.tiny.get(algorithm.budget_field, 1)}
+
+
 def killable_run(name: str, precision: str):
     """16 times the algorithm's tiny run, a checkpoint every compiled chunk: (its config, the same
     run as a `genesis-jax` command line without --out, its rows, progress steps per row). The
@@ -125,7 +133,7 @@ def killable_run(name: str, precision: str):
     both, the straight run and the resumed one. (Chunks of other lengths are other programs,
     which XLA may compile to other roundings: they matched at its optimisation level 1, not at 0.)"""
     algorithm = get_algorithm(name)
-    budget = {algorithm.budget_field: 16 * algorithm.presets.tiny.get(algorithm.budget_field, 1)}
+    budget = killable_budget(name)
     config = tiny_config(name, precision=precision, **budget)
     sizing = algorithm(config)
     rows, every = sizing.num_rows, sizing.steps_per_row
@@ -147,7 +155,7 @@ def killable_run(name: str, precision: str):
 def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     algorithm = get_algorithm(name)
     config, argv, rows, every = killable_run(name, "fp16")  # the loss scaler's state resumes too
-    straight = algorithm.train(config, progress=False)
+    straight = tiny_run(name, precision="fp16", **killable_budget(name))  # `algorithm.train(config)`: `config`'s run
     out = tmp_path / "run"
     proc = start_python(["-m", "genesis_jax.cli", *argv, "--out", str(out)], cpu_env())
     wait_until(lambda: len(committed_steps(out)) >= 1, proc, timeout=300)
@@ -159,6 +167,16 @@ def test_a_sigkill_mid_run_resumes_to_the_run_never_interrupted(name, tmp_path):
     tree_equal(resumed.state, straight.state)  # every leaf: params, optimizer, scaler, buffers, environments, keys
     timeless = lambda rows: [{k: v for k, v in r.items() if "per_second" not in k} for r in rows]  # noqa: E731
     assert json.dumps(timeless(resumed.metrics)) == json.dumps(timeless(straight.metrics))
+
+
+@pytest.mark.slow  # the vmapped-seed and SIGKILL tests' runs, trained once per process (`tiny_run`)
+@pytest.mark.parametrize("precision", CHECKED_IN_REGISTRY)
+@pytest.mark.parametrize("name", NAMES)
+def test_a_few_updates_at_fp32_and_fp16(name, precision):
+    # tests/algos/test_every_precision.py's checks, on runs trained here anyway: the 1-seed fp32
+    # run and the fp16 run never interrupted; that file checks the other precisions.
+    budget = {} if precision == "fp32" else killable_budget(name)
+    check_a_few_updates(name, precision, tiny_run(name, precision=precision, **budget))
 
 
 @pytest.mark.slow  # 2-5 s per algorithm: an init and two lowerings

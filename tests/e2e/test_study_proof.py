@@ -190,7 +190,8 @@ def test_the_telemetry_reaches_the_rows_the_summary_and_a_plot(gpu_smoke_study, 
     assert (
         main(
             ["train", "world-model", *base, "--data", "synthetic-small", "--epochs", "2"]
-            + ["--num-sequences", "64", "--batch-size", "256", "--num-seeds", "2", "--out", str(wm)]
+            + ["--num-sequences", "64", "--sequence-length", "8", "--depth", "1", "--batch-size", "256"]
+            + ["--num-seeds", "2", "--out", str(wm)]
         )
         == 0
     )
