@@ -27,12 +27,19 @@ from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
 from genesis_jax.algos.base import MEASURED, Presets, StudyTask, chunk_size
 from genesis_jax.cli import main
 from genesis_jax.run.session import Session
-from tests.algos.test_every_precision import CHECKED_IN_REGISTRY, check_a_few_updates
 from tests.support import torture
 from tests.support.files import committed_steps, one_line_error
 from tests.support.helpers import tree_equal
 from tests.support.processes import cpu_env, result_of, run_python, start_python, wait_until
-from tests.support.registry import NAMES, run_record, tiny_argv, tiny_config, tiny_run
+from tests.support.registry import (
+    CHECKED_IN_REGISTRY,
+    NAMES,
+    check_a_few_updates,
+    run_record,
+    tiny_argv,
+    tiny_config,
+    tiny_run,
+)
 
 REPO_TOML = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
 

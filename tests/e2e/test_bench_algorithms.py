@@ -7,14 +7,13 @@ from genesis_jax.algos import get_algorithm
 from genesis_jax.cli.bench import Workload, _run, _steps_for_seconds, workloads
 
 TINY_DQN = {
-    "row_steps": 100,
+    "steps_per_row": 100,
     "num_envs": 10,
     "train_frequency": 10,
     "target_update_interval": 100,
     "learning_starts": 0,
     "buffer_size": 200,
     "batch_size": 32,
-    "epsilon_steps": 100,
     "eval_episodes": 0,  # a bench row's score is the training's final return: no greedy evaluation after it
 }
 TINY_SAC = {"num_envs": 8, "steps_per_row": 8, "batch_size": 8, "learning_starts": 8, "buffer_size": 256}
@@ -23,10 +22,10 @@ TINY_SAC |= {"eval_episodes": 0}  # as TINY_DQN's
 
 @pytest.mark.slow  # a two-row probe run: about 10 s
 def test_a_timed_dqn_row_is_a_whole_number_of_metrics_rows():
-    # DQN's position is a metrics row (row_steps), not its replay batch: sizing by batch_size
+    # DQN's position is a metrics row (steps_per_row), not its replay batch: sizing by batch_size
     # gave 2 x 32 steps, which no DQN config accepts.
     total = _steps_for_seconds(get_algorithm("dqn"), TINY_DQN, "fp32", 0.5)
-    assert total % TINY_DQN["row_steps"] == 0 and total >= 2 * TINY_DQN["row_steps"]
+    assert total % TINY_DQN["steps_per_row"] == 0 and total >= 2 * TINY_DQN["steps_per_row"]
     get_algorithm("dqn").config_class(precision="fp32", **TINY_DQN, total_steps=total)  # a config it accepts
 
 
