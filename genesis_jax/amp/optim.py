@@ -292,10 +292,12 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
     **extra_args)`: `grads_finite` is the decision (from `scaled_value_and_grad`; pass it so
     every replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
-    (clipping reuses it); without them the wrapper computes both from `grads`. Where `params`
-    are given, `grads` are cast to their dtypes first, as `TrainState` and `amp.Optimizer` apply
-    them, and decided on as cast: a float16 or bfloat16 leaf is checked on a given decision too
-    (float32 gradients cast to fp16-full's params overflow above 65504). Unlike
+    (clipping reuses it); without them the wrapper computes both from `grads`. A decision given
+    is checked against the gradients given, in one pass: a step whose gradients hold an inf or
+    NaN is skipped whatever it says (one taken before a `pmean` the loop adds, or another
+    optimizer's). Where `params` are given, `grads` are cast to their dtypes first, as
+    `TrainState` and `amp.Optimizer` apply them, and decided on as cast (float32 gradients cast
+    to fp16-full's float16 params overflow above 65504). Unlike
     `optax.apply_if_finite`, a non-finite update is never applied, however many come in a
     row. Any optax optimizer works inside, an `optax.chain(clip, adam)` too.
 
@@ -350,8 +352,8 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
         if params is not None:  # decided on as applied: in the params' dtypes
             grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.result_type(p)), grads, params)
-        if finite is not None:  # taken in float32: a half-precision leaf (fp16-full's cast) may overflow since
-            finite = finite & _stays_finite([g for g in jax.tree.leaves(grads) if jnp.result_type(g).itemsize < 4])
+        if finite is not None:  # and the gradients' own check, as applied: a decision taken on other gradients
+            finite = finite & _stays_finite(grads)  # (before a pmean, another optimizer's) lets no inf through
         if finite is None or (norm is None and max_grad_norm is not None):
             computed_norm, computed_finite = global_norm(grads)
             norm = computed_norm if norm is None else norm

@@ -127,6 +127,18 @@ def _step_or_skip(update, opt_state, scaler, adjusted=None):
     return updates, opt_state, adjusted, skipped, before.halted
 
 
+def _refuse_unscaled_grads(scaler, grads_finite) -> None:
+    """Refuses gradients without `grads_finite` where the scaler scales: they did not come from
+    `scaled_value_and_grad` (which always gives it), so the loss was never multiplied by the scale,
+    small float16 gradients flushed to zero, and the scale would grow on steps it never scaled."""
+    if grads_finite is None and not isinstance(scaler, NoOpLossScale):
+        raise ValueError(
+            f"this optimizer's {type(scaler).__name__} scales the loss, but the gradients came without grads_finite, "
+            "so not from amp.scaled_value_and_grad: the loss was never scaled; take them from amp.train_step or "
+            "amp.scaled_value_and_grad(loss_fn)(optimizer, ...) and pass grads_finite= and grad_norm="
+        )
+
+
 def _refuse_loss_scale_keyword(kwargs: dict) -> None:
     """0.2's `loss_scale=`, which would otherwise fail naming a field the user never wrote."""
     if "loss_scale" in kwargs:
@@ -215,7 +227,9 @@ class TrainState(train_state.TrainState):
         Args:
             grads: unscaled gradients, cast to the params' dtypes (float16 in fp16-full) and
                 decided on as cast: one that overflows there is skipped.
-            grads_finite: the decision from `scaled_value_and_grad` (None: from the norm).
+            grads_finite: the decision from `scaled_value_and_grad` (None: from the norm, only
+                where the scaler does not scale: fp32, bf16; elsewhere it is refused, as the
+                gradients did not come from the scaled loss).
             grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
             scaler: the scaler adjusted for this step (None: `self.scaler` adjusted by the
                 step's decision). A step skipped all the same (float32 gradients that overflow
@@ -227,6 +241,7 @@ class TrainState(train_state.TrainState):
             **kwargs: other fields to replace, as in Flax.
         """
         _refuse_loss_scale_keyword(kwargs)
+        _refuse_unscaled_grads(self.scaler, grads_finite)
         skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
         update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
         updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
@@ -548,6 +563,7 @@ class Optimizer(nnx.Optimizer):
         """`nnx.Optimizer.update` that skips a non-finite step and adjusts the scaler by it, in
         the step `TrainState.apply_gradients` takes (`grads_finite=`, `grad_norm=` as there);
         a halted optimizer's `step` stays, as a halted `TrainState`'s does."""
+        _refuse_unscaled_grads(self.scaler.get_value(), kwargs.get("grads_finite"))
 
         def update(loss_scale):
             updates = super(Optimizer, self).update(model, grads, loss_scale=loss_scale, **kwargs)

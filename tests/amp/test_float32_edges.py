@@ -155,12 +155,10 @@ def fp16_full_base(strict):
 
 
 @functools.lru_cache(maxsize=None)
-def fp16_full_step(strict, pass_decision: bool):
-    """apply_gradients from float32 gradients, with the decision and scaler train_step gives it or without."""
+def fp16_full_step(strict):
+    """apply_gradients from float32 gradients, with the decision and scaler train_step gives it."""
 
     def step(state, grads):
-        if not pass_decision:
-            return state.apply_gradients(grads=grads)
         norm, finite = global_norm(grads)
         scaler = state.scaler.adjust(finite)
         return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
@@ -171,7 +169,6 @@ def fp16_full_step(strict, pass_decision: bool):
 @settings(max_examples=60, **PROFILE)
 @given(
     strict=st.sampled_from([False, None]),
-    pass_decision=st.booleans(),
     init_scale=st.sampled_from([2.0**-3, 1.0, 2.0**10]),
     steps=st.lists(
         st.lists(st.one_of(st.floats(-2e5, 2e5, width=32), st.sampled_from(NONFINITE)), min_size=2, max_size=2),
@@ -179,14 +176,12 @@ def fp16_full_step(strict, pass_decision: bool):
         max_size=4,
     ),
 )
-def test_fp16_full_never_applies_a_nonfinite_update_and_backs_off_on_each_skip(
-    strict, pass_decision, init_scale, steps
-):
+def test_fp16_full_never_applies_a_nonfinite_update_and_backs_off_on_each_skip(strict, init_scale, steps):
     """fp16-full, default mode (strict off) and strict mode: a step whose applied update (sgd's
     -1e-3 * the gradients as cast to float16) is not finite leaves the params bit-identical and
     is counted; every skip backs the scale off x0.5 and resets the growth tracker."""
     state = fp16_full_base(strict).replace(scaler=amp.DynamicLossScale(init_scale=init_scale, growth_interval=2))
-    step = fp16_full_step(strict, pass_decision)
+    step = fp16_full_step(strict)
     for values in steps:
         grads = {"w": jnp.asarray(values, jnp.float32)}
         with np.errstate(over="ignore", invalid="ignore"):

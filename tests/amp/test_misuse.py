@@ -234,7 +234,7 @@ def test_a_skip_nonfinite_that_decides_for_part_of_the_optimizer_is_refused_in_e
     ids=["around-multisteps", "around-weight-decay", "after-stateless-clipping", "multi-transform-wrapped-whole"],
 )
 def test_the_same_compositions_with_skip_nonfinite_around_the_whole_skip_exactly(tx):
-    state = amp.TrainState.create(params=PARAMS, tx=tx, precision="fp16")
+    state = amp.TrainState.create(params=PARAMS, tx=tx)  # no scaler: the step decides on the gradients
     state = state.apply_gradients(grads=NAN_GRADS)
     assert all(np.asarray(v).tolist() == [1.0] * 3 for v in state.params.values())  # unchanged, bit for bit
     assert int(state.skipped) == 1
@@ -341,3 +341,57 @@ def test_accumulate_given_what_it_cannot_split_says_what_to_pass_instead(args, k
     if args:  # the same given as a keyword: split as it should be
         out = amp.scaled_value_and_grad(loss_fn, accumulate=2)(state, state.params, args[0])
         assert bool(out.grads_finite)
+
+
+def test_a_decision_taken_before_a_pmean_the_loop_adds_skips_on_every_replica():
+    """The data-parallel loop as Flax's examples write it: the decision of each replica's own
+    gradients, then `lax.pmean` of them (instead of `axis_name=`). Replica 1's batch overflows:
+    replica 0's decision said finite, but the averaged gradients hold an inf: skipped on both
+    (once written into replica 0's params), and both scalers back off alike."""
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
+
+    def step(state, x):
+        _, grads, finite, norm, scaler = grad_fn(state, state.params, x)
+        grads = jax.lax.pmean(grads, "dp")
+        return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
+
+    replicas = jax.tree.map(lambda x: jnp.stack([x, x]), state)
+    new = jax.vmap(step, axis_name="dp")(replicas, jnp.stack([jnp.ones(3), jnp.full(3, jnp.inf)]))
+    assert np.asarray(new.params["w"]).tolist() == [[1.0] * 3] * 2
+    assert np.asarray(new.skipped).tolist() == [1, 1] and np.asarray(new.scaler.loss_scale).tolist() == [2.0**15] * 2
+
+
+def test_another_optimizers_decision_cannot_apply_a_nan_gradient():
+    """A copy-paste slip in an SAC-style loop: the actor's step given the critic's decision (and
+    a pure loop's decision taken from the finite loss): the NaN gradient is still skipped."""
+    critic, actor = (
+        amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16") for _ in "ca"
+    )
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
+    _, _, critic_finite, critic_norm, _ = grad_fn(critic, critic.params, jnp.ones(3))
+    _, grads, _, _, scaler = grad_fn(actor, actor.params, jnp.array([1.0, jnp.nan, 1.0]))
+    actor = actor.apply_gradients(grads=grads, grads_finite=critic_finite, grad_norm=critic_norm, scaler=scaler)
+    assert np.asarray(actor.params["w"]).tolist() == [1.0] * 3 and int(actor.skipped) == 1
+    assert float(actor.scaler.loss_scale) == 2.0**15  # backed off: the step was skipped
+    tx, params = amp.skip_nonfinite(optax.sgd(0.1)), {"w": jnp.ones(3)}
+    updates, opt_state = tx.update({"w": jnp.array([1.0, jnp.inf, 1.0])}, tx.init(params), params, grads_finite=True)
+    assert np.asarray(optax.apply_updates(params, updates)["w"]).tolist() == [1.0] * 3
+    assert amp.stats(opt_state)["skipped"] == 1
+
+
+def test_gradients_of_the_unscaled_loss_are_refused_by_an_optimizer_whose_scaler_scales():
+    """`jax.grad` / `nnx.value_and_grad` in place of the scaled call: the loss was never scaled
+    (float16 gradients flush to zero) while the scale would grow. Both styles refuse before any
+    step; without a scaler (fp32, bf16) the step decides on the gradients itself, as before."""
+    model = HalfMLP(nnx.Rngs(0))
+    optimizer = amp.Optimizer(model, optax.sgd(0.1), precision="fp16")
+    grads = nnx.grad(loss_fn)(model, X)
+    with pytest.raises(ValueError, match="scales the loss, but the gradients came without grads_finite.*train_step"):
+        optimizer.update(model, grads)
+    assert int(optimizer.step[...]) == 0 and float(optimizer.scaler.get_value().loss_scale) == 2.0**16
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+    with pytest.raises(ValueError, match="DynamicLossScale scales the loss, but the gradients came without"):
+        state.apply_gradients(grads={"w": jnp.ones(3)})
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="bf16")
+    assert int(state.apply_gradients(grads={"w": jnp.full(3, jnp.nan)}).skipped) == 1

@@ -167,7 +167,7 @@ def test_strict_mode_is_on_by_default_exactly_where_params_are_float16(precision
     params = {"w": jnp.full(2, 60000.0)}
     state = TrainState.create(params=params, tx=optax.sgd(lr), precision=precision, strict=strict)
     grads = {"w": jnp.full(2, -100.0)}
-    new = jax.jit(lambda s: s.apply_gradients(grads=grads))(state)
+    new = jax.jit(lambda s: s.apply_gradients(grads=grads, grads_finite=jnp.asarray(True)))(state)
     assert int(new.skipped) == skipped
     assert bool(np.all(np.isfinite(np.asarray(new.params["w"], np.float32)))) == bool(skipped)
 
@@ -282,7 +282,7 @@ def test_fp16_full_takes_the_norm_in_float32_so_a_finite_step_is_never_lost():
     """Float16 gradients whose sum of squares (1e6) overflows float16 (65504) but whose
     every element is finite: the step is taken and clipped to the float32 norm, 1000."""
     state = TrainState.create(params={"w": jnp.zeros(4)}, tx=optax.sgd(1.0), precision="fp16-full", max_grad_norm=1.0)
-    grads = {"w": jnp.full(4, 500.0, jnp.float16)}
-    new = jax.jit(lambda s: s.apply_gradients(grads=grads))(state)
+    grads = {"w": jnp.full(4, 500.0, jnp.float16)}  # the norm is taken in the step: none is given
+    new = jax.jit(lambda s: s.apply_gradients(grads=grads, grads_finite=jnp.asarray(True)))(state)
     assert int(new.skipped) == 0
     np.testing.assert_allclose(np.asarray(new.params["w"], np.float32), np.full(4, -0.5), rtol=1e-3)
