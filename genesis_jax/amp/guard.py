@@ -3,7 +3,8 @@ proves the skips, is `amp.testing.FaultInjection`).
 
 `DivergenceGuard` is checked inside the update step: a skip that would push the loss scale
 below `min_scale`, or more than `max_consecutive_skips` skips in a row, halts the train state
-(it is then frozen), and the host loop stops with `DivergenceError`.
+(it is then frozen): a `Session`'s loop stops with `DivergenceError`, and a loop of your own
+reads it in `state.halted` or `amp.stats(...)["halted"]`.
 
 >>> DivergenceGuard().min_scale, DivergenceGuard().max_consecutive_skips
 (6.103515625e-05, 100)

@@ -312,9 +312,10 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
             `scheduler.step()` does each iteration (Adam's bias-correction count stays, as
             torch's Adam `step` does).
         guard: a `DivergenceGuard`: when a skip would take the loss scale (the `loss_scale`
-            passed to `update`, already adjusted) below its floor, or the skips in a row
-            exceed its limit, the state halts: this and every later update is skipped and
-            no longer counted, so params stay at the last good values.
+            passed to `update`, already adjusted: an update without it is refused where the
+            guard has a `min_scale`) below its floor, or the skips in a row exceed its limit,
+            the state halts: this and every later update is skipped and no longer counted, so
+            params stay at the last good values.
         strict: also skip (and count) a step whose result would hold a non-finite value.
 
     Returns:
@@ -350,6 +351,12 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), "a scalar bool (True: all finite)", bool)
         norm = _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)
         loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
+        if guard is not None and guard.min_scale is not None and loss_scale is None:
+            raise ValueError(
+                f"the guard's min_scale ({guard.min_scale}) reads the loss scale, which this update was not given: "
+                "pass loss_scale=scaler.loss_scale (the scaler scaled_value_and_grad returned), or "
+                "DivergenceGuard(min_scale=None) where nothing scales the loss"
+            )
         if params is not None:  # decided on as applied: in the params' dtypes
             grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.result_type(p)), grads, params)
         if finite is not None:  # and the gradients' own check, as applied: a decision taken on other gradients

@@ -443,17 +443,17 @@ def _count(x) -> int:
 
 
 def _optimizer_counts(state) -> dict:
-    """steps, skipped and skip_rate of a TrainState, an nnx.Optimizer or an optimizer state."""
+    """steps, skipped, skip_rate and halted of a TrainState, an nnx.Optimizer or an optimizer state."""
     has_steps = _is_stepper(state)
     found = deciding_skip_state(state.opt_state if has_steps else state)
     if found is None:
         what = "an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite"
         raise TypeError(f"amp.stats reads {what}, got {type(state).__name__}")
-    skipped = _count(found.skipped)
+    skipped, halted = _count(found.skipped), bool(_count(found.halted))  # halted: any seed's
     if not has_steps:
-        return {"skipped": skipped}
+        return {"skipped": skipped, "halted": halted}
     steps = _count(state.step)
-    return {"steps": steps, "skipped": skipped, "skip_rate": skipped / steps if steps else 0.0}
+    return {"steps": steps, "skipped": skipped, "skip_rate": skipped / steps if steps else 0.0, "halted": halted}
 
 
 def _scaler_fields(state) -> dict:
@@ -492,9 +492,10 @@ def stats(*states, **named_states) -> dict:
             None is left out (`alpha=None`, a temperature that is not learned).
 
     Returns:
-        For one: steps (taken or skipped, while not halted), skipped, skip_rate and, for a
+        For one: steps (taken or skipped, while not halted), skipped, skip_rate, halted (the
+        divergence guard stopped it: every later update is skipped uncounted) and, for a
         `TrainState` or `amp.Optimizer`, scale, backoffs (times the scaler backed off) and precision. For
-        several: `optimizers` (each one's steps, skipped, skip_rate), and the scale, backoffs
+        several: `optimizers` (each one's steps, skipped, skip_rate, halted), and the scale, backoffs
         and precision where they hold the same (a shared scaler); where they differ, each
         optimizer's own beside its counts.
 
@@ -502,7 +503,9 @@ def stats(*states, **named_states) -> dict:
         >>> import jax.numpy as jnp, optax
         >>> from genesis_jax import amp
         >>> amp.stats(amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16"))
-        {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'steps': 0, 'skipped': 0, 'skip_rate': 0.0, 'halted': False,
+         'scale': 65536.0, 'backoffs': 0, 'precision': 'fp16'}
     """
     named = _named(states, named_states)
     if not named:  # alpha=None: no such optimizer
@@ -537,8 +540,9 @@ class Optimizer(nnx.Optimizer):
         >>> for x in (jnp.ones((4, 3)), jnp.full((4, 3), jnp.inf)):   # the second overflows: skipped
         ...     loss, grads, finite, norm, _ = amp.scaled_value_and_grad(loss_fn)(optimizer, model, x)
         ...     _ = optimizer.update(model, grads, grads_finite=finite, grad_norm=norm)
-        >>> amp.stats(optimizer)
-        {'steps': 2, 'skipped': 1, 'skip_rate': 0.5, 'scale': 32768.0, 'backoffs': 1, 'precision': 'fp16'}
+        >>> amp.stats(optimizer)  # doctest: +NORMALIZE_WHITESPACE
+        {'steps': 2, 'skipped': 1, 'skip_rate': 0.5, 'halted': False,
+         'scale': 32768.0, 'backoffs': 1, 'precision': 'fp16'}
     """
 
     def __init__(

@@ -66,7 +66,15 @@ def test_the_0_2_train_step_order_is_refused_naming_loss_fn():
 def test_the_old_stats_keys_are_gone():
     state, _ = amp.train_step(a_state(), lambda p: jnp.sum(p["w"]))
     counts = amp.stats(state)
-    assert type(counts) is dict and set(counts) == {"steps", "skipped", "skip_rate", "scale", "backoffs", "precision"}
+    assert type(counts) is dict and set(counts) == {
+        "steps",
+        "skipped",
+        "skip_rate",
+        "halted",
+        "scale",
+        "backoffs",
+        "precision",
+    }
     for old in ("training_steps", "overflow_steps", "overflow_rate", "current_scale"):
         with pytest.raises(KeyError):
             counts[old]

@@ -76,6 +76,7 @@ def test_2_and_6_the_nnx_scaler_is_stored_by_the_step_itself_in_one_optimizer():
         "steps": 3,
         "skipped": 1,
         "skip_rate": 1 / 3,
+        "halted": False,
         "scale": 2.0**7,
         "backoffs": 1,
         "precision": "fp16",
@@ -395,3 +396,22 @@ def test_gradients_of_the_unscaled_loss_are_refused_by_an_optimizer_whose_scaler
         state.apply_gradients(grads={"w": jnp.ones(3)})
     state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="bf16")
     assert int(state.apply_gradients(grads={"w": jnp.full(3, jnp.nan)}).skipped) == 1
+
+
+def test_a_pure_loops_guard_with_a_scale_floor_is_refused_without_the_scale_and_stats_report_a_halt():
+    """A floor the guard cannot read never trips (a scale of 6e-14 once ran on unhalted):
+    refused before any step, naming loss_scale=. Given it, the guard halts, and amp.stats says
+    so: the updates after a halt are skipped uncounted, which the counts alone never showed."""
+    params, nan = {"w": jnp.ones(2)}, {"w": jnp.full(2, jnp.nan)}
+    tx = amp.skip_nonfinite(optax.sgd(0.1), guard=amp.DivergenceGuard(min_scale=1.0, max_consecutive_skips=None))
+    opt_state, scaler = tx.init(params), amp.DynamicLossScale(init_scale=4.0)
+    with pytest.raises(ValueError, match=r"min_scale \(1.0\) reads the loss scale.*pass loss_scale=scaler.loss_scale"):
+        tx.update(nan, opt_state, params, grads_finite=jnp.asarray(False))
+    for _ in range(3):  # 4 -> 2 -> 1 -> 0.5: the third skip goes below the floor
+        scaler = scaler.adjust(jnp.asarray(False))
+        _, opt_state = tx.update(nan, opt_state, params, grads_finite=jnp.asarray(False), loss_scale=scaler.loss_scale)
+    assert amp.stats(opt_state) == {"skipped": 3, "halted": True}
+    state = amp.TrainState.create(params=params, tx=optax.sgd(0.1), guard=amp.DivergenceGuard(max_consecutive_skips=1))
+    for _ in range(2):
+        state = state.apply_gradients(grads=nan)
+    assert amp.stats(state)["halted"] and not amp.stats(amp.TrainState.create(params=params, tx=tx))["halted"]

@@ -116,6 +116,7 @@ def test_an_nnx_loop_skips_a_nonfinite_step_bit_identically_and_stats_count_it()
         "steps": 22,
         "skipped": 1,
         "skip_rate": 1 / 22,
+        "halted": False,
         "scale": 2.0**9,
         "backoffs": 1,
         "precision": "fp16",

@@ -327,7 +327,12 @@ def test_three_optimizers_faults_on_one_then_all_follow_one_gradscaler():
     counts = amp.stats(**dict(zip(NAMES, states)))
     skipped = {name: sum(b[k] for b in flags) for k, name in enumerate(NAMES)}
     assert counts["optimizers"] == {
-        name: {"steps": THREE_STEPS, "skipped": skipped[name], "skip_rate": skipped[name] / THREE_STEPS}
+        name: {
+            "steps": THREE_STEPS,
+            "skipped": skipped[name],
+            "skip_rate": skipped[name] / THREE_STEPS,
+            "halted": False,
+        }
         for name in NAMES
     }
     assert counts["backoffs"] == backoffs == sum(any(b) for b in flags)
