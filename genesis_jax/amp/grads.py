@@ -29,8 +29,8 @@ import jmp
 from flax import nnx
 
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
-from genesis_jax.amp.jaxpr import cast_per_op, refuse_float32_compute
-from genesis_jax.amp.loss_scale import LossScale, check_scaler
+from genesis_jax.amp.jaxpr import cast_per_op, refuse_mismatched_compute
+from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import deciding_skip_state, global_norm
 from genesis_jax.amp.policy import Precision, as_policy, get_precision
 
@@ -109,6 +109,7 @@ def autocast(fn, policy):
         fn, args, kwargs = policy.cast_to_compute((fn, args, kwargs))
         return policy.cast_to_output(cast_per_op(fn, policy.compute_dtype, *args, **kwargs))
 
+    cast_fn.autocasts = True  # what refuse_autocast_loss looks for
     return jax.tree_util.Partial(cast_fn, fn)
 
 
@@ -181,16 +182,26 @@ def _scaler_of(source):
     return source[0]
 
 
-def _half_precision(source, policy) -> Precision | None:
+def _declared_precision(source, policy) -> Precision | None:
     """`policy=`, else the precision of what applies the gradients (an `amp.TrainState`'s, an
-    `amp.Optimizer`'s), where it computes in half precision; None elsewhere (fp32, or
-    `(scaler, opt_state)` without `policy=`: the loss alone decides)."""
+    `amp.Optimizer`'s); None where none is declared (`(scaler, opt_state)` without `policy=`)."""
     policy = getattr(source, "precision", None) if policy is None else policy
     if isinstance(policy, jmp.Policy):
         policy = str(policy)  # jmp's own spelling ("p=full,c=f16,o=full"), which get_precision reads
     if isinstance(policy, str):
         policy = get_precision(policy)
-    return policy if isinstance(policy, Precision) and policy.is_half else None
+    return policy if isinstance(policy, Precision) else None
+
+
+def refuse_autocast_loss(loss_fn) -> None:
+    """Refuses a loss wrapped in `autocast`, which casts every floating input to the compute
+    dtype before the loss reads it: targets too (above 65504 an inf in float16, every step skipped)."""
+    if getattr(getattr(loss_fn, "func", None), "autocasts", False):
+        raise ValueError(
+            "loss_fn is wrapped in amp.autocast, which casts every input to half precision, targets too (in float16 "
+            "a target above 65504 is inf): wrap the network instead, apply = amp.autocast(net.apply, precision), "
+            "and compute the loss in float32 from its outputs"
+        )
 
 
 def _check_arrays(tree, argnums: int) -> None:
@@ -229,11 +240,15 @@ def scaled_value_and_grad(
     differentiated) are unscaled in float32, and one scalar, their global norm, decides
     whether all are finite. The scaler comes back adjusted.
 
-    Where `policy=` or the optimizer's precision (an `amp.TrainState`'s, an `amp.Optimizer`'s)
-    computes in half precision, the loss is traced once more, to read what it computes in
-    (`amp.dtype_report`): one whose matmuls and convolutions all run in float32 (a network
-    without `dtype=`) is refused with a ValueError naming the fix, before any step. A loss
-    with none passes, and so does `(scaler, opt_state)` without `policy=`.
+    The loss is traced once more, to read what it computes in (`amp.dtype_report`), where
+    `policy=` or the optimizer's precision (an `amp.TrainState`'s, an `amp.Optimizer`'s)
+    computes in half precision, or nothing scales the loss. Refused with a ValueError naming
+    the fix, before any step: under a half precision, a loss whose matmuls and convolutions
+    all run in float32 (a network without `dtype=`); with no scaler (`NoOpLossScale`: fp32,
+    bf16, no precision), one that runs any in float16, whose small gradients flush to zero
+    (precision "fp16" with `loss_scaling="none"` declares that on purpose, and so does a
+    `StaticLossScale(1.0)`). A loss with no matmul passes. So does a `loss_fn` wrapped in
+    `autocast`, never: it would cast the targets too; wrap the network.
 
     Args:
         loss_fn: `(*args, **kwargs) -> loss`, or `-> (loss, aux)` with `has_aux`.
@@ -273,6 +288,7 @@ def scaled_value_and_grad(
         (False, 32768.0, 1)
     """
     refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
+    refuse_autocast_loss(loss_fn)
     flag("has_aux", has_aux)
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     ok = axis_name is None or (names and all(isinstance(n, str) for n in names))
@@ -284,7 +300,7 @@ def scaled_value_and_grad(
     refuse_unless(ok, "argnums", argnums, "a non-negative int (one differentiated argument)")
     named_policy, policy = policy, as_policy(policy)
 
-    def scaled_grads(scaler, args, kwargs, half):  # (scaled gradients, the float32 loss, aux)
+    def scaled_grads(scaler, args, kwargs, declared):  # (scaled gradients, the float32 loss, aux)
         def scaled(*args):
             loss, aux = split_aux(loss_fn(*args, **kwargs), has_aux)
             loss = _float32_loss(loss)
@@ -294,8 +310,11 @@ def scaled_value_and_grad(
             if isinstance(args[argnums], nnx.Module):
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
-        if half is not None:  # at trace time: one more trace of the loss, nothing in the compiled step
-            refuse_float32_compute(half.name, half.compute_dtype, loss_fn, *args, **kwargs)
+        half = declared.compute_dtype if declared is not None and declared.is_half else None
+        unscaled = isinstance(scaler, NoOpLossScale) and (declared is None or declared.compute_dtype != jnp.float16)
+        if half is not None or unscaled:  # at trace time: one more trace of the loss, nothing in the compiled step
+            name = None if declared is None else declared.name
+            refuse_mismatched_compute(name, half, unscaled, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)
@@ -313,10 +332,10 @@ def scaled_value_and_grad(
             raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulate} micro-batches")
         return x.reshape(accumulate, x.shape[0] // accumulate, *x.shape[1:])
 
-    def accumulated(scaler, args, kwargs, half):  # the differentiated argument whole, the others split
+    def accumulated(scaler, args, kwargs, declared):  # the differentiated argument whole, the others split
         def micro_step(total, micro_args):
             micro_args[argnums] = args[argnums]
-            grads, loss, aux = scaled_grads(scaler, tuple(micro_args), kwargs, half)
+            grads, loss, aux = scaled_grads(scaler, tuple(micro_args), kwargs, declared)
             return jax.tree.map(jnp.add, total, grads), (loss, aux)
 
         micro = jax.tree.map(split, [None if i == argnums else x for i, x in enumerate(args)])
@@ -329,14 +348,14 @@ def scaled_value_and_grad(
         return jax.tree.map(lambda g: g / accumulate, total), jnp.mean(losses), aux
 
     def fn(source, *args, **kwargs) -> ScaledGrads:
-        scaler, half = _scaler_of(source), _half_precision(source, named_policy)
+        scaler, declared = _scaler_of(source), _declared_precision(source, named_policy)
         if len(args) <= argnums:
             raise TypeError(f"loss_fn's argument {argnums} (argnums) is missing: got {len(args)} positional arguments")
         if isinstance(args[argnums], nnx.Module) and accumulate > 1:
             raise ValueError("accumulate > 1 takes a params pytree; for an NNX module, split the batch yourself")
         if not isinstance(args[argnums], nnx.Module):
             _check_arrays(args[argnums], argnums)
-        grads, loss, aux = (scaled_grads if accumulate == 1 else accumulated)(scaler, args, kwargs, half)
+        grads, loss, aux = (scaled_grads if accumulate == 1 else accumulated)(scaler, args, kwargs, declared)
         if axis_name is not None:
             grads, loss = jax.lax.pmean((grads, loss), axis_name)
         if grad_transform is not None:

@@ -96,18 +96,29 @@ def dtype_report(fn, *args, **kwargs) -> DtypeReport:
     return DtypeReport(tuple(_ops(closed.jaxpr, "")), outputs)
 
 
-def refuse_float32_compute(precision: str, half, fn, *args, **kwargs) -> None:
-    """Refuses `fn(*args, **kwargs)` whose matmuls and convolutions all run wider than `half`,
-    the dtype `precision` computes in: the network ignores it (no `dtype=`, or it casts up), so
-    nothing runs in half precision. A function with no matmul or convolution passes."""
+def refuse_mismatched_compute(precision: str | None, half, unscaled: bool, fn, *args, **kwargs) -> None:
+    """Refuses `fn(*args, **kwargs)` whose matmuls and convolutions disagree with the precision
+    declared: `half`, the dtype a half `precision` computes in, where they all run wider (the
+    network ignores it: no `dtype=`, or it casts up), so nothing runs in half precision; and,
+    where nothing scales the loss (`unscaled`), any that runs in float16, whose small gradients
+    flush to zero (a float16 network under fp32, bf16 or no precision: forgetting `GradScaler`).
+    A function with no matmul or convolution passes."""
     report = dtype_report(fn, *args, **kwargs)
     ops = [(kind, d, n) for kind in ("matmul", "conv") for d, n in report.dtypes(kind).items()]
-    if not ops or any(jnp.dtype(d).itemsize <= jnp.dtype(half).itemsize for _, d, n in ops):
+    shown = ", ".join(f"{n} {kind}(s) in {d}" for kind, d, n in ops)
+    if unscaled and any(d == "float16" for _, d, _ in ops):
+        raise ValueError(
+            f"loss_fn runs {shown}, and nothing scales the loss (precision {precision or 'none'!r}, no loss scaler): "
+            "float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer precision='fp16' "
+            "(its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); amp.StaticLossScale(1.0) trains "
+            "in float16 unscaled on purpose"
+        )
+    if half is None or not ops or any(jnp.dtype(d).itemsize <= jnp.dtype(half).itemsize for _, d, n in ops):
         return
     half = jnp.dtype(half).name
     raise ValueError(
         f"precision {precision!r} computes nothing in {half}: loss_fn runs "
-        f"{', '.join(f'{n} {kind}(s) in {d}' for kind, d, n in ops)}: give the network's layers dtype=jnp.{half} (Flax "
+        f"{shown}: give the network's layers dtype=jnp.{half} (Flax "
         f"linen or NNX), or wrap the network in amp.autocast(network, {precision!r}) (a function, a linen or "
         "Equinox module); amp.dtype_report(loss_fn, ...) shows what runs in what"
     )

@@ -36,7 +36,7 @@ from flax import nnx, struct
 from flax.training import train_state
 
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
-from genesis_jax.amp.grads import scaled_value_and_grad, split_aux
+from genesis_jax.amp.grads import refuse_autocast_loss, scaled_value_and_grad, split_aux
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import (
@@ -321,6 +321,7 @@ def train_step(
     """
     refuse_unless(isinstance(state, TrainState), "state", type(state).__name__, "an amp.TrainState")
     refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
+    refuse_autocast_loss(loss_fn)
     flag("has_aux", has_aux)
     ok = faults is None or isinstance(faults, FaultInjection)
     refuse_unless(ok, "faults", faults, "an amp.testing.FaultInjection or None")

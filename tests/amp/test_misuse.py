@@ -415,3 +415,49 @@ def test_a_pure_loops_guard_with_a_scale_floor_is_refused_without_the_scale_and_
     for _ in range(2):
         state = state.apply_gradients(grads=nan)
     assert amp.stats(state)["halted"] and not amp.stats(amp.TrainState.create(params=params, tx=tx))["halted"]
+
+
+UNSCALED_FLOAT16 = r"loss_fn runs 1 matmul\(s\) in float16, and nothing scales the loss \(precision '(fp32|bf16|none)'"
+
+
+@pytest.mark.parametrize("precision", [None, "fp32", "bf16"])
+def test_a_float16_network_with_nothing_scaling_the_loss_is_refused_before_any_step(precision):
+    """GradScaler forgotten: a network built in float16 under a precision that scales nothing
+    (none given, fp32, or bf16 with a float16 layer): its small gradients flushed to zero
+    while the stats read fp32 and a scale of 1. Refused in every style, naming precision='fp16'."""
+    module = Typed(jnp.float16)
+    params = module.init(jax.random.PRNGKey(0), X)
+    state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision=precision)
+    with pytest.raises(ValueError, match=UNSCALED_FLOAT16 + r".*precision='fp16'.*StaticLossScale\(1.0\)"):
+        jax.jit(amp.train_step, static_argnums=1)(state, linen_loss(module.apply), X)
+    model = HalfMLP(nnx.Rngs(0))
+    with pytest.raises(ValueError, match="loss_fn runs 2 matmul"):
+        amp.scaled_value_and_grad(loss_fn)(amp.Optimizer(model, optax.adam(1e-3), precision=precision), model, X)
+    pair = (amp.NoOpLossScale(), amp.skip_nonfinite(optax.adam(1e-3)).init(params))
+    with pytest.raises(ValueError, match=r"nothing scales the loss \(precision 'none'"):
+        amp.scaled_value_and_grad(linen_loss(module.apply))(pair, params, X)
+
+
+def test_float16_unscaled_on_purpose_is_accepted():
+    """The study's fp16-unscaled (precision fp16, loss_scaling none) and a static scale of 1 declare it."""
+    module = Typed(jnp.float16)
+    params = module.init(jax.random.PRNGKey(0), X)
+    for options in ({"precision": amp.get_precision("fp16", "none")}, {"scaler": amp.StaticLossScale(1.0)}):
+        state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), **options)
+        assert isinstance(state.scaler, (amp.NoOpLossScale, amp.StaticLossScale))
+        assert int(amp.train_step(state, linen_loss(module.apply), X)[0].step) == 1
+
+
+def test_a_loss_wrapped_in_autocast_is_refused_naming_the_network_to_wrap():
+    """autocast casts every input, targets too: targets near 7e4 became inf in float16 and every
+    step was skipped, with no word. Refused in train_step and scaled_value_and_grad alike."""
+    predict = lambda p, x: x @ p["w"]  # noqa: E731
+    loss = amp.autocast(lambda p, x, y: jnp.mean((predict(p, x) - y) ** 2), "fp16")
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+    with pytest.raises(ValueError, match=r"loss_fn is wrapped in amp.autocast.*wrap the network instead"):
+        amp.train_step(state, loss, X, jnp.full(4, 7e4))
+    with pytest.raises(ValueError, match=r"loss_fn is wrapped in amp.autocast"):
+        amp.scaled_value_and_grad(loss)
+    net = amp.autocast(predict, "fp16")  # the fix: the network wrapped, the loss in float32
+    _, metrics = amp.train_step(state, lambda p, x, y: jnp.mean((net(p, x) - y) ** 2), X, jnp.full(4, 7e4))
+    assert float(metrics["loss"]) == pytest.approx((7e4 - 3.0) ** 2, rel=1e-6)  # targets read in float32: no inf
