@@ -44,6 +44,11 @@ class OnPolicyFields:
     FIELD_BOUNDS |= {"gae_lambda": UNIT_INTERVAL, "lr": POSITIVE}
 
     def check(self):
+        if self.batch_size > INT32_MAX:  # the rollout is indexed in int32 (jnp.nonzero's sizes, the minibatch shuffle)
+            raise ValueError(
+                f"num-envs x num-steps = {self.batch_size} transitions per rollout, above {INT32_MAX} (int32): "
+                "fewer environments or steps"
+            )
         if self.batch_size % self.num_minibatches:
             raise ValueError(
                 f"num-envs x num-steps = {self.batch_size} is not divisible into {self.num_minibatches} minibatches"

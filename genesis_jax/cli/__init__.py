@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import pathlib
 import sys
 from typing import Annotated, Sequence
 
@@ -27,6 +28,7 @@ from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, 
 # The rl extra (pyproject's [rl]) by import name: every command needs all of it, genesis_jax.amp
 # none of it. Checked by name before any command runs, since the first import that misses one
 # may sit anywhere (tests/e2e/test_light_install.py keeps this list equal to the extra's requirements).
+PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parents[1])  # genesis_jax/: its own warnings are said in one line
 RL_EXTRA_MODULES = ("orbax.checkpoint", "gymnasium", "gymnax", "six", "tqdm", "matplotlib", "tyro", "flashbax")
 
 
@@ -560,17 +562,20 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _one_line_warnings():
-    """A deprecated spelling the configs accept (a FutureWarning: `--epsilon-steps`, say) is
-    said in one line, `genesis-jax: warning: ...`, not as Python's two (its source line)."""
+    """A deprecated spelling the configs accept (a FutureWarning: `--epsilon-steps`, say) and the
+    package's own warnings (fp16-full's) are said in one line, `genesis-jax: warning: ...`, not as
+    Python's two (its source line), and once: a run resolves fp16-full several times, and the
+    libraries' warning filters, changed in between, reset Python's once-only registry."""
     import warnings
 
-    shown = warnings.showwarning
+    shown, said = warnings.showwarning, set()
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, FutureWarning):
-            print(f"genesis-jax: warning: {message}", file=sys.stderr if file is None else file)
-        else:
+        if not issubclass(category, FutureWarning) and not str(filename).startswith(PACKAGE_DIR):
             shown(message, category, filename, lineno, file, line)
+        elif (stream := sys.stderr if file is None else file, str(message)) not in said:  # once a stream:
+            said.add((stream, str(message)))  # tyro's parse captures stderr, and drops it on success
+            print(f"genesis-jax: warning: {message}", file=stream)
 
     warnings.showwarning = show
     try:

@@ -30,6 +30,23 @@ SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits: larger se
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # hyperparameters enter float32 programs
 
 
+def resume_flags(config) -> str:
+    """The flags that continue a run of `config` as it is: the fields a resume may change
+    (`RESUMABLE_FIELDS`) where they differ from their defaults, which a bare `--resume` would
+    take (a run of 1,000,000 steps resumed without `--total-steps` would end at the default 500,000)."""
+    flags = []
+    for field in dataclasses.fields(config) if dataclasses.is_dataclass(config) else ():
+        value = getattr(config, field.name)
+        if field.name not in config.RESUMABLE_FIELDS or field.default in (dataclasses.MISSING, value):
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            flags += [flag, " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)]
+    return " ".join(flags)
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     """The values a numeric field accepts: `low` and `high`, each included unless `*_open`;

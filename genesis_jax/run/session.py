@@ -55,7 +55,7 @@ from genesis_jax.run.checkpoint import (
     position_of,
     replay_dropped,
 )
-from genesis_jax.run.config import summary_config
+from genesis_jax.run.config import resume_flags, summary_config
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter
 
@@ -164,8 +164,9 @@ class Session:
     ):
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
-        if resume and out_dir is None:
-            raise ValueError("resume needs an output directory")
+        asked = {"resume": resume, "overwrite": overwrite, "checkpoint-every": checkpoint_every}
+        if out_dir is None and any(asked.values()):  # nothing would be saved: not a silent no-op
+            raise ValueError(f"{next(k for k, v in asked.items() if v)} needs an output directory (--out)")
         unknown = [w for w in writers if isinstance(w, str) and w not in NAMED_WRITERS]
         if unknown:
             raise ValueError(f"unknown metric writer {unknown[0]!r}; choose from {', '.join(NAMED_WRITERS)}")
@@ -500,7 +501,8 @@ class Session:
             kept = f"; {self.path} is left as it was" if self.run_dir else ""
             message = f"{self.stopped} received before training began ({at}): nothing was trained{kept}"
         else:
-            hint = f"; continue with --resume --out {self.path}" if self.run_dir else ""
+            hint = f"; continue with --resume --out {self.path} {resume_flags(self.config)}".rstrip()
+            hint = hint if self.run_dir else ""
             message = f"{self.stopped} received: stopped after {at}{where}{hint}"
         raise TrainingInterrupted(message, getattr(signal, self.stopped), summary)
 

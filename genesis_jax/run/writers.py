@@ -141,7 +141,15 @@ class WandbWriter:
         except ImportError as err:
             raise ImportError("--wandb needs wandb: pip install 'genesis-jax[wandb]'") from err
         self.step_key = step_key
-        self._run = wandb.init(project=project, dir=os.fspath(dir), config=config, mode=mode, name=name, reinit=True)
+        try:
+            self._run = wandb.init(
+                project=project, dir=os.fspath(dir), config=config, mode=mode, name=name, reinit=True
+            )
+        except wandb.errors.UsageError as err:  # no API key, most often: said in one line, not a traceback
+            raise ValueError(
+                f"--wandb could not start a W&B run: {str(err).strip().splitlines()[0]} (or set WANDB_MODE=offline "
+                "to log locally)"
+            ) from None
 
     def write(self, rows: list[dict]) -> None:
         for row in rows:

@@ -54,6 +54,12 @@ def test_dqns_deprecated_epsilon_steps_is_accepted_with_one_warning():
     assert float(config.epsilon(10_000)) == pytest.approx(0.525)
 
 
+def test_dqns_epsilon_steps_and_epsilon_fraction_together_are_refused_not_one_ignored():
+    # epsilon-steps won without a word, while summary.json recorded the fraction given
+    with pytest.raises(ValueError, match="epsilon-steps 2000 and epsilon-fraction 0.1 both set epsilon's schedule"):
+        cli_config("dqn", "--epsilon-steps", "2000", "--epsilon-fraction", "0.1")
+
+
 def test_a_run_that_recorded_epsilon_steps_resumes_on_its_own_schedule():
     # 0.3's runs recorded epsilon-steps (250000 by default): at its default budget the fraction gives the same.
     DQNConfig().check_resume({"epsilon_steps": 250_000, "total_steps": 500_000})

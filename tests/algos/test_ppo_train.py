@@ -146,3 +146,17 @@ def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     assert proc.returncode == 2
     assert "holds another run" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert (out / "summary.json").read_text() == before
+
+
+def test_an_update_whose_every_step_was_skipped_logs_no_loss_rather_than_zero():
+    """Every gradient non-finite (fault injection at rate 1, the guard off): no step was applied,
+    so the row's loss and gradient norm are NaN (null in metrics.jsonl, as DQN's), not the 0.0
+    an empty mean once gave while the value loss beside it read 43."""
+    from tests.support.registry import tiny_config
+
+    config = tiny_config("ppo", precision="fp16", inject_nonfinite=1.0, guard_min_scale=None)
+    config = dataclasses.replace(config, max_consecutive_skips=None)
+    result = train(config, progress=False)
+    assert result.metrics and all(row["skipped"] > 0 for row in result.metrics)
+    assert all(np.isnan(row["loss"]) and np.isnan(row["grad_norm"]) for row in result.metrics)
+    assert all(np.isfinite(row["value_loss"]) for row in result.metrics)

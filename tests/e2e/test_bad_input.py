@@ -23,6 +23,7 @@ from genesis_jax.data import trajectories
 from genesis_jax.envs import registry
 from genesis_jax.run.session import Session
 from tests.support.files import unwritable_path
+from tests.support.registry import tiny_argv
 
 
 def one_line(capsys) -> str:
@@ -142,6 +143,7 @@ def test_seeds_trained_together_must_stay_within_32_bits():
         (["train", "ppo", "--seed", str(10**20)], "seed must be an integer from 0 to 4294967295"),
         (["train", "ppo", "--total-steps", str(10**20)], "total-steps must be a positive integer (at most"),
         (["train", "ppo", "--total-steps", str(10**13)], "the step counters are int32"),
+        (["train", "ppo", "--num-envs", str(10**8), "--total-steps", str(10**11)], "above 2147483647 (int32)"),
         (["train", "ppo", "--clip-eps", "-0.1"], "clip-eps must be > 0, got -0.1"),
         (["train", "ppo", "--vf-coef", "-1"], "vf-coef must be >= 0, got -1.0"),
         (["train", "world-model", "--seed", str(2**64)], "seed must be an integer from 0 to 4294967295"),
@@ -183,6 +185,16 @@ def test_the_fp16_full_warning_is_shown_once_however_often_the_precision_is_reso
     assert len(fp16_full) == 1, [str(w.message) for w in fp16_full]
     with pytest.warns(UserWarning, match="less stable"):  # still seen where every warning is
         get_precision("fp16-full")
+
+
+@pytest.mark.filterwarnings("always")  # every resolution issues it: the CLI says it once all the same
+def test_the_cli_says_the_fp16_full_warning_in_one_line_once(capsys):
+    assert main(["train", "world-model", *tiny_argv("world-model", precision="fp16-full")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "fp16-full" in line and "stores" in line]
+    assert lines == [
+        "genesis-jax: warning: precision 'fp16-full' stores parameters and optimizer moments in float16; "
+        "it is less stable than 'fp16' (float32 master weights)"
+    ]
 
 
 # -- a missing optional package: one install hint, exit 2, nothing written --------------------------

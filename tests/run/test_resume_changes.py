@@ -132,3 +132,26 @@ def test_a_wrapped_sac_buffer_grows_unrolled_oldest_first_and_resumes_again(tmp_
     tree_equal(again.state.buffer, longer.state.buffer)
     with pytest.raises(ValueError, match="holds 40 transitions, these settings give it 16: .* does not shrink"):
         train_sac(out, total_steps=96, buffer_size=16, resume=True)
+
+
+@pytest.mark.parametrize("name", ["ppo", "dqn", "world-model"])
+def test_the_stop_hint_gives_the_flags_a_bare_resume_would_reset_and_they_parse_back(name):
+    """A run stopped by a signal says how to continue it. `--resume --out DIR` alone took the
+    defaults of what a resume may change: a 1,000,000-step PPO run stopped at update 504 and
+    resumed so ended at the default 500,000, silently. The hint now carries those flags, and the
+    CLI parses them back to the run's own values."""
+    from genesis_jax.algos import get_algorithm
+    from genesis_jax.cli import parse_train_args, train_config
+    from genesis_jax.run.config import resume_flags
+
+    algorithm = get_algorithm(name)
+    budget = algorithm.budget_field
+    config = dataclasses.replace(
+        algorithm.config_class(), **{budget: 4 * getattr(algorithm.config_class(), budget)}, max_consecutive_skips=7
+    )
+    flags = resume_flags(config)
+    assert f"--{budget.replace('_', '-')} {getattr(config, budget)}" in flags and "--max-consecutive-skips 7" in flags
+    assert resume_flags(algorithm.config_class()) == ""  # the defaults: nothing to add
+    parts, _ = parse_train_args(name, flags.split())
+    parsed = train_config(name, parts)
+    assert all(getattr(parsed, f) == getattr(config, f) for f in config.RESUMABLE_FIELDS)

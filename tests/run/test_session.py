@@ -177,6 +177,28 @@ def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, 
     assert len(logs) == 1 and b"loss_scale" in logs[0].read_bytes()
 
 
+def test_weights_and_biases_without_a_login_is_one_sentence_not_a_traceback(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from genesis_jax.run.writers import WandbWriter
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no settings: nothing logged in
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with pytest.raises(ValueError, match=r"--wandb could not start a W&B run: .*or set WANDB_MODE=offline"):
+        WandbWriter(tmp_path, "chunk")
+
+
+@pytest.mark.parametrize(
+    "asked", [{"resume": True}, {"overwrite": True}, {"checkpoint_every": 2}], ids=lambda a: next(iter(a))
+)
+def test_what_only_a_run_directory_does_is_refused_without_one(asked):
+    # --checkpoint-every and --overwrite without --out once ran, exit 0, and saved nothing
+    flag = next(iter(asked)).replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag} needs an output directory \\(--out\\)$"):
+        Session(None, name="x", num_rows=1, **asked)
+
+
 def test_writers_need_a_run_directory_and_a_known_name():
     with pytest.raises(ValueError, match="need an output directory"):
         Session(None, name="x", num_rows=1, writers=("tensorboard",))

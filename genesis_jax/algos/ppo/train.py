@@ -172,7 +172,8 @@ class PPO(Algorithm):
         train_state, (scalars, log_pi, log_mu) = c.epochs(step, train_state, data, key)
         per_step = dict(zip(SCALARS, jnp.moveaxis(scalars, -1, 0)))
         finite = per_step.pop("grads_finite") > 0
-        finite_mean = lambda x: jnp.sum(jnp.where(finite, x, 0.0)) / jnp.maximum(jnp.sum(finite), 1)
+        applied = jnp.sum(finite)  # none: NaN (a null row, as DQN's), not a loss of 0 that no step had
+        finite_mean = lambda x: jnp.where(applied > 0, jnp.sum(jnp.where(finite, x, 0.0)) / applied, jnp.nan)  # noqa: E731
         metrics = {k: finite_mean(per_step.pop(k)) for k in ("loss", "grad_norm")}  # the steps applied
         metrics |= {k: jnp.mean(v) for k, v in per_step.items()}
         # The mismatch on the update's first minibatch: the only one the learner evaluates
