@@ -76,9 +76,27 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
         norm, guard, advance, strict = options
-        strict = any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params)) if strict is None else strict
+        float16_params = any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params))
+        if float16_params:
+            _refuse_nonfinite_at_rest(tx, params)
+        strict = float16_params if strict is None else strict
         tx = skip_nonfinite(tx, max_grad_norm=norm, guard=guard, advance_schedule_on_skip=advance, strict=strict)
     return params, tx, scaler, "fp32" if prec is None else prec.name
+
+
+def _refuse_nonfinite_at_rest(tx, params) -> None:
+    """Refuses an optimizer whose update of a zero gradient is not finite in float16 params and
+    moments (fp16-full): Adam's default eps, 1e-8, is 0 in float16, so 0 / (0 + 0) is NaN, every
+    step is skipped by the strict checks and the scale falls to 1e-38, silently. One eager update."""
+    if any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
+        return  # created inside jit (a trainer's init): nothing to run the update on
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    if not all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates)):
+        raise ValueError(
+            "this optimizer's update of a zero gradient is not finite in float16 params and moments (fp16-full): "
+            "an eps below float16's range is 0 there (Adam's 1e-8); give it eps >= 1e-5, optax.adam(lr, eps=1e-5)"
+        )
 
 
 def _check_model_param_dtypes(params, prec: Precision):

@@ -34,7 +34,7 @@ def run_demo(
     state = amp.TrainState.create(
         apply_fn=model.apply,
         params=model.init(kp, x),
-        tx=optax.adam(3e-3),
+        tx=optax.adam(3e-3, eps=1e-5 if prec.param_dtype == jnp.float16 else 1e-8),  # 1e-8 is 0 in float16
         precision=prec,
         scaler=prec.scaler(init_loss_scale, growth_interval, min_loss_scale),
         max_grad_norm=1.0,

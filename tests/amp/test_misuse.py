@@ -152,7 +152,7 @@ def test_3_what_computes_in_half_precision_or_in_float32_by_choice_is_accepted()
         state, _ = amp.train_step(state, linen_loss(module.apply), X)
         assert int(state.step) == 1
     params = Dense2().init(jax.random.PRNGKey(0), X)
-    full = amp.TrainState.create(params=params, tx=optax.adam(1e-3), precision="fp16-full")  # float16 params
+    full = amp.TrainState.create(params=params, tx=optax.adam(1e-3, eps=1e-5), precision="fp16-full")  # float16 params
     with pytest.raises(ValueError, match=COMPUTES_NOTHING.replace("fp16|", "fp16-full|")):  # float32 x promotes
         amp.train_step(full, linen_loss(Dense2().apply), X)
     assert int(amp.train_step(full, linen_loss(Dense2().apply), X.astype(jnp.float16))[0].step) == 1
@@ -263,7 +263,7 @@ def test_an_nnx_model_in_float16_under_float32_master_weights_is_refused_naming_
     model = nnx.Linear(3, 1, dtype=jnp.float16, param_dtype=jnp.float16, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"'fp16' stores params in float32, but the model's nnx.Param are float16"):
         amp.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param, precision="fp16")
-    amp.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param, precision="fp16-full")  # float16 params: its own
+    amp.Optimizer(model, optax.adam(1e-3, eps=1e-5), wrt=nnx.Param, precision="fp16-full")  # float16 params: its own
 
 
 def test_callable_params_are_cast_to_float32_master_weights_as_any_pytree():
@@ -461,3 +461,22 @@ def test_a_loss_wrapped_in_autocast_is_refused_naming_the_network_to_wrap():
     net = amp.autocast(predict, "fp16")  # the fix: the network wrapped, the loss in float32
     _, metrics = amp.train_step(state, lambda p, x, y: jnp.mean((net(p, x) - y) ** 2), X, jnp.full(4, 7e4))
     assert float(metrics["loss"]) == pytest.approx((7e4 - 3.0) ** 2, rel=1e-6)  # targets read in float32: no inf
+
+
+@pytest.mark.filterwarnings("ignore:precision 'fp16-full' stores")
+def test_an_optimizer_that_cannot_step_in_float16_is_refused_for_fp16_full_before_any_step():
+    """Adam's default eps (1e-8) is 0 in float16 moments: a zero gradient's update 0 / (0 + 0)
+    is NaN, so the strict checks skipped every step and the scale fell to 1e-38 (the CLI's own
+    demo did, 500 of 500). Refused in both styles, naming eps; eps=1e-5 and plain SGD pass."""
+    with pytest.raises(ValueError, match=r"zero gradient is not finite in float16.*optax.adam\(lr, eps=1e-5\)"):
+        amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision="fp16-full")
+    model = nnx.Linear(3, 1, dtype=jnp.float16, param_dtype=jnp.float16, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="zero gradient is not finite in float16"):
+        amp.Optimizer(model, optax.adamw(1e-3), precision="fp16-full")
+    for tx in (optax.adam(1e-3, eps=1e-5), optax.sgd(0.1)):
+        scaler = amp.DynamicLossScale(init_scale=2.0**10)  # 2^16 itself is inf in float16: a first skip
+        state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx, precision="fp16-full", scaler=scaler)
+        state, _ = amp.train_step(
+            state, lambda p, x: jnp.sum((p["w"] * x).astype(jnp.float32)), jnp.full(3, 0.5, jnp.float16)
+        )
+        assert int(state.step) == 1 and int(state.skipped) == 0

@@ -145,7 +145,7 @@ def test_fp16_full_keeps_dtypes_through_steps():
     x, y = regression_problem()
     model, loss_fn = mlp_loss(jnp.float16)
     params = model.init(jax.random.PRNGKey(1), x)
-    state = TrainState.create(params=params, tx=optax.adam(1e-3), precision=prec, max_grad_norm=1.0)
+    state = TrainState.create(params=params, tx=optax.adam(1e-3, eps=1e-5), precision=prec, max_grad_norm=1.0)
     step = stepper(loss_fn)
     for _ in range(3):
         state, _ = step(state, (x, y))
@@ -163,7 +163,7 @@ def test_fp16_full_keeps_dtypes_through_steps():
 def test_strict_mode_is_on_by_default_exactly_where_params_are_float16(precision, strict, skipped):
     """Finite gradients whose sgd step overflows the params (float16 above 65504, float32
     above 3.4e38): strict mode skips and counts it, default mode takes it."""
-    lr = 1e5 if precision == "fp16-full" else 1e37
+    lr = 1e4 if precision == "fp16-full" else 1e37  # finite in its dtype: the step, not the rate, overflows
     params = {"w": jnp.full(2, 60000.0)}
     state = TrainState.create(params=params, tx=optax.sgd(lr), precision=precision, strict=strict)
     grads = {"w": jnp.full(2, -100.0)}
