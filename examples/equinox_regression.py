@@ -38,7 +38,7 @@ def train(steps, seed=0):
     """Returns (the losses, the params, the optimizer state)."""
     x = jax.random.normal(jax.random.PRNGKey(seed), (1024, 8))
     y = jnp.sin(x).sum(-1, keepdims=True)
-    params, static = eqx.partition(init_model(jax.random.PRNGKey(seed + 1)), eqx.is_array)
+    params, static = eqx.partition(init_model(jax.random.PRNGKey(seed + 1)), eqx.is_inexact_array)
     opt_state = tx.init(params)
     losses = []
     for _ in range(steps):

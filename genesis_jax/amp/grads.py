@@ -114,14 +114,24 @@ def autocast(fn, policy):
 
 
 class AutocastModule:
-    """A Flax linen module seen through `autocast`: `init` as the module's, `apply` (and
-    calling it) in the policy's compute dtype; any other attribute is the module's."""
+    """A Flax linen module seen through `autocast`: `init` as the module's, `apply` in the
+    policy's compute dtype; any other attribute is the module's, but `bind` and calling it,
+    which would run the module uncast, are refused."""
 
     def __init__(self, module: nn.Module, policy: jmp.Policy):
         self.module, self.policy, self.apply = module, policy, autocast(module.apply, policy)
 
     def __getattr__(self, name):
         return getattr(self.module, name)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            "an autocast module runs through .apply(variables, ...); as a submodule of another, give the "
+            "layers dtype= instead (or autocast the outer module)"
+        )
+
+    def bind(self, *args, **kwargs):
+        raise TypeError("an autocast module runs through .apply(variables, ...): bound, it would compute uncast")
 
     def __repr__(self):
         return f"autocast({self.module!r}, compute={jnp.dtype(self.policy.compute_dtype).name})"
@@ -211,7 +221,7 @@ def _check_arrays(tree, argnums: int) -> None:
         if not hasattr(leaf, "dtype") and not isinstance(leaf, (int, float, complex)):
             raise TypeError(
                 f"loss_fn's argument {argnums} holds a {type(leaf).__name__}, not an array (an Equinox module?): "
-                "differentiate its arrays, params, static = eqx.partition(model, eqx.is_array), "
+                "differentiate its arrays, params, static = eqx.partition(model, eqx.is_inexact_array), "
                 "and rebuild the model in loss_fn with eqx.combine(params, static)"
             )
 

@@ -57,6 +57,8 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
     name). `model_params`: an NNX model's, which live in the model: not cast, but refused where
     the precision stores params in another dtype. `options`: max_grad_norm, guard,
     advance_schedule_on_skip and strict, `skip_nonfinite`'s."""
+    if isinstance(tx, optax.MultiSteps):  # a class of its own, not a GradientTransformation
+        raise TypeError("tx is an optax.MultiSteps: give its tx.gradient_transformation()")
     refuse_unless(isinstance(tx, optax.GradientTransformation), "tx", tx, "an optax GradientTransformation")
     if scaler is not None:
         check_scaler(scaler)
@@ -155,6 +157,19 @@ def _refuse_unscaled_grads(scaler, grads_finite) -> None:
             "so not from amp.scaled_value_and_grad: the loss was never scaled; take them from amp.train_step or "
             "amp.scaled_value_and_grad(loss_fn)(optimizer, ...) and pass grads_finite= and grad_norm="
         )
+
+
+def _check_grads_match(grads, params) -> None:
+    """Refuses gradients whose tree is not the params' (another optimizer's: the actor's given to
+    the critic), in a sentence naming the first difference, not optax's tree error from inside."""
+    paths = lambda tree: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa: E731
+    got, want = paths(grads), paths(params)
+    if got != want:
+        first = next(
+            (f"{g or 'the root'} where the params have {w or 'the root'}" for g, w in zip(got, want) if g != w), None
+        )
+        first = first or f"{len(got)} leaves where the params have {len(want)}"
+        raise ValueError(f"the gradients' tree is not the params' ({first}): were they taken for another optimizer?")
 
 
 def _refuse_loss_scale_keyword(kwargs: dict) -> None:
@@ -260,6 +275,7 @@ class TrainState(train_state.TrainState):
         """
         _refuse_loss_scale_keyword(kwargs)
         _refuse_unscaled_grads(self.scaler, grads_finite)
+        _check_grads_match(grads, self.params)
         skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
         update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
         updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
@@ -268,6 +284,11 @@ class TrainState(train_state.TrainState):
         step = self.step + (~halted).astype(jnp.int32)
         params = optax.apply_updates(self.params, updates)
         return self.replace(step=step, params=params, opt_state=opt_state, scaler=scaler, **kwargs)
+
+    def __getattr__(self, name):  # only for a name no field or method has
+        if name == "loss_scale":
+            raise AttributeError("TrainState has no attribute 'loss_scale' (0.2's name, removed): use state.scaler")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def skipped(self) -> jax.Array:
@@ -529,6 +550,11 @@ def stats(*states, **named_states) -> dict:
     named = _named(states, named_states)
     if not named:  # alpha=None: no such optimizer
         raise TypeError("amp.stats needs at least one state")
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(list(named.values()))):
+        raise TypeError(
+            "amp.stats reads the counts on the host: call it outside jit (inside, read state.skipped, "
+            "state.skip_streak, state.halted and state.scaler.loss_scale)"
+        )
     counts = {name: _optimizer_counts(s) for name, s in named.items()}
     scalers = {name: _scaler_fields(s) for name, s in named.items()}
     first = next(iter(scalers.values()))

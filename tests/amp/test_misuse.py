@@ -165,10 +165,11 @@ def test_3_what_computes_in_half_precision_or_in_float32_by_choice_is_accepted()
 def test_4_a_whole_equinox_model_is_refused_with_the_partition_to_use():
     eqx = pytest.importorskip("equinox")
     model = eqx.nn.MLP(3, 1, 8, 1, key=jax.random.PRNGKey(0))  # holds its activation functions
-    params, static = eqx.partition(model, eqx.is_array)
+    params, static = eqx.partition(model, eqx.is_inexact_array)
     tx = amp.skip_nonfinite(optax.adam(1e-3))
     grad_fn = amp.scaled_value_and_grad(lambda model, x: jnp.mean(jax.vmap(model)(x)))
-    with pytest.raises(TypeError, match=r"argument 0 holds .*not an array \(an Equinox module\?\).*eqx\.partition"):
+    fix = r"eqx\.partition\(model, eqx\.is_inexact_array\)"  # inexact: an int array has no gradient
+    with pytest.raises(TypeError, match=r"argument 0 holds .*not an array \(an Equinox module\?\).*" + fix):
         grad_fn((amp.DynamicLossScale(), tx.init(params)), model, X)
     partitioned = amp.scaled_value_and_grad(lambda params, x: jnp.mean(jax.vmap(eqx.combine(params, static))(x)))
     out = partitioned((amp.DynamicLossScale(), tx.init(params)), params, X)  # the fix the sentence names
@@ -480,3 +481,27 @@ def test_an_optimizer_that_cannot_step_in_float16_is_refused_for_fp16_full_befor
             state, lambda p, x: jnp.sum((p["w"] * x).astype(jnp.float32)), jnp.full(3, 0.5, jnp.float16)
         )
         assert int(state.step) == 1 and int(state.skipped) == 0
+
+
+def test_wrong_objects_in_a_hand_written_step_are_named_in_a_sentence():
+    """What a port gets wrong that optax or JAX would report from deep inside: the actor's
+    gradients given to the critic, amp.stats called inside jit, an optax.MultiSteps object as
+    tx, 0.2's state.loss_scale, and an autocast module bound or called as a submodule."""
+    critic = amp.TrainState.create(params={"q": jnp.ones(3)}, tx=optax.sgd(0.1))
+    with pytest.raises(
+        ValueError, match=r"gradients' tree is not the params' \(\['pi'\] where the params have \['q'\]"
+    ):
+        critic.apply_gradients(grads={"pi": jnp.ones(3)})
+    with pytest.raises(TypeError, match="amp.stats reads the counts on the host: call it outside jit"):
+        jax.jit(lambda s: amp.stats(s)["skipped"])(critic)
+    with pytest.raises(TypeError, match=r"tx is an optax.MultiSteps: give its tx.gradient_transformation\(\)"):
+        amp.TrainState.create(params={"q": jnp.ones(3)}, tx=optax.MultiSteps(optax.sgd(0.1), 2))
+    with pytest.raises(AttributeError, match="'loss_scale' \\(0.2's name, removed\\): use state.scaler"):
+        critic.loss_scale  # noqa: B018
+    assert not hasattr(critic, "nope") and hasattr(critic, "scaler")
+    net = amp.autocast(nn.Dense(2), "fp16")
+    variables = net.init(jax.random.PRNGKey(0), X)
+    for misuse in (lambda: net.bind(variables)(X), lambda: net(variables, X)):
+        with pytest.raises(TypeError, match=r"an autocast module runs through \.apply\(variables, \.\.\.\)"):
+            misuse()
+    assert net.apply(variables, X).dtype == jnp.float32
