@@ -387,10 +387,14 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
 
     algorithm = get_algorithm(workload)
     config = train_config(workload, parts)  # a multi-process run: `_run` joined the others before this
+    picked = None
+    if config.precision.strip().lower() == "auto":  # the run records, and a resume compares, what auto picked
+        config = dataclasses.replace(config, precision=config.train_precision().name)
+        picked = f"note: --precision auto picked {config.precision} (backend {jax.default_backend()})"
     notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
 
     def announce(notes: list[str]) -> None:  # once training is about to begin: past every refusal
-        for line in filter(None, [notice, *notes] if not run.quiet and _primary() else []):
+        for line in filter(None, [picked, notice, *notes] if not run.quiet and _primary() else []):
             print(line, file=sys.stderr)
 
     result = algorithm.train(config, **run.train_kwargs(), announce=announce)

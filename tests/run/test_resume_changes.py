@@ -155,3 +155,22 @@ def test_the_stop_hint_gives_the_flags_a_bare_resume_would_reset_and_they_parse_
     parts, _ = parse_train_args(name, flags.split())
     parsed = train_config(name, parts)
     assert all(getattr(parsed, f) == getattr(config, f) for f in config.RESUMABLE_FIELDS)
+
+
+def test_precision_auto_is_recorded_and_compared_as_what_it_picked(tmp_path, capsys):
+    """A `--precision auto` run recorded 'auto' while its summary said fp32, and a resume with
+    --precision fp32 was refused ('auto' -> 'fp32'). The CLI now records the pick and says it;
+    a run holding 'auto' (the Python API's, an older CLI's) compares as what auto picks here."""
+    from genesis_jax.algos.ppo import PPOConfig
+    from genesis_jax.amp import get_precision
+    from genesis_jax.run.run_dir import check_config_changes
+
+    out = tmp_path / "run"
+    assert main(["train", "ppo", *tiny_argv("ppo", precision="auto"), "--out", str(out)]) == 0
+    picked = get_precision("auto").name  # fp32 on a CPU
+    assert f"note: --precision auto picked {picked} (backend " in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["precision"] == picked
+    assert main(["train", "ppo", *tiny_argv("ppo", precision=picked), "--out", str(out), "--resume"]) == 0
+    auto, own = PPOConfig(precision="auto"), PPOConfig(precision=picked)
+    assert check_config_changes({"config": auto.to_dict()}, own, allow=False) == []
+    assert check_config_changes({"config": own.to_dict()}, auto, allow=False) == []
