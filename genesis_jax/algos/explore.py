@@ -48,6 +48,14 @@ class EpsilonGreedyFields:
         """Environment steps (one seed's) over which epsilon falls: epsilon-fraction of total-steps, at least 1."""
         return max(1.0, self.epsilon_fraction * self.total_steps)
 
+    @property
+    def epsilon_follows_budget(self) -> bool:
+        """Whether `epsilon_horizon` moves with total-steps (DQN's deprecated epsilon-steps fixes it)."""
+        return True
+
+    def budget_schedules(self) -> list[str]:  # what follows total-steps (`run.config.budget_schedules`)
+        return ["epsilon's fall (epsilon-fraction of total-steps)"] if self.epsilon_follows_budget else []
+
     def epsilon(self, steps):
         """Epsilon after `steps` environment steps (one seed's): linear, then flat at epsilon-end."""
         fall = jnp.minimum(steps / self.epsilon_horizon, 1.0)

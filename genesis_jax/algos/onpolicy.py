@@ -43,6 +43,9 @@ class OnPolicyFields:
     FIELD_BOUNDS = {name: POSITIVE_INT for name in ("num_steps", "update_epochs", "num_minibatches")}
     FIELD_BOUNDS |= {"gae_lambda": UNIT_INTERVAL, "lr": POSITIVE}
 
+    def budget_schedules(self) -> list[str]:  # what follows total-steps (`run.config.budget_schedules`)
+        return ["the learning rate's decay to 0 (anneal-lr)"] if self.anneal_lr else []
+
     def check(self):
         if self.batch_size > INT32_MAX:  # the rollout is indexed in int32 (jnp.nonzero's sizes, the minibatch shuffle)
             raise ValueError(

@@ -142,6 +142,13 @@ def check_fields(config) -> None:
         object.__setattr__(config, name, checked)
 
 
+def budget_schedules(config) -> list[str]:
+    """The schedules of `config` that follow its total-steps (each class's `budget_schedules`):
+    a resume with another total-steps moves them mid-run, which the resume says."""
+    own = [vars(klass)["budget_schedules"] for klass in type(config).__mro__ if "budget_schedules" in vars(klass)]
+    return [schedule for method in own for schedule in method(config)]
+
+
 def check_relations(config) -> None:
     """The relations between a config's fields, once each field is known good: its classes'
     `FIELD_MULTIPLES` tables (field -> the field it must be a multiple of), then each class's

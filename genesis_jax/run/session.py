@@ -55,7 +55,7 @@ from genesis_jax.run.checkpoint import (
     position_of,
     replay_dropped,
 )
-from genesis_jax.run.config import resume_flags, summary_config
+from genesis_jax.run.config import budget_schedules, resume_flags, summary_config
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter
 
@@ -342,7 +342,16 @@ class Session:
         return state
 
     def _config_changes(self, meta: dict) -> list[str]:
-        return runs.check_config_changes(meta, self.config, self.allow_config_change, self.inputs)
+        """The settings changed against `meta`'s, refused unless allowed; and a new total-steps,
+        allowed (a longer run extends this one) but named where schedules follow it."""
+        changes = runs.check_config_changes(meta, self.config, self.allow_config_change, self.inputs)
+        saved, now = meta.get("config", {}).get("total_steps"), getattr(self.config, "total_steps", None)
+        schedules = budget_schedules(self.config) if saved is not None and saved != now else []
+        if schedules:
+            change = f"total-steps: {saved!r} -> {now!r} (moves {' and '.join(schedules)} mid-run)"
+            warnings.warn(f"this resume's {change}", UserWarning, stacklevel=2)
+            changes.append(change)
+        return changes
 
     def _resume_step(self, steps: list[int], rows: list[dict]) -> int | None:
         """The checkpoint step to resume from (None: start cleanly), or a refusal."""

@@ -90,6 +90,10 @@ class DQNConfig(DQNFields, Config):
             warnings.warn(f"{text} which epsilon falls ({same})", FutureWarning, stacklevel=5)
 
     @property
+    def epsilon_follows_budget(self) -> bool:
+        return self.epsilon_steps is None
+
+    @property
     def epsilon_horizon(self) -> float:
         """Environment steps over which epsilon falls: epsilon-steps where given (deprecated), else
         epsilon-fraction of total-steps."""
