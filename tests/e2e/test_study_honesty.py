@@ -147,6 +147,15 @@ def world_model_task(monkeypatch):
     monkeypatch.setitem(cells.TASKS, "wm:synthetic", cells.Task("world-model", {"data": "synthetic"}, 100, None, "-"))
 
 
+def test_one_budget_for_tasks_counted_in_steps_and_in_epochs_is_refused(tmp_path, capsys):
+    # 262144 as CartPole's environment steps and as the world model's epochs: 146 h planned
+    argv = ["study", "--out", str(tmp_path / "s"), "--tasks", "CartPole-v1,wm:synthetic", "--total-steps", "262144"]
+    assert main([*argv, "--dry-run"]) == 2
+    line = one_line(capsys)
+    assert "total-steps 262144 for every task, but wm:synthetic counts its budget in epochs" in line
+    assert main([*argv[:-1], "CartPole-v1=262144,wm:synthetic=2", "--dry-run"]) == 0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -81,6 +81,14 @@ def budgets(tasks, total_steps) -> dict[str, int]:
     """Environment steps per seed of each task: `total_steps` for all, a {task: steps}
     mapping, or None (each task's default)."""
     chosen = total_steps if isinstance(total_steps, dict) else {t: total_steps for t in tasks}
+    units = {TASKS[task].budget_field for task in tasks}
+    if isinstance(total_steps, int) and len(units) > 1:  # one N as environment steps and as epochs: a mistake
+        other = next(task for task in tasks if TASKS[task].budget_field != "total_steps")
+        raise ValueError(
+            f"total-steps {total_steps} for every task, but {other} counts its budget in "
+            f"{TASKS[other].budget_field.replace('_', ' ')}, the others in environment steps: give each task its "
+            "own, TASK=N,TASK=N"
+        )
     if unknown := set(chosen) - set(tasks):
         raise ValueError(f"total-steps names {sorted(unknown)[0]!r}, which is not among the study's tasks")
     out = {task: TASKS[task].total_steps if chosen.get(task) is None else chosen[task] for task in tasks}
