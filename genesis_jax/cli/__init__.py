@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     arg(
         "--total-steps",
         type=_task_steps,
-        help="budget per seed (environment steps; a world model's: epochs): N for every task, or TASK=N,TASK=N (others: their own; default: each task's, below)",
+        help="budget per seed (environment steps; a world model's: epochs): N for every task, or TASK=N,TASK=N "
+        "(others: their own; default: each task's, below)",
     )
     arg("--reps", type=int, default=2000, help="bootstrap replications per interval (at least 100; default 2000)")
     arg(
