@@ -91,3 +91,14 @@ def test_the_accuracy_panel_says_its_seeds_and_what_quick_budgets_cannot_show():
     assert accuracy_caption([{"seeds": 1}, {"seeds": 3}], quick=False) == (
         "accuracy over fp32 (higher is better; 1-3 seeds each)"
     )
+
+
+def test_a_training_runs_directory_is_refused_as_the_benchmarks_out(tmp_path, capsys):
+    # the bench wrote its results.csv, results.md and precision.png into a run's directory
+    (tmp_path / "checkpoints").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["bench", "--quick", "--workloads", "wm-small", "--precisions", "fp32", "--out", str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    said = f"{tmp_path} holds a training run (checkpoints): give the benchmark its own --out"
+    assert line == f"genesis-jax: error: {said}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
