@@ -431,6 +431,8 @@ class Session:
             with handlers as signals:
                 signal_name = lambda: signal.Signals(signals.received or signal.SIGTERM).name  # noqa: E731
                 starts = self.rows_done < self.num_rows
+                if starts and self.rows and self.rows[-1].get("halted"):  # resumed past a halt: nothing would change
+                    self.stopped, starts = "diverged", False
                 if starts and parallel.any_process(signals.received is not None):
                     self.stopped, starts = signal_name(), False  # a signal while the chunk compiled: no chunk runs
                 if starts and on_start is not None:

@@ -148,6 +148,15 @@ def test_ppo_without_floor_is_stopped_by_the_guard_with_metrics_and_checkpoint(t
     assert meta["step"] == len(rows)
     ts = state["train_state"]
     assert bool(ts["opt_state"]["halted"]) and float(ts["scaler"]["loss_scale"]) >= 2.0**-14  # skip_nonfinite's
+    # Its resume stops again at once, as troubleshooting.md says: no row, no checkpoint added
+    # (each resume once logged a halted row and saved a checkpoint that changed nothing).
+    before = snapshot(out)
+    assert main([*argv, "--resume"]) == 3
+    assert "diverged" in capsys.readouterr().err
+    after = snapshot(out)
+    assert {k: v for k, v in after.items() if k != "summary.json"} == {
+        k: v for k, v in before.items() if k != "summary.json"
+    }
 
 
 @pytest.mark.slow  # a PPO run to divergence: 19-27 s
