@@ -84,6 +84,9 @@ class RunOptions:
     again without compiling (GENESIS_COMPILE_CACHE=0 turns it off too)."""
 
     def train_kwargs(self) -> dict:
+        asked = {"--checkpoint-every": self.checkpoint_every, "--overwrite": self.overwrite, "--resume": self.resume}
+        if self.out is None and any(asked.values()):  # nothing would be saved: not a silent no-op
+            raise ValueError(f"{next(k for k, v in asked.items() if v)} needs a run directory: give --out")
         same = ("checkpoint_every", "resume", "overwrite", "allow_config_change", "progress")
         return {
             "out_dir": self.out,

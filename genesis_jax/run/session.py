@@ -164,9 +164,8 @@ class Session:
     ):
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
-        asked = {"resume": resume, "overwrite": overwrite, "checkpoint-every": checkpoint_every}
-        if out_dir is None and any(asked.values()):  # nothing would be saved: not a silent no-op
-            raise ValueError(f"{next(k for k, v in asked.items() if v)} needs an output directory (--out)")
+        if resume and out_dir is None:
+            raise ValueError("resume needs an output directory")
         unknown = [w for w in writers if isinstance(w, str) and w not in NAMED_WRITERS]
         if unknown:
             raise ValueError(f"unknown metric writer {unknown[0]!r}; choose from {', '.join(NAMED_WRITERS)}")
@@ -192,6 +191,7 @@ class Session:
         self.rows_done = 0  # rows run, those restored included
         self.rows: list[dict] = []
         self.config_changes: list[str] = []
+        self._moved_schedules: str | None = None  # a new total-steps' note, said once training begins
         self.stopped: str | None = None
         self.rows_run = 0  # rows `run` ran in this session
         self.run_seconds = 0.0  # seconds `run` waited for compiled chunks
@@ -347,11 +347,9 @@ class Session:
         changes = runs.check_config_changes(meta, self.config, self.allow_config_change, self.inputs)
         saved, now = meta.get("config", {}).get("total_steps"), getattr(self.config, "total_steps", None)
         schedules = budget_schedules(self.config) if saved is not None and saved != now else []
-        if schedules:
-            change = f"total-steps: {saved!r} -> {now!r} (moves {' and '.join(schedules)} mid-run)"
-            warnings.warn(f"this resume's {change}", UserWarning, stacklevel=2)
-            changes.append(change)
-        return changes
+        moved = f"total-steps: {saved!r} -> {now!r} (moves {' and '.join(schedules)} mid-run)"
+        self._moved_schedules = moved if schedules else None
+        return changes + [moved] if schedules else changes
 
     def _resume_step(self, steps: list[int], rows: list[dict]) -> int | None:
         """The checkpoint step to resume from (None: start cleanly), or a refusal."""
@@ -383,7 +381,7 @@ class Session:
         settings changed (allowed): the rows already run may have counted other units."""
         plural = lambda n, name: f"{n} {name}" + ("" if n == 1 else "s")  # noqa: E731
         text = plural(rows, self.row_key)
-        if self.steps_per_row != 1 and not self.config_changes:
+        if self.steps_per_row != 1 and set(self.config_changes) <= {self._moved_schedules}:  # units unchanged
             text += f" ({plural(rows * self.steps_per_row, self.unit)})"
         return text
 
@@ -435,6 +433,8 @@ class Session:
                     self.stopped, starts = "diverged", False
                 if starts and parallel.any_process(signals.received is not None):
                     self.stopped, starts = signal_name(), False  # a signal while the chunk compiled: no chunk runs
+                if starts and self._moved_schedules in self.config_changes:  # said past every refusal
+                    warnings.warn(f"this resume's {self._moved_schedules}", UserWarning, stacklevel=2)
                 if starts and on_start is not None:
                     on_start()
                 total, done = self.num_rows * self.steps_per_row, self.rows_done * self.steps_per_row

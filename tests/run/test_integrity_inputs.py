@@ -114,7 +114,8 @@ def test_resume_refuses_changed_settings_unless_allowed(small_run, tmp_path, cap
         caplog.clear()
         assert main(argv + ["--allow-config-change"]) == 0
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["config_changes"] == [words] and summary["total_steps"] == 4096
+        moved = "total-steps: 2048 -> 4096 (moves the learning rate's decay to 0 (anneal-lr) mid-run)"
+        assert summary["config_changes"] == [words, moved] and summary["total_steps"] == 4096
         # the torn last metrics line was dropped with a warning, the rows after it appended
         assert "torn last line" in caplog.text
         assert metric_updates(run) == list(range(1, 9))

@@ -78,8 +78,9 @@ def test_a_full_disk_ends_in_one_line_with_the_system_status_and_the_last_checkp
     )
     proc = start(SMALL + ["--total-steps", "4096", "--out", str(run), "--resume"], preamble)
     assert proc.wait(timeout=300) == 4
-    err = [line for line in proc.stderr.read().strip().splitlines() if line.startswith("genesis-jax")]
-    assert len(err) == 1 and "system failure" in err[0], err
+    said = proc.stderr.read().strip().splitlines()
+    err = [line for line in said if line.startswith("genesis-jax") and not line.startswith("genesis-jax: warning:")]
+    assert len(err) == 1 and "system failure" in err[0], err  # (the warning: the longer run moves the lr's decay)
     with CheckpointStore(run / "checkpoints") as store:
         assert store.latest_step() == step
         store.restore_raw(step)  # still reads, checksum and all

@@ -22,6 +22,7 @@ from genesis_jax.run.session import Session
 from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
 from tests.support.files import metric_rows
 from tests.support.helpers import mlp_loss, regression_problem
+from tests.support.processes import cpu_env, run_python
 
 STEPS_PER_CHUNK = 5
 
@@ -177,26 +178,26 @@ def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, 
     assert len(logs) == 1 and b"loss_scale" in logs[0].read_bytes()
 
 
-def test_weights_and_biases_without_a_login_is_one_sentence_not_a_traceback(tmp_path, monkeypatch):
+@pytest.mark.slow  # a fresh process: wandb keeps its settings (an offline run's) for the rest of one
+def test_weights_and_biases_without_a_login_is_one_sentence_not_a_traceback(tmp_path):
     pytest.importorskip("wandb")
-    from genesis_jax.run.writers import WandbWriter
+    env = {k: v for k, v in cpu_env().items() if not k.startswith("WANDB_")} | {"HOME": str(tmp_path)}  # logged out
+    argv = ["train", "ppo", "--total-steps", "1024", "--no-progress", "--wandb", "--out", str(tmp_path / "run")]
+    done = run_python(["-c", f"from genesis_jax.cli import main; raise SystemExit(main({argv!r}))"], env=env)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("genesis-jax: error: --wandb could not start a W&B run: ") and "WANDB_MODE=offline" in line
+    assert not (tmp_path / "run").exists()
 
-    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no settings: nothing logged in
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    with pytest.raises(ValueError, match=r"--wandb could not start a W&B run: .*or set WANDB_MODE=offline"):
-        WandbWriter(tmp_path, "chunk")
 
-
-@pytest.mark.parametrize(
-    "asked", [{"resume": True}, {"overwrite": True}, {"checkpoint_every": 2}], ids=lambda a: next(iter(a))
-)
-def test_what_only_a_run_directory_does_is_refused_without_one(asked):
+@pytest.mark.parametrize("flag", ["--resume", "--overwrite", "--checkpoint-every 2"])
+def test_what_only_a_run_directory_does_is_refused_without_one(flag, capsys):
     # --checkpoint-every and --overwrite without --out once ran, exit 0, and saved nothing
-    flag = next(iter(asked)).replace("_", "-")
-    with pytest.raises(ValueError, match=f"^{flag} needs an output directory \\(--out\\)$"):
-        Session(None, name="x", num_rows=1, **asked)
+    from genesis_jax.cli import main
+
+    assert main(["train", "ppo", "--total-steps", "1024", "--no-progress", *flag.split()]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said == f"genesis-jax: error: {flag.split()[0]} needs a run directory: give --out"
 
 
 def test_writers_need_a_run_directory_and_a_known_name():
