@@ -257,8 +257,9 @@ def scaled_value_and_grad(
     all run in float32 (a network without `dtype=`); with no scaler (`NoOpLossScale`: fp32,
     bf16, no precision), one that runs any in float16, whose small gradients flush to zero
     (precision "fp16" with `loss_scaling="none"` declares that on purpose, and so does a
-    `StaticLossScale(1.0)`). A loss with no matmul passes. So does a `loss_fn` wrapped in
-    `autocast`, never: it would cast the targets too; wrap the network.
+    `StaticLossScale(1.0)`; float16 matmuls no gradient flows through, a frozen network's, pass).
+    A loss with no matmul passes. A `loss_fn` wrapped in `autocast` is refused: it would cast the
+    targets too; wrap the network.
 
     Args:
         loss_fn: `(*args, **kwargs) -> loss`, or `-> (loss, aux)` with `has_aux`.
@@ -324,7 +325,9 @@ def scaled_value_and_grad(
         unscaled = isinstance(scaler, NoOpLossScale) and (declared is None or declared.compute_dtype != jnp.float16)
         if half is not None or unscaled:  # at trace time: one more trace of the loss, nothing in the compiled step
             name = None if declared is None else declared.name
-            refuse_mismatched_compute(name, half, unscaled, loss_fn, *args, **kwargs)
+            loss_only = lambda *args: jnp.asarray(split_aux(loss_fn(*args, **kwargs), has_aux)[0], jnp.float32)  # noqa: E731
+            grad_fn = (nnx.grad if isinstance(args[argnums], nnx.Module) else jax.grad)(loss_only, argnums=argnums)
+            refuse_mismatched_compute(name, half, grad_fn if unscaled else None, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)

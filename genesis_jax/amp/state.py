@@ -90,14 +90,18 @@ def _refuse_nonfinite_at_rest(tx, params) -> None:
     """Refuses an optimizer whose update of a zero gradient is not finite in float16 params and
     moments (fp16-full): Adam's default eps, 1e-8, is 0 in float16, so 0 / (0 + 0) is NaN, every
     step is skipped by the strict checks and the scale falls to 1e-38, silently. One eager update."""
-    if any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
-        return  # created inside jit (a trainer's init): nothing to run the update on
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = tx.update(zeros, tx.init(params), params)
-    if not all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates)):
+    with jax.ensure_compile_time_eval():  # on zeros of the params' shapes: under jit (a trainer's init) too
+        zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), params)
+        try:
+            updates, _ = tx.update(zeros, tx.init(zeros), zeros)
+        except TypeError:  # an update that needs more than the gradients (reduce_on_plateau's value=): unchecked
+            return
+        finite = all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+    if not finite:
         raise ValueError(
             "this optimizer's update of a zero gradient is not finite in float16 params and moments (fp16-full): "
-            "an eps below float16's range is 0 there (Adam's 1e-8); give it eps >= 1e-5, optax.adam(lr, eps=1e-5)"
+            "a constant below float16's range is 0 there (Adam's eps 1e-8), one above 65504 is inf (a learning rate "
+            "of 1e5); give Adam eps >= 1e-5, optax.adam(lr, eps=1e-5)"
         )
 
 
@@ -552,8 +556,8 @@ def stats(*states, **named_states) -> dict:
         raise TypeError("amp.stats needs at least one state")
     if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(list(named.values()))):
         raise TypeError(
-            "amp.stats reads the counts on the host: call it outside jit (inside, read state.skipped, "
-            "state.skip_streak, state.halted and state.scaler.loss_scale)"
+            "amp.stats reads the counts on the host: call it outside jit (inside, a TrainState's skipped, "
+            "skip_streak, halted and scaler.loss_scale)"
         )
     counts = {name: _optimizer_counts(s) for name, s in named.items()}
     scalers = {name: _scaler_fields(s) for name, s in named.items()}

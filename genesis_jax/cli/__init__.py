@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import pathlib
 import sys
 from typing import Annotated, Sequence
@@ -579,7 +580,7 @@ def _one_line_warnings():
     shown, said = warnings.showwarning, set()
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if not issubclass(category, FutureWarning) and not str(filename).startswith(PACKAGE_DIR):
+        if not issubclass(category, FutureWarning) and not str(filename).startswith(PACKAGE_DIR + os.sep):
             shown(message, category, filename, lineno, file, line)
         elif (stream := sys.stderr if file is None else file, str(message)) not in said:  # once a stream:
             said.add((stream, str(message)))  # tyro's parse captures stderr, and drops it on success

@@ -31,13 +31,14 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # hyperparameters enter float32 p
 
 
 def resume_flags(config) -> str:
-    """The flags that continue a run of `config` as it is: the fields a resume may change
-    (`RESUMABLE_FIELDS`) where they differ from their defaults, which a bare `--resume` would
-    take (a run of 1,000,000 steps resumed without `--total-steps` would end at the default 500,000)."""
+    """The flags that continue a run of `config` as it is: its fields that differ from their
+    defaults, which a bare `--resume` would take (a run of 1,000,000 steps resumed without
+    `--total-steps` ended at the default 500,000; one in fp16 was refused), less the process's
+    own place in a multi-process run (`--process-id`, each process's)."""
     flags = []
     for field in dataclasses.fields(config) if dataclasses.is_dataclass(config) else ():
         value = getattr(config, field.name)
-        if field.name not in config.RESUMABLE_FIELDS or field.default in (dataclasses.MISSING, value):
+        if field.name == "process_id" or field.default in (dataclasses.MISSING, value):
             continue
         flag = "--" + field.name.replace("_", "-")
         if isinstance(value, bool):

@@ -145,7 +145,7 @@ class WandbWriter:
             self._run = wandb.init(
                 project=project, dir=os.fspath(dir), config=config, mode=mode, name=name, reinit=True
             )
-        except wandb.errors.UsageError as err:  # no API key, most often: said in one line, not a traceback
+        except (wandb.errors.UsageError, wandb.errors.CommError) as err:  # no key, a wrong one: one line
             raise ValueError(
                 f"--wandb could not start a W&B run: {str(err).strip().splitlines()[0]} (or set WANDB_MODE=offline "
                 "to log locally)"

@@ -150,7 +150,7 @@ def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
 
 def test_an_update_whose_every_step_was_skipped_logs_no_loss_rather_than_zero():
     """Every gradient non-finite (fault injection at rate 1, the guard off): no step was applied,
-    so the row's loss and gradient norm are NaN (null in metrics.jsonl, as DQN's), not the 0.0
+    so the row's loss and gradient norm are None (null in metrics.jsonl, as DQN's), not the 0.0
     an empty mean once gave while the value loss beside it read 43."""
     from tests.support.registry import tiny_config
 
@@ -158,5 +158,13 @@ def test_an_update_whose_every_step_was_skipped_logs_no_loss_rather_than_zero():
     config = dataclasses.replace(config, max_consecutive_skips=None)
     result = train(config, progress=False)
     assert result.metrics and all(row["skipped"] > 0 for row in result.metrics)
-    assert all(np.isnan(row["loss"]) and np.isnan(row["grad_norm"]) for row in result.metrics)
+    assert all(row["loss"] is None and row["grad_norm"] is None for row in result.metrics)  # null in the file
     assert all(np.isfinite(row["value_loss"]) for row in result.metrics)
+    # of several seeds, one whose every step was skipped leaves the others' values in the row
+    from genesis_jax.algos.base import metric_columns
+    from genesis_jax.algos.ppo.train import PPO
+
+    columns = metric_columns(
+        {"loss": [[np.nan, 1.0], [2.0, 3.0]], "grad_norm": [[np.nan, 4.0], [6.0, 8.0]]}, PPO.metrics, 2
+    )
+    assert columns == {"loss": [2.0, 2.0], "grad_norm": [6.0, 6.0]}

@@ -439,10 +439,15 @@ def test_a_float16_network_with_nothing_scaling_the_loss_is_refused_before_any_s
         amp.scaled_value_and_grad(linen_loss(module.apply))(pair, params, X)
 
 
-def test_float16_unscaled_on_purpose_is_accepted():
-    """The study's fp16-unscaled (precision fp16, loss_scaling none) and a static scale of 1 declare it."""
+def test_float16_unscaled_on_purpose_or_with_no_gradient_through_it_is_accepted():
+    """The study's fp16-unscaled (precision fp16, loss_scaling none) and a static scale of 1 declare
+    it; a frozen float16 network behind stop_gradient (a teacher, a target) passes no gradient."""
     module = Typed(jnp.float16)
     params = module.init(jax.random.PRNGKey(0), X)
+    teacher = lambda x: jax.lax.stop_gradient(module.apply(params, x)).astype(jnp.float32)  # noqa: E731
+    student = amp.TrainState.create(params=Dense2().init(jax.random.PRNGKey(1), X), tx=optax.adam(1e-3))
+    distill = lambda p, x: jnp.mean((Dense2().apply(p, x) - teacher(x)) ** 2)  # noqa: E731
+    assert int(amp.train_step(student, distill, X)[0].step) == 1
     for options in ({"precision": amp.get_precision("fp16", "none")}, {"scaler": amp.StaticLossScale(1.0)}):
         state = amp.TrainState.create(params=params, tx=optax.adam(1e-3), **options)
         assert isinstance(state.scaler, (amp.NoOpLossScale, amp.StaticLossScale))
@@ -474,6 +479,12 @@ def test_an_optimizer_that_cannot_step_in_float16_is_refused_for_fp16_full_befor
     model = nnx.Linear(3, 1, dtype=jnp.float16, param_dtype=jnp.float16, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="zero gradient is not finite in float16"):
         amp.Optimizer(model, optax.adamw(1e-3), precision="fp16-full")
+    with pytest.raises(ValueError, match="zero gradient is not finite in float16"):  # created under jit too
+        jax.jit(lambda p: amp.TrainState.create(params=p, tx=optax.adam(1e-3), precision="fp16-full").params)(
+            {"w": jnp.ones(3)}
+        )
+    plateau = optax.chain(optax.adam(1e-3, eps=1e-5), optax.contrib.reduce_on_plateau())  # its update takes value=
+    amp.TrainState.create(params={"w": jnp.ones(3)}, tx=plateau, precision="fp16-full")
     for tx in (optax.adam(1e-3, eps=1e-5), optax.sgd(0.1)):
         scaler = amp.DynamicLossScale(init_scale=2.0**10)  # 2^16 itself is inf in float16: a first skip
         state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx, precision="fp16-full", scaler=scaler)

@@ -151,10 +151,11 @@ def test_the_stop_hint_gives_the_flags_a_bare_resume_would_reset_and_they_parse_
     )
     flags = resume_flags(config)
     assert f"--{budget.replace('_', '-')} {getattr(config, budget)}" in flags and "--max-consecutive-skips 7" in flags
-    assert resume_flags(algorithm.config_class()) == ""  # the defaults: nothing to add
+    assert resume_flags(algorithm.config_class()) == "--precision fp32"  # the defaults: its precision alone
     parts, _ = parse_train_args(name, flags.split())
-    parsed = train_config(name, parts)
-    assert all(getattr(parsed, f) == getattr(config, f) for f in config.RESUMABLE_FIELDS)
+    assert train_config(name, parts) == config  # every setting of the run, none reset
+    fp16 = dataclasses.replace(config, precision="fp16", seed=3)  # beyond what a resume may change
+    assert train_config(name, parse_train_args(name, resume_flags(fp16).split())[0]) == fp16
 
 
 def test_precision_auto_is_recorded_and_compared_as_what_it_picked(tmp_path, capsys):

@@ -81,8 +81,8 @@ class DQNConfig(DQNFields, Config):
         if self.epsilon_steps is not None:
             if self.epsilon_fraction != type(self).epsilon_fraction:  # one would be ignored without a word
                 raise ValueError(
-                    f"epsilon-steps {self.epsilon_steps} and epsilon-fraction {self.epsilon_fraction} both set "
-                    "epsilon's schedule: give epsilon-fraction alone (epsilon-steps is deprecated)"
+                    f"epsilon-steps {self.epsilon_steps} and epsilon-fraction {self.epsilon_fraction} (given, or a "
+                    "preset's) both set epsilon's schedule: give epsilon-fraction alone (epsilon-steps is deprecated)"
                 )
             share = self.epsilon_steps / self.total_steps
             same = f"epsilon-fraction {share:.6g} is the same schedule" if share <= 1 else _NEVER

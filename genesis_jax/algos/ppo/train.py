@@ -76,6 +76,7 @@ SCALARS = ("loss", "grad_norm", "grads_finite", "policy_loss", "value_loss", "en
 class PPO(Algorithm):
     name, config_class = "ppo", PPOConfig
     metrics = {"episodes": "episodes per seed", "underflow": "mean"}  # and the opt-in underflow telemetry
+    metrics |= {"loss": "nanmean", "grad_norm": "nanmean"}  # a seed whose every step was skipped: no value
     presets = Presets(tiny=onpolicy.TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
