@@ -171,6 +171,22 @@ def clip_by_norm(grads, norm, max_norm):
     return jax.tree.map(lambda g: g * down.astype(g.dtype) * factor.astype(g.dtype), grads)
 
 
+def _sum_of_squares(tree) -> tuple[list, jax.Array]:
+    """(`tree`'s leaves in at least float32, the sum of their squares): `global_norm`'s pass."""
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)) for leaf in leaves]
+    return leaves, sum(jnp.sum(jnp.square(leaf)) for leaf in leaves)
+
+
+def _own_check(grads) -> jax.Array:
+    """Whether every gradient an update is given is finite: `global_norm`'s sum of squares, which
+    XLA computes once where the norm was taken on the same gradients (`scaled_value_and_grad`'s:
+    no second pass), and only where that sum is not finite (an inf or NaN, or finite gradients
+    whose squares overflow float32) a check of every element (`lax.cond`: skipped otherwise)."""
+    squares_fit = jnp.isfinite(_sum_of_squares(grads)[1])
+    return jax.lax.cond(squares_fit, lambda: jnp.asarray(True), lambda: _stays_finite(grads))
+
+
 def global_norm(tree) -> tuple[jax.Array, jax.Array]:
     """(the float32 global norm of `tree`, whether every element is finite), in one pass.
 
@@ -192,11 +208,9 @@ def global_norm(tree) -> tuple[jax.Array, jax.Array]:
         >>> bool(finite)
         False
     """
-    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
-    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)) for leaf in leaves]
+    leaves, sum_of_squares = _sum_of_squares(tree)
     if not leaves:
         return jnp.asarray(0.0, jnp.float32), jnp.asarray(True)
-    sum_of_squares = sum(jnp.sum(jnp.square(leaf)) for leaf in leaves)
     norm = jnp.sqrt(sum_of_squares)
 
     def fast():
@@ -293,8 +307,9 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     **extra_args)`: `grads_finite` is the decision (from `scaled_value_and_grad`; pass it so
     every replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
     (clipping reuses it); without them the wrapper computes both from `grads`. A decision given
-    is checked against the gradients given, in one pass: a step whose gradients hold an inf or
-    NaN is skipped whatever it says (one taken before a `pmean` the loop adds, or another
+    is checked against the gradients given (the norm's own sum of squares, which XLA computes
+    once where they are the gradients the norm was taken on): a step whose gradients hold an inf
+    or NaN is skipped whatever it says (one taken before a `pmean` the loop adds, or another
     optimizer's). Where `params` are given, `grads` are cast to their dtypes first, as
     `TrainState` and `amp.Optimizer` apply them, and decided on as cast (float32 gradients cast
     to fp16-full's float16 params overflow above 65504). Unlike
@@ -360,7 +375,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         if params is not None:  # decided on as applied: in the params' dtypes
             grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.result_type(p)), grads, params)
         if finite is not None:  # and the gradients' own check, as applied: a decision taken on other gradients
-            finite = finite & _stays_finite(grads)  # (before a pmean, another optimizer's) lets no inf through
+            finite = finite & _own_check(grads)  # (before a pmean, another optimizer's) lets no inf through
         if finite is None or (norm is None and max_grad_norm is not None):
             computed_norm, computed_finite = global_norm(grads)
             norm = computed_norm if norm is None else norm
