@@ -40,7 +40,7 @@ def resume_flags(config) -> str:
         value = getattr(config, field.name)
         if field.name == "process_id" or field.default in (dataclasses.MISSING, value):
             continue
-        flag = "--" + field.name.replace("_", "-")
+        flag = "--" + flag_name(field.name)
         if isinstance(value, bool):
             flags.append(flag if value else flag.replace("--", "--no-", 1))
         else:
