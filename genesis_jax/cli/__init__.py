@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import importlib.util
 import json
 import logging
@@ -45,8 +46,19 @@ def missing_rl_extra() -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not the usage block
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+    def error(self, message):  # one line, not the usage block, with the flags a mistyped one resembles
+        unknown = message.removeprefix("unrecognized arguments: ").split() if "unrecognized" in message else []
+        flags = _option_strings(self)  # all subcommands' (the parser erring is the top one): another's is no hint
+        near = [m for arg in unknown if arg not in flags for m in difflib.get_close_matches(arg, flags, n=1)]
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}{hint}\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every --flag of `parser` and of its subcommands' parsers."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    nested = [flag for action in subparsers for sub in action.choices.values() for flag in _option_strings(sub)]
+    return [flag for flag in parser._option_string_actions if flag.startswith("--")] + nested
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -185,7 +197,12 @@ def _box_message(box: str) -> str:
     start = next((i + 1 for i, line in enumerate(lines) if is_rule(line) or line.startswith("─ ")), 0)
     body = itertools.dropwhile(lambda line: not line, lines[start:])  # from the first line of text
     words = list(itertools.takewhile(lambda line: line and not is_rule(line), body))  # to a blank or a rule
-    return " ".join(words) or " ".join(line for line in lines if line)
+    message = " ".join(words) or " ".join(line for line in lines if line)
+    # tyro's suggestions for a mistyped flag: the flags of the lines under "Perhaps you meant:"
+    after = itertools.dropwhile(lambda line: line != "Perhaps you meant:", lines)
+    near = [line.split()[0] for line in itertools.takewhile(lambda line: not is_rule(line), list(after)[1:])]
+    near = [flag for flag in near if flag.startswith("--")]
+    return f"{message} (did you mean {' or '.join(near)}?)" if near else message
 
 
 # Spellings the generated CLI replaced: still accepted, with a warning, until a later version.

@@ -158,6 +158,22 @@ def test_tyros_error_box_becomes_its_message(box):
     assert _box_message(box) == "Error parsing --x: invalid literal"
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("--totl-steps", "--total-steps"), ("--precison", "--precision")])
+def test_a_mistyped_flag_is_answered_with_the_flag_it_resembles(typo, meant, capsys):
+    assert main(["train", "ppo", typo, "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"genesis-jax train ppo: error: Unrecognized options: {typo}, 1 (did you mean {meant}?)"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [(["eval", "runs/x", "--episods", "3"], " (did you mean --episodes?)"), (["eval", "runs/x", "--tasks", "3"], "")],
+)
+def test_a_mistyped_flag_of_another_subcommand_is_answered_too(argv, hint, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith(f"unrecognized arguments: {' '.join(argv[2:])}{hint}")
+
+
 def test_parsing_a_train_command_does_not_start_jax():
     """`jax.distributed.initialize` must run before any JAX computation, and the CLI joins other
     processes only after parsing: no module the parse imports may compute at import time."""
