@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import base
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, mean_of_applied
 from genesis_jax.algos.dqn.config import DQNConfig, minatar
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.amp import TrainState
@@ -141,11 +141,9 @@ class DQN(EpsilonGreedy, Algorithm):
         rng, key = jax.random.split(s.rng)
         keys = jax.random.split(key, self.config.steps_per_row // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
-        count = learned.sum()
-        per_update = lambda x: jnp.where(count > 0, jnp.where(learned, x, 0.0).sum() / count, jnp.nan)  # noqa: E731
         return s, {
-            "loss": per_update(loss),
-            "q": per_update(q),
+            "loss": mean_of_applied(loss, learned),
+            "q": mean_of_applied(q, learned),
             "epsilon": self.config.epsilon(s.steps),
             "episodes": episodes.sum(),
             "return_sum": return_sum.sum(),

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, StudyTask
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, StudyTask, mean_of_applied
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
@@ -182,10 +182,8 @@ class WorldModelTrainer(Algorithm):
         underflow = self.underflow(self.loss_of, state.train_state, jax.tree.map(lambda x: x[0], batches))  # 1st batch
         ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, self.train_loss_fn, b), state.train_state, batches)
         finite = metrics["grads_finite"]
-        applied, applied_loss = jnp.sum(finite), jnp.sum(jnp.where(finite, metrics["loss"], 0.0)) / config.loss_weight
         return WorldModelState(ts, rng), {
-            # The mean (unweighted) loss of the steps applied; NaN (null in metrics.jsonl) for an epoch with none.
-            "train_loss": jnp.where(applied > 0, applied_loss / jnp.maximum(applied, 1), jnp.nan),
+            "train_loss": mean_of_applied(metrics["loss"], finite) / config.loss_weight,  # unweighted
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
             "steps_per_second": jnp.int32(self.batches_per_epoch),  # optimizer steps, "rate": per second
             **underflow,
