@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from genesis_jax.amp import TrainState, train_step
+from genesis_jax.amp.loss_scale import with_rules_of
 from genesis_jax.amp.policy import get_precision
 from genesis_jax.amp.telemetry import underflow_metrics
 from genesis_jax.envs.episodes import episode_columns, final_return_of_rows
@@ -683,7 +684,10 @@ class Algorithm:
         session.postfix = self._progress(session)
         self.session = session
         with session:
-            state = session.restore(self.initial_state(), self.from_checkpoint, self.config.check_resume)
+            template = self.initial_state()
+            state = session.restore(template, self.from_checkpoint, self.config.check_resume)
+            if session.config_changes:  # a scaler restored holds the saved run's settings: this run's instead
+                state = with_rules_of(state, template)
             remaining = session.num_rows - session.rows_done
             if remaining % per_chunk:  # resumed where these chunks do not land on the total: they would run past it
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)

@@ -252,6 +252,29 @@ for _cls in (DynamicLossScale, StaticLossScale, NoOpLossScale):
     register_restore_check(_cls, _dynamic_rules if _cls is DynamicLossScale else _fixed_rules)
 
 
+def _under_rule_of(old, new):
+    """`old`'s progress under `new`'s rule: a dynamic scale keeps its scale (at or above the new
+    floor), growth tracker (below the new interval) and backoffs; a fixed one is the new one."""
+    if not isinstance(new, DynamicLossScale):
+        return new
+    return new._replace(
+        loss_scale=jnp.maximum(old.loss_scale, new.min_scale),
+        growth_tracker=jnp.minimum(old.growth_tracker, new.growth_interval - 1),
+        backoffs=old.backoffs,
+    )
+
+
+def with_rules_of(restored, template):
+    """`restored` (a checkpoint restored into `template`: its scalers hold the saved run's
+    settings, as every field of a scaler is a leaf) with each scaler under `template`'s rule:
+    a run resumed with another growth interval, factor, floor or static scale runs with it."""
+    is_scaler = lambda node: isinstance(node, _LossScaleBase)  # noqa: E731
+    under = jax.jit(_under_rule_of)  # the arrays may span processes: not eagerly
+    return jax.tree.map(
+        lambda old, new: under(old, new) if is_scaler(old) else old, restored, template, is_leaf=is_scaler
+    )
+
+
 def check_scaler(scaler) -> None:
     """Refuses anything but a loss scaler (these three or one with their interface, such as
     jmp's): a bare number would fail later with an AttributeError, far from the cause."""

@@ -313,6 +313,7 @@ class Session:
         step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
+            self._check_row_units(self.store.read_meta(step))
             target, fit = reshape(state, self.store.read_meta(step)) if reshape else (state, lambda s: s)
             try:
                 restored, meta = self.store.restore(
@@ -376,6 +377,19 @@ class Session:
             )
         return max(usable)
 
+    def _check_row_units(self, meta: dict) -> None:
+        """Refuses, even where changes are allowed, a resume whose rows count other steps than the
+        checkpoint's (PPO's num-envs x num-steps): the rows run would be counted in other units.
+        (Older checkpoints do not record it: not checked.)"""
+        saved = meta.get("steps_per_row", self.steps_per_row)
+        if saved != self.steps_per_row:
+            raise CheckpointMismatchError(
+                f"the checkpoint at {self.row_key} {meta.get(self.row_key)} counts {saved} {self.unit}s per "
+                f"{self.row_key}, these settings {self.steps_per_row} ({'; '.join(self.config_changes)}): the "
+                f"{self.row_key}s run would be counted in other units; resume with the run's own settings, or start "
+                "a new run (another --out, or --overwrite)"
+            )
+
     def _amount(self, rows: int) -> str:
         """`rows` in the run's units: '8 updates (4096 steps)', or '3 epochs'; in rows alone where
         settings changed (allowed): the rows already run may have counted other units."""
@@ -389,7 +403,7 @@ class Session:
         """A checkpoint of `state` after the rows done (every process takes part)."""
         if self.store is None:
             return
-        meta = {"kind": self.name, self.row_key: self.rows_done}
+        meta = {"kind": self.name, self.row_key: self.rows_done, "steps_per_row": self.steps_per_row}
         if self.config is not None:
             meta["config"] = self.config.to_dict()
         if self.inputs:

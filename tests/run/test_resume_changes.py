@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from genesis_jax.algos import get_algorithm
 from genesis_jax.algos.sac.train import SAC
 from genesis_jax.algos.world_model.data import synthetic_dataset
 from genesis_jax.cli import main
@@ -65,12 +66,38 @@ def test_a_ppo_resume_with_other_num_envs_names_them_in_one_line(tmp_path, capsy
     assert main([*PPO, "--num-envs", "8", "--out", str(run), "--resume"]) == 2
     line = one_line_error(capsys)
     assert "num-envs: 4 -> 8" in line and "512 steps" not in line, line
-    # Allowed, the environments' state still cannot change its shape: said naming the setting, not the arrays alone.
-    assert main([*PPO, "--num-envs", "8", "--total-steps", "512", "--out", str(run), "--resume",
-                 "--allow-config-change"]) == 2  # fmt: skip
+    # Allowed, a network of another shape still cannot continue: said naming the setting, not the arrays alone.
+    assert main([*PPO, "--hidden", "8", "--out", str(run), "--resume", "--allow-config-change"]) == 2
     line = one_line_error(capsys)
-    assert "num-envs: 4 -> 8" in line and "env_state" in line, line
+    assert "hidden: [16] -> (8,)" in line and "params" in line, line
+    # Allowed, other steps an update (num-envs, num-steps) would count the updates run in other units.
+    for flags, steps, change in [
+        (["--num-envs", "8", "--total-steps", "512"], 128, "num-envs: 4 -> 8"),
+        (["--num-steps", "8"], 32, "num-steps: 16 -> 8"),
+    ]:
+        assert main([*PPO, *flags, "--out", str(run), "--resume", "--allow-config-change"]) == 2
+        line = one_line_error(capsys)
+        assert f"counts 64 steps per update, these settings {steps} ({change}" in line, line
     assert snapshot(run) == before
+
+
+@pytest.mark.slow  # two tiny fp16 PPO runs: ~15 s
+def test_a_resume_with_another_loss_scaler_rule_runs_with_it(tmp_path):
+    """Every field of a scaler is a leaf, so a checkpoint restores the saved run's rule with its
+    scale: a resume allowed to change the growth interval or the floor (as the guard's stop
+    advises) ran under the old rule while its summary recorded the new one."""
+    config = tiny_config("ppo", precision="fp16", init_loss_scale=1024.0)
+    first = get_algorithm("ppo").train(config, str(tmp_path / "run"), progress=False)
+    saved = first.train_state.scaler
+    assert (float(saved.loss_scale), int(saved.growth_interval), first.summary["skipped_updates"]) == (1024, 2000, 0)
+    # 4 updates more of 2 optimizer steps, each clean: at interval 1 the scale doubles on each (at 2000: stays).
+    longer = dataclasses.replace(config, total_steps=512, growth_interval=1, min_loss_scale=1024.0)
+    resumed = get_algorithm("ppo").train(longer, str(tmp_path / "run"), resume=True, allow_config_change=True,
+                                         progress=False)  # fmt: skip
+    scaler = resumed.train_state.scaler
+    assert resumed.summary["skipped_updates"] == 0
+    assert (int(scaler.growth_interval), float(scaler.min_scale), int(scaler.growth_tracker)) == (1, 1024, 0)
+    assert float(scaler.loss_scale) == 1024 * 2.0**8
 
 
 WORLD_MODEL = ["train", "world-model", *tiny_argv("world-model")]
