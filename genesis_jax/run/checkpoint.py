@@ -488,7 +488,12 @@ class CheckpointStore:
         return self._manager.latest_step()
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        return sorted(self._manager.all_steps())  # Orbax's, in the order saved
+
+    def discard(self, steps) -> None:
+        """Deletes the checkpoints at `steps` (every process takes part)."""
+        for step in steps:
+            self._manager.delete(step)
 
     def save(
         self, step: int, state, meta: dict | None = None, force: bool = False, train_state_path: tuple[str, ...] = ()
@@ -496,11 +501,12 @@ class CheckpointStore:
         """Saves `state` at `step`, with `meta` and what
         restores check: the precision and scaler type of the `TrainState` at `train_state_path`,
         every leaf's shape and dtype, and a checksum. Returns whether it saved: a step already
-        saved with the same content is not saved again; with other content it is refused.
+        saved with the same content is not saved again; with other content it is refused, and so
+        is a step below the newest (a step counter restarted), unless `force`.
 
         Raises:
             OSError: this save, or the one before it, failed for the system's reasons.
-            CheckpointMismatchError: `step` holds a checkpoint of another state."""
+            CheckpointMismatchError: `step` holds a checkpoint of another state, or is below the newest."""
         step = int(step)
         state_dict = jax.tree.map(jnp.asarray, serialization.to_state_dict(state))
         full_meta = {
@@ -513,17 +519,23 @@ class CheckpointStore:
             "digest": state_digest(state_dict),
         }
         self.wait()  # a failure of the save before this one is raised here, naming its step
-        if force and step in self.all_steps():  # unforced, Orbax skips steps up to the newest
-            saved = self.read_meta(step)  # the same state is not saved again; another one is refused
+        steps = self.all_steps()  # Orbax alone would skip, without a word, every step up to the newest
+        if step in steps:  # the same state is not saved again; another one is refused
+            saved = self.read_meta(step)
             if matches_digest(state_dict, saved.get("digest", ""), saved["spec"]):
                 return False
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} already exists with other contents; "
                 "a step is saved once: save this state at another step"
             )
+        if steps and step < steps[-1] and not force:
+            raise CheckpointMismatchError(
+                f"step {step} is below the newest checkpoint in {self.directory}, {steps[-1]}: a run's steps only "
+                "grow (a step counter restarted after a restore?); save at a later step, or pass force=True"
+            )
         with self._writing(step):
             args = ocp.args.Composite(state=ocp.args.StandardSave(state_dict), meta=ocp.args.JsonSave(full_meta))
-            saved = self._manager.save(step, args=args, force=force)
+            saved = self._manager.save(step, args=args, force=True)
         if saved:
             self._pending = step
         return saved

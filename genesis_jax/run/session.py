@@ -339,6 +339,11 @@ class Session:
         self.rows = [row for row in rows if row[self.row_key] <= self.rows_done]
         if self.primary:  # of several processes, one trims metrics.jsonl; the others only read it
             self.run_dir.keep_metrics(len(self.rows))
+        if newer := [s for s in steps if s > self.rows_done]:  # of rows lost (metrics.jsonl cut short): run again
+            listed = ", ".join(map(str, newer))
+            self.note(f"checkpoints at {self.row_key} {listed} follow rows {self.run_dir.metrics_file.name} lost: "
+                      f"removed; the run continues from {self.row_key} {self.rows_done}")  # fmt: skip
+            self.store.discard(newer)
         self._last_save = self.rows_done
         return state
 

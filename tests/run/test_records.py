@@ -18,6 +18,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.cli import main
+from genesis_jax.run.checkpoint import CheckpointStore
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import TrainingInterrupted
@@ -152,6 +153,31 @@ def test_a_torn_last_row_resumes_from_the_checkpoint_before_it_so_no_row_is_miss
     assert calls == [1]  # chunk 4 alone, again, from the checkpoint of chunk 3
     assert (run / "metrics.jsonl").read_bytes() == whole  # every row back, byte for byte
     assert summary["final_loss"] == toy_loss(4)
+
+
+def test_checkpoints_after_the_rows_kept_are_removed_so_a_resume_on_other_settings_saves_its_own(tmp_path, capsys):
+    """A torn row resumes from the checkpoint before it; the newer one followed the lost row. A
+    resume whose run differs from there (a longer run's learning rate) saved over it: refused, as
+    a step is saved once, after the training, and a second resume mixed the two runs."""
+
+    def run(total, factor, **options):
+        step = lambda s: ({"w": s["w"] * factor}, {"loss": s["w"]})  # noqa: E731
+        to_rows = lambda metrics, done: [{"chunk": done + 1, "loss": float(metrics["loss"])}]  # noqa: E731
+        with Session(str(tmp_path), name="toy", num_rows=total, row_key="chunk", unit="chunk", progress=False,
+                     checkpoint_every=1, **options) as session:  # fmt: skip
+            state = session.run(session.restore({"w": jnp.float32(8.0)}), step, to_rows)
+            return session.finish({}, state)
+
+    run(4, 0.5)
+    (tmp_path / "metrics.jsonl").write_bytes((tmp_path / "metrics.jsonl").read_bytes()[:-8])  # chunk 4's row torn
+    run(6, 0.25, resume=True)
+    assert "checkpoints at chunk 4 follow rows metrics.jsonl lost: removed; the run continues from chunk 3" in (
+        capsys.readouterr().err
+    )
+    assert [row["loss"] for row in metric_rows(tmp_path)] == [8, 4, 2, 1, 0.25, 0.0625]
+    with CheckpointStore(tmp_path / "checkpoints") as store:
+        assert store.all_steps() == [4, 5, 6]
+        assert float(store.restore({"w": jnp.float32(0)}, 4)[0]["w"]) == 0.25  # this run's, not the first's (0.5)
 
 
 def test_a_torn_row_with_no_checkpoint_before_it_is_refused(tmp_path):

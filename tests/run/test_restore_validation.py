@@ -196,16 +196,25 @@ def test_a_damaged_checkpoint_is_named_in_one_line_without_tensorstores_object_d
     assert "Error reading" in message, message  # TensorStore's own detail, from the cause
 
 
-def test_a_step_saved_twice_is_a_no_op_for_the_same_state_and_refused_for_another(tmp_path):
+@pytest.mark.parametrize("force", [True, False])
+def test_a_step_saved_twice_is_a_no_op_for_the_same_state_and_refused_for_another(tmp_path, force):
+    """Unforced too: Orbax alone skipped a step up to the newest without a word (a loop whose step
+    counter restarted after a restore never saved again)."""
     state = fresh_state()
     with CheckpointStore(tmp_path / "c") as store:  # asynchronous saves, as a run makes them
-        assert store.save(3, state, {"kind": "toy"}, force=True)
-        assert store.save(3, state, {"kind": "toy"}, force=True) is False
+        assert store.save(3, state, {"kind": "toy"}, force=force)
+        assert store.save(3, state, {"kind": "toy"}, force=force) is False
         store.wait()
         before = snapshot(tmp_path / "c")
         other = state.replace(params={"w": jnp.ones(4)})
         with pytest.raises(CheckpointMismatchError, match="checkpoint at step 3 .* already exists with other contents"):
-            store.save(3, other, {"kind": "toy"}, force=True)
+            store.save(3, other, {"kind": "toy"}, force=force)
+        if not force:  # a step below the newest: refused unforced, saved forced
+            with pytest.raises(CheckpointMismatchError, match="step 2 is below the newest checkpoint .*, 3: a run's"):
+                store.save(2, other, {"kind": "toy"})
+            assert snapshot(tmp_path / "c") == before
+            assert store.save(2, other, {"kind": "toy"}, force=True) and store.all_steps() == [2, 3]
+            return
     assert snapshot(tmp_path / "c") == before
 
 
