@@ -653,6 +653,9 @@ class Algorithm:
         `grad_transform(scaled_grads, train_state) -> grads` runs before the finite check.
         `run_options` are `Session`'s (resume, overwrite, progress, max_to_keep,
         allow_config_change, writers). A guard stop or a signal raises as `Session.finish` says."""
+        if not isinstance(config, cls.config_class):  # a dict of settings failed deep inside, on an attribute
+            kind = cls.config_class.__name__
+            raise TypeError(f"{cls.name} trains from a {kind}, got a {type(config).__name__}: pass {kind}(**settings)")
         start_distributed(config)  # before anything touches a device
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")

@@ -185,7 +185,8 @@ def load(
                 f"{run_dir} holds {reader.contents()} but no complete checkpoint: there is no policy to load"
             )
         if step is not None and step not in steps:
-            raise ValueError(f"{run_dir} has no checkpoint at {step}; it has {', '.join(map(str, steps))}")
+            what = f"{step!r} (a {type(step).__name__}, not an int)" if not isinstance(step, int) else step
+            raise ValueError(f"{run_dir} has no checkpoint at {what}; it has {', '.join(map(str, steps))}")
         row = steps[-1] if step is None else step
         meta = store.read_meta(row)
         kind = meta.get("kind")

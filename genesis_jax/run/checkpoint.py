@@ -572,8 +572,16 @@ class CheckpointStore:
         except Exception as err:  # Orbax raises many kinds here; the user needs one sentence
             raise CheckpointMismatchError(
                 f"checkpoint at step {step} in {self.directory} cannot be read (corrupted or not a genesis-jax "
-                f"checkpoint): {error_line(err)}"
+                f"checkpoint): {error_line(err)}{self._older_ones(step)}"
             ) from err
+
+    def _older_ones(self, step: int) -> str:
+        """Where a damaged checkpoint is not the only one: how to use the newest older one."""
+        older = [s for s in self.all_steps() if s < step]
+        if not older:
+            return ""
+        listed = ", ".join(map(str, older))
+        return f"; older checkpoints remain ({listed}): move {self.directory}/{step} aside to continue from {older[-1]}"
 
     def resolve_step(self, step: int | None) -> int:
         """`step`, or the newest complete one; FileNotFoundError where there is none."""
@@ -594,6 +602,7 @@ class CheckpointStore:
             if not matches_digest(state, meta["digest"], meta["spec"]):
                 raise CheckpointMismatchError(
                     f"{where} is corrupted: its content does not match the checksum saved with it"
+                    + self._older_ones(step)
                 )
         elif not allow_unverified:
             raise CheckpointMismatchError(

@@ -139,7 +139,8 @@ class RunDirectory:
         self._lock()
         if self.overwrite:
             aside = self.path / self.ASIDE
-            moved = [name for name in _RUN_FILES if (self.path / name).exists()]
+            plots = [p.name for p in self.path.glob("*.png")]  # the old run's (another algorithm's: another name)
+            moved = [name for name in _RUN_FILES if (self.path / name).exists()] + plots
             if moved:
                 aside.mkdir()  # the constructor refused an existing one: it is never deleted unasked
                 self.set_aside = True

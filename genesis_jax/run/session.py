@@ -166,6 +166,7 @@ class Session:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
         if resume and out_dir is None:
             raise ValueError("resume needs an output directory")
+        writers = (writers,) if isinstance(writers, str) else writers  # "tensorboard" alone, not its letters
         unknown = [w for w in writers if isinstance(w, str) and w not in NAMED_WRITERS]
         if unknown:
             raise ValueError(f"unknown metric writer {unknown[0]!r}; choose from {', '.join(NAMED_WRITERS)}")

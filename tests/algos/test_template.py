@@ -148,3 +148,12 @@ def test_0_4_declarations_still_register_with_a_future_warning():
         "Old.checkpoint_key is ignored (a checkpoint's step is its row); it goes in 0.5",
         "Old.score is ignored (final_return or eval_loss); it goes in 0.5",
     ]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_train_from_a_dict_of_settings_is_refused_naming_the_config_class(name, tmp_path):
+    algorithm = get_algorithm(name)
+    kind = algorithm.config_class.__name__
+    with pytest.raises(TypeError, match=f"^{name} trains from a {kind}, got a dict: pass {kind}\\(\\*\\*settings\\)$"):
+        algorithm.train({"total_steps": 64}, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

@@ -232,6 +232,8 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
     ):
         assert main(["eval", str(run), *options]) == 2
         assert words in one_line_error(capsys)
+    with pytest.raises(ValueError, match="has no checkpoint at '4' \\(a str, not an int\\); it has 4"):
+        genesis_jax.load(run, step="4")
 
 
 def alter_keeping_the_checksum(checkpoints: pathlib.Path) -> None:

@@ -38,3 +38,14 @@ def test_a_bad_argument_is_refused_in_one_sentence_naming_it(explicit, environ, 
         resolve_precision_name(explicit, environ)
     message = str(caught.value)
     assert all(word in message for word in named) and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "given, kept", [(" FP16 ", "fp16"), ("Auto", "auto"), ("p=f32,c=f16,o=f32", "p=f32,c=f16,o=f32")]
+)
+def test_a_config_keeps_a_named_precision_as_its_name(given, kept):
+    """ "FP16" was kept as written: its run recorded it so, and a resume with "fp16" was refused as
+    another precision. A jmp policy string stays as given."""
+    from genesis_jax.algos.ppo import PPOConfig
+
+    assert PPOConfig(precision=given).precision == kept

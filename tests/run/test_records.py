@@ -18,7 +18,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.cli import main
-from genesis_jax.run.checkpoint import CheckpointStore
+from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import TrainingInterrupted
@@ -180,6 +180,19 @@ def test_checkpoints_after_the_rows_kept_are_removed_so_a_resume_on_other_settin
         assert float(store.restore({"w": jnp.float32(0)}, 4)[0]["w"]) == 0.25  # this run's, not the first's (0.5)
 
 
+def test_an_unreadable_newest_checkpoint_names_the_older_ones_and_how_to_use_them(tmp_path):
+    run = tmp_path / "run"
+    toy(run, 4)  # checkpoints at chunks 2, 3 and 4
+    (run / "checkpoints" / "9").mkdir()  # a stray step directory: Orbax lists it as the newest
+    with pytest.raises(CheckpointMismatchError) as refused:
+        toy(run, 4, resume=True)
+    assert str(refused.value).endswith(
+        f"; older checkpoints remain (2, 3, 4): move {run}/checkpoints/9 aside to continue from 4"
+    )
+    shutil.move(run / "checkpoints" / "9", tmp_path / "aside")
+    assert toy(run, 4, resume=True)["final_loss"] == toy_loss(4)
+
+
 def test_a_torn_row_with_no_checkpoint_before_it_is_refused(tmp_path):
     run = tmp_path / "run"
     toy(run, 4, max_to_keep=1)  # the checkpoint of chunk 4 alone
@@ -324,6 +337,19 @@ def test_sigterm_while_an_overwrite_compiles_exits_143_in_one_line_with_the_old_
         f"{run} is left as it was"
     ]
     assert snapshot(run) == before and not (run / ".replaced").exists()
+
+
+def test_an_overwrite_replaces_the_old_run_s_plots_too(tmp_path):
+    """The plot of a run of another algorithm has another name: it stayed beside the new run."""
+    run = tmp_path / "run"
+    toy(run, 2)
+    (run / "ppo.png").write_bytes(b"the old run's plot")
+    before = snapshot(run)
+    with pytest.raises(OSError):  # a new run that fails puts the old one back, its plot too
+        toy(run, 2, overwrite=True, fail_at=1)
+    assert snapshot(run) == before
+    toy(run, 2, overwrite=True)
+    assert not (run / "ppo.png").exists() and not (run / ".replaced").exists()
 
 
 def test_an_overwrite_never_deletes_the_run_a_killed_overwrite_set_aside(tmp_path):

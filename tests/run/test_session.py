@@ -205,6 +205,10 @@ def test_writers_need_a_run_directory_and_a_known_name():
         Session(None, name="x", num_rows=1, writers=("tensorboard",))
     with pytest.raises(ValueError, match="unknown metric writer 'csv'"):
         Session(None, name="x", num_rows=1, writers=("csv",))
+    with pytest.raises(ValueError, match="unknown metric writer 'csv'"):  # one name, not its letters ('c')
+        Session(None, name="x", num_rows=1, writers="csv")
+    with pytest.raises(ValueError, match="metric writers tensorboard need"):
+        Session(None, name="x", num_rows=1, writers="tensorboard")
 
 
 def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
