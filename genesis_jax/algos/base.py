@@ -279,6 +279,7 @@ MEASURED = (
     "steps_per_second",
     "compile_seconds",
     "wall_seconds",
+    "resumed_from",
     "train_step_bytes",
     "compiled_temp_bytes",
     "peak_device_bytes",
@@ -581,6 +582,7 @@ class Algorithm:
             "steps_per_second": session.steps_per_second(self.steps_per_row * self.num_seeds),
             "compile_seconds": compile_seconds,
             "wall_seconds": session.elapsed(),
+            "resumed_from": session.rows_done - session.rows_run,  # 0: the times above are the whole run's
             "train_step_bytes": probes.step_memory_bytes(compiled) if compiled is not None else None,
             "compiled_temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else None,
             "peak_device_bytes": probes.peak_device_bytes(),

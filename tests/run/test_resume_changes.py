@@ -96,6 +96,7 @@ def test_a_resume_with_another_loss_scaler_rule_runs_with_it(tmp_path):
                                          progress=False)  # fmt: skip
     scaler = resumed.train_state.scaler
     assert resumed.summary["skipped_updates"] == 0
+    assert (first.summary["resumed_from"], resumed.summary["resumed_from"]) == (0, 4)  # what wall_seconds covers
     assert (int(scaler.growth_interval), float(scaler.min_scale), int(scaler.growth_tracker)) == (1, 1024, 0)
     assert float(scaler.loss_scale) == 1024 * 2.0**8
 
