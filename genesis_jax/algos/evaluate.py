@@ -101,6 +101,9 @@ class Policy:
             if not self.greedy:
                 raise ValueError("a policy loaded with greedy=False samples: give it a key, policy(obs, key)")
             key = jax.random.PRNGKey(0)  # unused by a greedy policy
+        if not _one_key(key):  # JAX's own error came from deep inside the sampling
+            shown = f"{key.dtype}{list(key.shape)}" if hasattr(key, "shape") else type(key).__name__
+            raise ValueError(f"the key is one jax.random.key(seed) or PRNGKey(seed) for the whole batch, got {shown}")
         actions = self.act(key, obs[None] if single else obs)
         return actions[0] if single else actions
 
@@ -112,6 +115,14 @@ class Policy:
             f"{self.algorithm.upper()} {self.spec.env_id} [{self.precision}] {how}{seed}, checkpoint at "
             f"{self.row_key} {self.row} ({self.env_steps} steps)"
         )
+
+
+def _one_key(key) -> bool:
+    """Whether `key` is one PRNG key: typed (jax.random.key) or raw (PRNGKey: uint32[2])."""
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return shape == ()
+    return dtype == jnp.uint32 and shape == (2,)
 
 
 def _status(reader: RunDirectory, row: int, total: int, key: str) -> str:

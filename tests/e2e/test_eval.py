@@ -102,6 +102,16 @@ def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys,
     # As trained (a sample, or epsilon-greedy): the same number of whole episodes.
     sampled = eval_json(capsys, run, "--episodes", "2", "--stochastic")
     assert not sampled["greedy"] and len(sampled["returns"]) == 2
+    stochastic = genesis_jax.load(run, greedy=False)  # one key, typed or raw; a seed or a key a row: refused
+    typed, raw = stochastic(obs, jax.random.key(3)), stochastic(obs, jax.random.PRNGKey(3))
+    assert np.shape(typed) == np.shape(raw) == np.shape(policy(obs)) and len(raw) == 4
+    for key, shown in ((7, "int"), (jax.random.split(jax.random.PRNGKey(3), 4), "uint32[4, 2]")):
+        with pytest.raises(ValueError) as refused:
+            stochastic(obs, key)
+        assert (
+            str(refused.value)
+            == f"the key is one jax.random.key(seed) or PRNGKey(seed) for the whole batch, got {shown}"
+        )
 
 
 @pytest.mark.slow  # the tiny PQN run of 2 seeds (shared), each seed's evaluation over 32 episodes
