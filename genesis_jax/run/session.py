@@ -519,6 +519,8 @@ class Session:
                 writer.write_summary(summary)
             if plot is not None:
                 plot(self.rows, self.run_dir.path)
+        if self.config is not None:  # as summary.json holds it
+            summary["config"] = summary_config(self.config)
         where = f"; metrics and a checkpoint are in {self.path}" if self.run_dir else ""
         if self.stopped == "diverged":
             report = None

@@ -97,6 +97,8 @@ def test_a_resume_with_another_loss_scaler_rule_runs_with_it(tmp_path):
     scaler = resumed.train_state.scaler
     assert resumed.summary["skipped_updates"] == 0
     assert (first.summary["resumed_from"], resumed.summary["resumed_from"]) == (0, 4)  # what wall_seconds covers
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert json.loads(json.dumps(resumed.summary["config"])) == written["config"]  # as summary.json holds it
     assert (int(scaler.growth_interval), float(scaler.min_scale), int(scaler.growth_tracker)) == (1, 1024, 0)
     assert float(scaler.loss_scale) == 1024 * 2.0**8
 
