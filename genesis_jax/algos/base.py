@@ -592,7 +592,7 @@ class Algorithm:
             "overflow_rate": skipped / total_updates if total_updates else 0.0,
             "injected_nonfinite": sum(injected),
             "iterations": len(rows),
-            "device": probes.device_name(),
+            "device": probes.device_name(self.config.devices),
         }
         if self.num_seeds > 1:
             summary |= {

@@ -9,10 +9,11 @@ import math
 import jax
 
 
-def device_name() -> str:
+def device_name(used: int | None = None) -> str:
+    """'gpu:NVIDIA H100 x1': the platform, the kind, and the devices `used` (None: all visible)."""
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", "") or device.platform
-    return f"{device.platform}:{kind} x{jax.device_count()}"
+    return f"{device.platform}:{kind} x{jax.device_count() if used is None else used}"
 
 
 def machine_name() -> str:

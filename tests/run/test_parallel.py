@@ -38,6 +38,7 @@ def test_ppo_four_devices_match_one_device(four_devices):
     runs = four_devices[0]["ppo"]
     one, four = runs["1"], runs["4"]
     assert "'data': 4" in four["param_sharding"] and four["replicas_agree"]
+    assert (one["device"], four["device"]) == ("cpu:cpu x1", "cpu:cpu x4")  # the devices used, of 4 visible
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=2e-4, atol=1e-5)
     # the rollouts themselves are identical: same actions, same episodes
     assert four["returns"][:4] == one["returns"][:4]

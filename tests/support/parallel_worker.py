@@ -45,6 +45,7 @@ def ppo(out_dir=None):
             "replicas_agree": all_agree(result.train_state),
             "param_sharding": str(jax.tree.leaves(result.train_state.params)[0].sharding),
             "param_checksum": checksum(result.train_state.params),
+            "device": result.summary["device"],
         }
     return runs
 
