@@ -416,8 +416,8 @@ class Algorithm:
         if asked == runs:
             return None
         return (
-            f"note: --{self.budget_field.replace('_', '-')} {asked:,} runs as {self.num_rows:,} {self.row_key}s of "
-            f"{self.steps_per_row:,} {unit}s: {runs:,} {unit}s"
+            f"note: --{self.budget_field.replace('_', '-')} {asked:,} runs as {self.num_rows:,} {self.row_key}"
+            f"{'' if self.num_rows == 1 else 's'} of {self.steps_per_row:,} {unit}s: {runs:,} {unit}s"
         )
 
     @property

@@ -263,7 +263,7 @@ def test_the_compile_and_a_rounded_budget_are_said_before_the_bar_starts(tmp_pat
     argv += ["--eval-episodes", "0"]  # no greedy evaluation after training: not what is said before the bar
     assert main([*argv, "--update-epochs", "1", "--num-minibatches", "1", "--out", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
-    note = "note: --total-steps 1,000 runs as 1 updates of 512 steps: 512 steps\n"
+    note = "note: --total-steps 1,000 runs as 1 update of 512 steps: 512 steps\n"
     compiling = "compiling the training program (the bar starts when it is done) ...\n"
     assert err.count(note) == 1 and err.count(compiling) == 1
     assert err.index(compiling) < err.index(note) < err.index("512/512")  # each on its own line, the bar after
