@@ -57,7 +57,7 @@ from genesis_jax.run.checkpoint import (
 )
 from genesis_jax.run.config import budget_schedules, resume_flags, summary_config
 from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
-from genesis_jax.run.writers import NAMED_WRITERS, JsonlWriter, MetricWriter
+from genesis_jax.run.writers import NAMED_WRITERS, MetricWriter
 
 
 def check_checkpointable(state) -> None:
@@ -215,7 +215,6 @@ class Session:
                 if self.primary:
                     self.run_dir.open()
                     config = self.config.to_dict() if self.config is not None else {}
-                    self.writers = [JsonlWriter(self.run_dir)]
                     for spec in self.extra_writers:  # one at a time, so those made are closed if one fails
                         named = NAMED_WRITERS.get(spec) if isinstance(spec, str) else None
                         self.writers.append(named(self.run_dir.path, self.row_key, config) if named else spec)
@@ -496,6 +495,8 @@ class Session:
 
     def _log(self, rows: list[dict], bar) -> None:
         self.rows.extend(rows)
+        if self.run_dir is not None and self.primary:  # metrics.jsonl first, one strict-JSON line a row
+            self.run_dir.append_metrics(rows)
         for writer in self.writers:
             writer.write(rows)
         bar.update(len(rows) * self.steps_per_row)

@@ -1,4 +1,4 @@
-"""Where a run's metric rows go: `metrics.jsonl` always, TensorBoard and Weights & Biases on request.
+"""Where a run's metric rows go besides `metrics.jsonl` (the run directory's own): TensorBoard and W&B on request.
 
 Every writer takes the same rows a trainer logs (one dict per update or epoch, with a
 position field such as "update") and writes each numeric field as a scalar at that position:
@@ -47,22 +47,6 @@ def scalars(row: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
 
 
 _PER_SEED = "_per_seed"
-
-
-class JsonlWriter:
-    """`metrics.jsonl` of a `RunDirectory`: one strict-JSON line per row, flushed to disk per chunk."""
-
-    def __init__(self, run_dir):
-        self.run_dir = run_dir
-
-    def write(self, rows: list[dict]) -> None:
-        self.run_dir.append_metrics(rows)
-
-    def write_summary(self, summary: dict) -> None:
-        del summary  # summary.json is the run directory's own
-
-    def close(self) -> None:
-        pass
 
 
 class TensorBoardWriter:
