@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only the power plan: a pilot (fp32, fp16; --pilot-seeds seeds per task) whose spread gives "
         "the seeds per cell an equivalence verdict needs, and their wall time here; writes plan.md in --out",
     )
-    arg("--pilot-seeds", type=int, default=8, help="seeds per pilot cell of --plan (default 8)")
+    arg("--pilot-seeds", type=int, default=None, help="seeds per pilot cell of --plan (default 8)")
     arg("--seed", type=int, default=0, help="the first seed: a cell trains seed, seed+1, ... (default 0)")
     arg(
         "--total-steps",
@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--confirmatory",
         action="store_true",
         help="run as the study the plan in --out fixed (--plan): refused without one or at other settings; "
-        "the report quotes the plan's hash (without it the report says exploratory)",
+        "the report quotes the plan's hash (a study in an --out without a plan is exploratory)",
     )
     arg(
         "--report-only",
@@ -504,9 +504,10 @@ def _task_steps(text: str) -> int | dict[str, int]:
 
 def _run_study(args) -> int:
     try:
-        from genesis_jax.cli.study import preset, run_plan, run_study
+        from genesis_jax.cli.study import check_flags, plan, preset, run_plan, run_study
     except ImportError as err:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
+    check_flags(args)  # a flag the command would ignore
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]
     skip = ([] if args.plan else ["pilot_seeds"]) + (["executor"] if args.executor == "inline" else [])
     command = _command_line(args, skip)
@@ -520,8 +521,9 @@ def _run_study(args) -> int:
     options.update(progress=not args.no_progress, command=command, dry_run=args.dry_run, reps=args.reps)
     if args.plan:
         study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
+        pilot_seeds = plan.PILOT_SEEDS if args.pilot_seeds is None else args.pilot_seeds
         path = run_plan(
-            args.out, pilot_seeds=args.pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
+            args.out, pilot_seeds=pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
         )
         if path is not None:  # None: --dry-run
             print(path.read_text())

@@ -262,9 +262,26 @@ def matmul_flops_per_second(dtype, size: int, repeats: int = 10) -> float:
     return 2 * size**3 / min(timeit.repeat(lambda: product(a, b).block_until_ready(), number=1, repeat=repeats))
 
 
+def seeds_line(ran: dict[str, list[int]]) -> str:
+    """The seeds the workloads ran ({workload: seeds}), for results.md's header.
+
+    >>> seeds_line({"ppo": [0, 1], "wm": [0]})
+    'seeds [0, 1] for ppo; [0] for wm'
+    """
+    groups: dict[tuple, list[str]] = {}
+    for name, seeds in ran.items():
+        groups.setdefault(tuple(seeds), []).append(name)
+    if len(groups) == 1:
+        return f"seeds {list(next(iter(groups)))}"
+    return "seeds " + "; ".join(f"{list(seeds)} for {', '.join(names)}" for seeds, names in groups.items())
+
+
 def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, only=None, command=None):
     """Runs every workload x precision for `seeds`; writes the results under `out_dir`
     (`command`, the invocation to name in results.md)."""
+    seeds = list(seeds)
+    if not seeds or seeds != list(range(seeds[0], seeds[0] + len(seeds))):  # a vmapped run trains seed, seed+1, ...
+        raise ValueError(f"--seeds must be consecutive and distinct (as 0,1,2), got {','.join(map(str, seeds))}")
     if unknown := [p for p in precisions if p not in PRECISIONS]:
         raise ValueError(f"unknown precision {unknown[0]!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
     every = workloads(quick)
@@ -275,14 +292,14 @@ def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, onl
     if held:  # a run's directory: its plot and files are not the benchmark's to mix with
         raise ValueError(f"{out_dir} holds a training run ({held[0]}): give the benchmark its own --out")
     started = time.perf_counter()
-    rows, traces = [], {}
+    rows, traces, ran = [], {}, {}
     # compute dtype -> FLOP/s, measured where a world model is benchmarked
     matmul_rate = functools.cache(lambda dtype: matmul_flops_per_second(dtype, 1024 if quick else 8192))
     from genesis_jax.amp.policy import get_precision
 
     for w in chosen:
         # --quick: every seed only where they share one compiled run (PPO on gymnax); one elsewhere.
-        w_seeds = list(seeds) if (w.vmap_seeds or not quick) else list(seeds)[:1]
+        w_seeds = ran[w.name] = seeds if (w.vmap_seeds or not quick) else seeds[:1]
         for p in precisions:
             t0 = time.perf_counter()
             seed_runs = _run(w, p, w_seeds)
@@ -298,7 +315,7 @@ def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, onl
             )
     rows = add_ratios(rows)
     header = (
-        f"Precision benchmark ({'quick' if quick else 'full'}), seeds {list(seeds)}, device {probes.device_name()}, "
+        f"Precision benchmark ({'quick' if quick else 'full'}), {seeds_line(ran)}, device {probes.device_name()}, "
         f"{time.perf_counter() - started:.0f} s in all; versions: {probes.versions_line()}"
         + (f"; command: {command}" if command else "")
     )

@@ -86,7 +86,7 @@ def test_executor_options_are_submitits_parameters(tmp_path, capsys):
 
 
 def _masked(path):
-    return re.sub(r"\d+ cells trained in this invocation \(\d+ s\)", "N cells trained (T s)", path.read_text())
+    return re.sub(r"\d+ cells? trained in this invocation \(\d+ s\)", "N cells trained (T s)", path.read_text())
 
 
 @pytest.fixture

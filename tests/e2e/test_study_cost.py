@@ -124,7 +124,7 @@ def test_the_cost_run_says_what_it_is(tmp_path, capsys, monkeypatch):
     out.mkdir()
     train_cells(out, {path: ("CartPole-v1", "fp32", config)}, False, None)
     line = capsys.readouterr().err.strip()
-    assert line == "study: the cost run (for the report: N seeds against 1): CartPole-v1 fp32: 1 seeds x 2048 steps"
+    assert line == "study: the cost run (for the report: N seeds against 1): CartPole-v1 fp32: 1 seed x 2048 steps"
 
 
 @pytest.mark.parametrize("flags", [["--plan", "--pilot-seeds", "3"], []])

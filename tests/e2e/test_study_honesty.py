@@ -52,8 +52,9 @@ def write_cell(out, precision, *, num_seeds=SEEDS, steps=STEPS, ran_steps=None, 
         "config": json.loads(json.dumps(config.to_dict())),
     }
     (path / "summary.json").write_text(json.dumps(summary))
+    ran = (ran_steps or steps) // 4
     rows = rows or [
-        {"update": u, "step": 512 * (u + 1), "return_sum_per_seed": returns, "episodes_per_seed": [1] * num_seeds}
+        {"update": u, "step": ran * (u + 1), "return_sum_per_seed": returns, "episodes_per_seed": [1] * num_seeds}
         for u in range(4)
     ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -85,7 +86,7 @@ def test_a_study_at_other_settings_than_its_cells_is_refused(tmp_path, capsys, f
     assert main(study_argv(out, *flags)) == 2  # argparse keeps the last of a repeated flag
     line = one_line(capsys)
     assert line.startswith(f"genesis-jax: error: {out / 'cells' / 'CartPole-v1' / 'fp32'} was trained with ")
-    assert change in line and "(and 1 more cells)" in line and "another --out" in line
+    assert change in line and "(and 1 more cell)" in line and "another --out" in line
     assert files(out) == before  # nothing trained, no report claiming the new settings
 
 
@@ -173,7 +174,7 @@ def test_one_budget_for_tasks_counted_in_steps_and_in_epochs_is_refused(tmp_path
 def test_bad_study_input_is_one_line_before_anything_trains(tmp_path, capsys, monkeypatch, flags, message):
     world_model_task(monkeypatch)
     out = tmp_path / "study"
-    argv = ["study", "--out", str(out), "--precisions", "fp32", "--num-seeds", "2", "--total-steps", "512"]
+    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--num-seeds", "2", "--total-steps", "512"]
     assert main([*argv, "--no-cost", "--no-progress", *flags]) == 2
     line = one_line(capsys)
     assert line.startswith("genesis-jax: error: ") and message in line

@@ -7,6 +7,7 @@ written by hand (tests/e2e/test_study_honesty.py's `write_cell`), so nothing tra
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -128,23 +129,25 @@ def test_cells_that_started_before_the_plan_or_under_another_are_refused(planned
     assert not (out / "report.md").exists()
 
 
-@pytest.mark.slow  # three reports: about a minute on 2 busy cores
-def test_the_report_quotes_the_plan_or_says_exploratory(planned_study, tmp_path, capsys):
+@pytest.mark.slow  # two reports: about a minute on 2 busy cores
+def test_the_report_quotes_the_plan_and_is_written_again_only_as_confirmatory(planned_study, tmp_path, capsys):
     out, saved = copied_plan(planned_study, tmp_path)
     digest = plan.plan_hash(saved)
     write_study_cells(out, saved, record=digest)
     assert main(confirmatory_argv(out, saved)) == 0
     text = (out / "report.md").read_text()
     assert f"Confirmatory: run under plan `{digest}`" in text and "fixed by plan" in text
-    # the same cells without --confirmatory: exploratory, the plan's hash quoted
-    assert main(confirmatory_argv(out, saved)[:-1]) == 0
-    text = (out / "report.md").read_text()
-    assert f"Exploratory: a plan (`{digest}`) is in this --out" in text
-    # a plan changed after its cells started: not re-planned, and no confirmatory report from it
-    (out / "plan.json").write_text(json.dumps({**saved, "device": "another"}))
+    # its report again without --confirmatory: refused, not rewritten as exploratory
+    before = files(out)
     capsys.readouterr()
-    assert main(confirmatory_argv(out, saved)) == 2
-    assert f"ran under plan {digest}, not under plan" in one_line(capsys)
+    assert main([*confirmatory_argv(out, saved)[:-1], "--report-only"]) == 2
+    assert (
+        one_line(capsys)
+        == f"genesis-jax: error: the cells in {out} ran under its plan (preregistered.json): add --confirmatory"
+    )
+    assert files(out) == before
+    assert main([*confirmatory_argv(out, saved), "--report-only"]) == 0
+    assert f"Confirmatory: run under plan `{digest}`" in (out / "report.md").read_text()
 
 
 def test_no_plan_says_exploratory(tmp_path, capsys):
@@ -167,3 +170,87 @@ def test_a_plan_is_not_changed_after_its_study_began(planned_study, tmp_path, ca
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("genesis-jax: error: ") and f"holds plan {plan.plan_hash(saved)}, under which" in last
     assert (out / "plan.json").read_text() == before
+
+
+def edit_plan(out, saved, change, restate: bool = True) -> str:
+    """plan.json edited by hand (`change` of a copy of it), and with `restate` plan.md's hash
+    too (as one who edits both would): the edited plan's hash."""
+    edited = change(copy.deepcopy(saved))
+    (out / "plan.json").write_text(json.dumps(edited))
+    if restate:
+        md = out / "plan.md"
+        md.write_text(md.read_text().replace(f"Plan `{plan.plan_hash(saved)}`", f"Plan `{plan.plan_hash(edited)}`"))
+    return plan.plan_hash(edited)
+
+
+def test_a_study_without_confirmatory_in_a_planned_out_is_refused(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
+    before = files(out)
+    for extra in ([], ["--dry-run"], ["--report-only"]):  # no cell ran under the plan yet
+        assert main([*confirmatory_argv(out, saved)[:-1], *extra]) == 2
+        assert one_line(capsys) == (
+            f"genesis-jax: error: {out} holds a plan (plan.json): run the plan's command, printed in plan.md, "
+            "or use another --out"
+        )
+    assert files(out) == before
+    # An exploratory study whose cells began there (as committed studies did) still reports, as exploratory.
+    write_study_cells(out, saved, record=None)
+    assert main([*confirmatory_argv(out, saved)[:-1], "--report-only"]) == 0
+    report = (out / "report.md").read_text()
+    assert f"Exploratory: a plan (`{plan.plan_hash(saved)}`) is in this --out, but the study was not run" in report
+
+
+def test_a_plan_json_edited_after_plan_md_is_refused(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
+    edited = edit_plan(
+        out, saved, lambda p: {**p, "tasks": {"CartPole-v1": {**p["tasks"]["CartPole-v1"], "threshold": 0.3}}}, False
+    )
+    write_study_cells(out, saved, record=plan.plan_hash(saved))
+    before = files(out)
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert one_line(capsys) == (
+        f"genesis-jax: error: plan.json was edited after plan.md was written (plan.md states plan "
+        f"{plan.plan_hash(saved)}, plan.json's hash is {edited}): restore plan.json, or plan again in another --out"
+    )
+    assert files(out) == before
+
+
+def without_threshold(saved):
+    del saved["tasks"]["CartPole-v1"]["threshold"]
+    return saved
+
+
+def test_a_plan_missing_a_field_is_refused_before_anything_trains(planned_study, tmp_path, capsys):
+    out, saved = copied_plan(planned_study, tmp_path)
+    edit_plan(out, saved, without_threshold)
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert one_line(capsys) == (
+        f"genesis-jax: error: {out / 'plan.json'} lacks tasks.CartPole-v1.threshold: restore it, or plan again in "
+        "another --out"
+    )
+    assert not (out / "cells").exists()
+
+
+@pytest.mark.parametrize(("key", "ours"), [("margin", "0.05"), ("fail_below", "0.5")])
+def test_a_plan_judged_at_another_margin_or_failure_threshold_is_refused(planned_study, tmp_path, capsys, key, ours):
+    out, saved = copied_plan(planned_study, tmp_path)
+    changed = lambda p: {**p, "tasks": {"CartPole-v1": {**p["tasks"]["CartPole-v1"], key: 0.2}}}
+    edited = edit_plan(out, saved, changed)
+    assert main(confirmatory_argv(out, saved)) == 2
+    assert one_line(capsys) == (
+        f"genesis-jax: error: plan {edited} fixes {key} 0.2 for CartPole-v1, but this genesis-jax judges at {ours}: "
+        "run the study with the genesis-jax that wrote the plan, or plan again in another --out"
+    )
+    assert not (out / "cells").exists()
+
+
+@pytest.mark.parametrize("confirmatory", [True, False])
+def test_a_torn_plan_is_said_to_be_unreadable(planned_study, tmp_path, capsys, confirmatory):
+    out, saved = copied_plan(planned_study, tmp_path)
+    (out / "plan.json").write_text((out / "plan.json").read_text()[:40])
+    argv = confirmatory_argv(out, saved)
+    assert main(argv if confirmatory else argv[:-1]) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"genesis-jax: error: {out / 'plan.json'} cannot be read (")
+    assert line.endswith("): restore it, or plan again in another --out")
+    assert not (out / "cells").exists()

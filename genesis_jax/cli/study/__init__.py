@@ -57,13 +57,19 @@ def measure_cost(task: str, single: dict, multi: dict) -> list[str]:
     """The wall time of the study's N-seed fp32 cell of `task` (`multi`'s summary) against
     the same run with 1 seed (`single`'s, run once and kept under cost/)."""
     num_seeds, (steps, unit) = len(multi["seeds"]), cells.budget_of(multi)
+    first = f"{task}, {BASELINE}, {steps} {unit} per seed, on {multi['device']}:"
+    if resumed := [f"{n}-seed" for n, s in ((1, single), (num_seeds, multi)) if s.get("resumed_from")]:
+        # its summary's times are the last session's alone (`resumed_from`: the rows run before it)
+        return [
+            f"{first} not measured: the {' and the '.join(resumed)} cell resumed after a stop, so its wall time "
+            "is its last session's alone; delete it and run the study again to measure the cost"
+        ]
     running = lambda s: s["wall_seconds"] - s["compile_seconds"]
     times = lambda s: (f"{s['wall_seconds']:.1f}", f"{s['compile_seconds']:.1f}", f"{running(s):.1f}")
     rows = [(n, *times(s), f"{3600 * n / s['wall_seconds']:.0f}") for n, s in ((1, single), (num_seeds, multi))]
     head = "seeds | wall seconds | compile seconds | wall - compile | seeds per hour"
     ratio = f"{multi['wall_seconds'] / single['wall_seconds']:.2f}x the wall time of 1 seed"
     text = f"{num_seeds} seeds take {ratio} ({running(multi) / running(single):.2f}x without compilation)."
-    first = f"{task}, {BASELINE}, {steps} {unit} per seed, on {multi['device']}:"
     return [first, "", *report.table(head, rows), "", text]
 
 
@@ -75,7 +81,7 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
     seeds, rerun = seed_lists[0], "rerun seed k alone with --seed k"
     if any("eval_loss" in s for s in cells_read):  # a world model's seeds share the first seed's data
         rerun += " (a world model's seed k trains on the first seed's data: rerun it with --num-seeds)"
-    seed_text = f"{len(seeds)} seeds per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
+    seed_text = f"{cells.count(len(seeds), 'seed')} per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
     if len(seed_lists) > 1:
         seed_text = f"seeds per cell differ: {', '.join(str(list(s)) for s in seed_lists)}"
     few = f" Fewer than {stats.MIN_SEEDS_FOR_VERDICT} seeds per cell: too few for a verdict."
@@ -88,7 +94,8 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
         "return over the episodes of its last 10% of updates (a world model: log10 of its final eval loss), and the "
         f"AUC, each seed's mean over the run's {cells.AUC_POINTS} equal windows of the same. "
         f"Device: {', '.join(sorted({s['device'] for s in cells_read}))}. "
-        f"{trained} cells trained in this invocation ({seconds:.0f} s), {len(cells_read) - trained} kept from before."
+        f"{cells.count(trained, 'cell')} trained in this invocation ({seconds:.0f} s), "
+        f"{len(cells_read) - trained} kept from before."
     )
     return [f"Command: `{command or 'run_study(...)'}`", "", text]
 
@@ -131,7 +138,8 @@ def train_cells(out: pathlib.Path, plan: dict, progress: bool, command, stop=Non
             _log(f"{task} {precision}: finished before, kept")
             continue
         field, cost_run = TASKS[task].budget_field, "the cost run (for the report: N seeds against 1): "
-        what = f"{task} {precision}: {config.num_seeds} seeds x {getattr(config, field)} {field.replace('total_', '')}"
+        seeds = cells.count(config.num_seeds, "seed")
+        what = f"{task} {precision}: {seeds} x {getattr(config, field)} {field.replace('total_', '')}"
         cost_run = cost_run if path.relative_to(out).parts[0] == "cost" else ""
         _log(f"{cost_run}{what}{' (a job)' if executor is not None else ''}")
         cells.record_planned(out, path, config)
@@ -157,7 +165,8 @@ def train_cells(out: pathlib.Path, plan: dict, progress: bool, command, stop=Non
 
 def plan_header(saved: dict | None, tasks, num_seeds: int, confirmed: str | None = None) -> list[str]:
     """The report's statement of the plan it ran under: "Confirmatory" with the plan's hash
-    (`confirmed`), else "Exploratory" (with the hash of a plan in --out it did not run under)."""
+    (`confirmed`), else "Exploratory" (with the hash of a plan in --out it did not run under:
+    an exploratory study whose cells began there goes on, `plan.check_unplanned`)."""
     if saved is None:
         none = "Plan: none (`--plan` was not run in this --out): the seeds per cell were not chosen for power."
         return ["Exploratory: no plan (`--plan`) fixed this study before its cells ran.", "", none]
@@ -213,6 +222,30 @@ def _prepare(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, 
     return moved
 
 
+def check_out(out: pathlib.Path) -> None:
+    """Refuses, in one line, an --out that is a file (or under one) or inside a run directory
+    (one holding summary.json or checkpoints/: a cell's, say)."""
+    for where in (out.resolve(), *out.resolve().parents):
+        if where.exists() and not where.is_dir():
+            raise ValueError(f"--out {out}: {where} is a file; give the study a directory")
+        if (where / "summary.json").is_file() or (where / "checkpoints").is_dir():
+            raise ValueError(f"--out {out} is inside the run directory {where}; give the study a directory of its own")
+
+
+def check_flags(args) -> None:
+    """Refuses, in one line, a flag of `genesis-jax study` (`args`, its parsed flags) that the
+    command would ignore: --plan runs only the pilot, --pilot-seeds is --plan's."""
+    if args.plan:
+        study_only = {"--report-only": args.report_only, "--confirmatory": args.confirmatory, "--no-cost": args.no_cost}
+        study_only |= {"--executor": args.executor != "inline", "--executor-options": args.executor_options is not None}
+        if given := [flag for flag, on in study_only.items() if on]:
+            raise ValueError(
+                f"--plan runs only the pilot: {given[0]} is the study's; give it to the command plan.md prints"
+            )
+    elif args.pilot_seeds not in (None, plan.PILOT_SEEDS):  # its default: --plan's (None where the parser says)
+        raise ValueError("--pilot-seeds is the pilot's: add --plan, or drop it")
+
+
 def _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps):
     """The study's choices checked (one line for a bad one): (tasks, precisions, budgets, out)."""
     tasks, precisions = list(tasks), list(precisions)
@@ -220,6 +253,7 @@ def _setup(out_dir, tasks, precisions, num_seeds, reps, total_steps):
     cells.check_count(num_seeds, 2, "a study needs at least {} seeds per cell")
     refusal = "reps must be an integer of at least {} (bootstrap replications per interval)"
     cells.check_count(reps, stats.MIN_REPS, refusal)
+    check_out(pathlib.Path(out_dir))
     return tasks, precisions, cells.budgets(tasks, total_steps), pathlib.Path(out_dir)
 
 
@@ -240,7 +274,7 @@ def run_plan(
     out_dir,
     tasks=("CartPole-v1",),
     precisions=tuple(PRECISIONS),
-    pilot_seeds: int = 8,
+    pilot_seeds: int = plan.PILOT_SEEDS,
     seed: int = 0,
     total_steps: int | dict[str, int] | None = None,
     progress: bool = True,
@@ -257,6 +291,8 @@ def run_plan(
     Returns plan.md's path (None with `dry_run`: the pilot's cells and estimate printed,
     nothing written). A plan that differs from one whose cells already started is refused."""
     cells.check_count(pilot_seeds, plan.MIN_PILOT_SEEDS, "a pilot needs at least {} seeds per cell")
+    if num_seeds is not None:  # the confirmatory study's least seeds per cell
+        cells.check_count(num_seeds, 2, "--num-seeds of a plan (the study's least seeds per cell) must be at least {}")
     tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
     pilot_out = out / "plan"
     cell_plan = plan_cells(pilot_out, tasks, plan.PILOT_PRECISIONS, pilot_seeds, seed, budgets)
@@ -372,6 +408,8 @@ def run_study(
     cell_plan = plan_cells(out, tasks, precisions, num_seeds, seed, budgets)
     study_cells, saved_plan = list(cell_plan), plan.read(out)
     settings = dict(tasks=tasks, precisions=precisions, total_steps=budgets, seed=seed, num_seeds=num_seeds, reps=reps)
+    if not confirmatory:
+        plan.check_unplanned(out, saved_plan, report_only, study_cells)
     digest = plan.check_confirmatory(out, saved_plan, settings, study_cells) if confirmatory else None
     cluster.check_executor(executor, executor_options or {})
     cost_path = cells.cell_dir(out / "cost", tasks[0], BASELINE) if cost else None
@@ -389,7 +427,8 @@ def run_study(
         _log("statistics and plots")
         fixed = {}
         if confirmatory:  # the plan's normalisation and thresholds, and no cell under another plan
-            digest = plan.check_confirmatory(out, plan.read(out), settings, study_cells)
+            saved_plan = plan.read(out)
+            digest = plan.check_confirmatory(out, saved_plan, settings, study_cells)
             fixed = {t: saved_plan["tasks"][t] for t in tasks}
         summaries, raw, auc, rows, randoms, known = _scores(out, done, tasks, precisions, seed, fixed)
         sources = {t: f"{v['reference_source']}, fixed by plan {digest}" for t, v in fixed.items()}

@@ -68,6 +68,14 @@ def check_choices(tasks, precisions) -> None:
                 raise ValueError(f"{kind} {c!r} is given twice; name each {kind} once")
     if BASELINE not in precisions:
         raise ValueError(f"a study compares with {BASELINE}: include it in the precisions")
+    if len(precisions) < 2:
+        others = ", ".join(p for p in PRECISIONS if p != BASELINE)
+        raise ValueError(f"a study compares at least one precision with {BASELINE}: add one of {others}")
+
+
+def count(n: int, word: str) -> str:
+    """`n` `word`s, the word singular for 1: count(1, "cell") is "1 cell"."""
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def check_count(value, least: int, refusal: str) -> None:
@@ -147,7 +155,18 @@ def read_summary(path: pathlib.Path) -> dict | None:
 
 
 def read_rows(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """A finished cell's metric rows, refused in one line where metrics.jsonl is torn or ends
+    before the budget its summary says the cell ran (cut: its scores would be of part of the run)."""
+    file, again = path / "metrics.jsonl", f"delete {path} and run the study again to train it anew"
+    try:
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} cannot be read ({err}): {again}") from None
+    summary = load_json(path / "summary.json", {})
+    (budget, unit), last = budget_of(summary), rows[-1].get("step", rows[-1].get("epoch")) if rows else None
+    if summary.get("stopped") != "diverged" and (last is None or last < budget):
+        raise ValueError(f"{file} ends at {last} {unit}, before the {budget} its summary.json ran (cut): {again}")
+    return rows
 
 
 def run_cell(path: pathlib.Path, task: str, config, progress: bool) -> dict:
@@ -225,7 +244,7 @@ def check_kept_cells(out: pathlib.Path, plan: dict[pathlib.Path, object], report
             moved[path] = changes
     if changed:
         path, changes = next(iter(changed.items()))
-        more = f" (and {len(changed) - 1} more cells)" if len(changed) > 1 else ""
+        more = f" (and {count(len(changed) - 1, 'more cell')})" if len(changed) > 1 else ""
         raise ValueError(
             f"{path} was trained with other settings than this study asks for ({'; '.join(changes)}){more}: "
             "run the study with the settings it was made with, or give another --out for the new ones"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -51,9 +52,12 @@ def parse_options(text: str | None) -> dict:
 
 def make_executor(name: str, folder: pathlib.Path, options: dict):
     """The submitit executor of `name` (`EXECUTORS`), its logs and pickles in `folder`,
-    `options` given to its `update_parameters` (refused in one line where it has no such one)."""
+    `options` given to its `update_parameters` (refused in one line where it has no such one,
+    and "slurm" where SLURM's srun is not on the PATH)."""
     if name not in EXECUTORS or name == "inline":
         raise ValueError(f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")
+    if name == "slurm" and shutil.which("srun") is None:
+        raise ValueError("--executor slurm needs SLURM (srun not found); use --executor submitit-local")
     try:
         import submitit
     except ImportError as err:
@@ -69,7 +73,12 @@ def make_executor(name: str, folder: pathlib.Path, options: dict):
 
 
 def check_executor(name: str, options: dict) -> None:
-    """`make_executor`'s refusals, before anything is written (its folder made in a temporary one)."""
+    """`make_executor`'s refusals, before anything is written (its folder made in a temporary one);
+    options without an executor to take them."""
+    if name == "inline" and options:
+        raise ValueError(
+            "--executor-options are a job executor's: add --executor slurm or submitit-local, or drop them"
+        )
     if name != "inline":
         with tempfile.TemporaryDirectory() as folder:
             make_executor(name, pathlib.Path(folder), options)

@@ -104,10 +104,6 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     """What the cells `planned` ([(path, precision, config)], of one task) will train, with
     their estimated seconds: (a line, the seconds)."""
@@ -115,7 +111,8 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     steps, seeds = getattr(planned[0][2], field), planned[0][2].num_seeds
     todo = [(p, c) for path, p, c in planned if cells.read_summary(path) is None]
     kept = f", {len(planned) - len(todo)} finished before (kept)" if len(todo) < len(planned) else ""
-    what = f"{_count(len(planned), 'cell')} x {_count(seeds, 'seed')} x {steps} {field.replace('total_', '')}{kept}"
+    what = f"{cells.count(len(planned), 'cell')} x {cells.count(seeds, 'seed')} x {steps}"
+    what += f" {field.replace('total_', '')}{kept}"
     if not todo:
         return what, 0.0
     # this --out's pilot cells of the task, where they ran these steps
@@ -137,7 +134,7 @@ def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistic
     study = {path: v for path, v in cell_plan.items() if path != cost_path}
     tasks = list(dict.fromkeys(t for t, _, _ in study.values()))
     precisions = list(dict.fromkeys(p for _, p, _ in study.values()))
-    kinds = f"{_count(len(tasks), 'task')} x {_count(len(precisions), 'precision')} ({', '.join(precisions)})"
+    kinds = f"{cells.count(len(tasks), 'task')} x {cells.count(len(precisions), 'precision')} ({', '.join(precisions)})"
     parts = [(task, task, [(path, p, c) for path, (t, p, c) in study.items() if t == task]) for task in tasks]
     if cost_path is not None:
         task, p, config = cell_plan[cost_path]
@@ -151,7 +148,11 @@ def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistic
     total = f"estimated wall time: about {duration(sum(seconds for *_, seconds in estimates))}. An estimate: each "
     total += "cell's compilation, then its seeds in proportion; a busy machine, float16 on a CPU or another device "
     total += "than the figures' changes it (docs/study.md#cost)"
-    return [f"{len(study)} cells: {kinds}", *(f"  {label}: {line}" for label, line, _ in estimates), total]
+    return [
+        f"{cells.count(len(study), 'cell')}: {kinds}",
+        *(f"  {label}: {line}" for label, line, _ in estimates),
+        total,
+    ]
 
 
 def task_rows() -> list[tuple[str, ...]]:

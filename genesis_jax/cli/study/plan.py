@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from statistics import NormalDist
 
 import numpy as np
@@ -45,6 +46,7 @@ from genesis_jax.cli.study.cells import add_json, load_json
 POWER = 0.8  # the chance of "equivalent" when the precisions truly are alike
 PILOT_PRECISIONS = ("fp32", "fp16")
 MIN_PILOT_SEEDS = 3  # a standard deviation from fewer is a guess
+PILOT_SEEDS = 8  # --pilot-seeds' default
 # The one-sided level of the upper confidence bound on the pilot's SD the seeds are sized from.
 SD_LEVEL = 0.8
 # The variance of a 25% CVaR estimate over the mean's (the normal's, asymptotically: 2.03;
@@ -162,8 +164,60 @@ def plan_lines(plans: dict[str, dict], steps: dict[str, int], device: str) -> li
 
 
 def read(out) -> dict | None:
-    """The plan in `out` (plan.json), or None."""
-    return load_json(out / PLAN_FILE)
+    """The plan in `out` (plan.json), None where there is none, refused in one line where it
+    cannot be read."""
+    try:
+        return json.loads((out / PLAN_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{out / PLAN_FILE} cannot be read ({err}): restore it, or plan again in another --out"
+        ) from None
+
+
+def check_unplanned(out, saved: dict | None, report_only: bool, cell_paths) -> None:
+    """Refuses, in one line, a study begun without --confirmatory in an --out holding a plan
+    (`saved`): it would run the pilot's seeds as an exploratory study, and a confirmatory one
+    could not follow there; and a report of cells that ran under the plan, as exploratory.
+    An exploratory study whose cells began there before (`cell_paths`) goes on."""
+    if saved is not None and report_only and load_json(out / RECORD):
+        raise ValueError(f"the cells in {out} ran under its plan (preregistered.json): add --confirmatory")
+    if saved is not None and not any(path.exists() for path in cell_paths):
+        raise ValueError(
+            f"{out} holds a plan (plan.json): run the plan's command, printed in plan.md, or use another --out"
+        )
+
+
+# What a confirmatory study reads of its plan: at the top, and per task.
+FIELDS = ("command", "pilot_seeds", "tasks")
+TASK_FIELDS = ("seeds", "random", "reference", "reference_source", "threshold", "margin", "fail_below")
+
+
+def check_plan(out, saved: dict, tasks) -> None:
+    """Refuses, in one line, a plan that is not the one plan.md states (its hash: plan.json
+    edited after), that lacks a field the study reads, or whose margin or failure threshold
+    is not the one this genesis-jax judges at (`stats.MARGIN`, `stats.FAIL_BELOW`)."""
+    digest, md = plan_hash(saved), out / "plan.md"
+    stated = re.search(r"^Plan `(\w+)`", md.read_text(), re.M) if md.exists() else None
+    if stated is None or stated[1] != digest:
+        said = f"states plan {stated[1]}" if stated else "is missing or states no plan"
+        raise ValueError(
+            f"plan.json was edited after plan.md was written (plan.md {said}, plan.json's hash is {digest}): "
+            "restore plan.json, or plan again in another --out"
+        )
+    have = saved.get("tasks") or {}
+    missing = [f for f in FIELDS if f not in saved] + [f"tasks.{t}" for t in tasks if t not in have]
+    missing += [f"tasks.{t}.{f}" for t in tasks if t in have for f in TASK_FIELDS if f not in have[t]]
+    if missing:
+        raise ValueError(f"{out / PLAN_FILE} lacks {', '.join(missing)}: restore it, or plan again in another --out")
+    for t in tasks:
+        for key, ours in (("margin", stats.MARGIN), ("fail_below", stats.FAIL_BELOW)):
+            if have[t][key] != ours:
+                raise ValueError(
+                    f"plan {digest} fixes {key} {have[t][key]!r} for {t}, but this genesis-jax judges at {ours:g}: "
+                    "run the study with the genesis-jax that wrote the plan, or plan again in another --out"
+                )
 
 
 def record_cell(out, path, digest: str) -> None:
@@ -175,14 +229,15 @@ def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> s
     """The hash of the plan in `out` a confirmatory study of `settings` runs under, or one
     line refusing it: no plan, a plan that fixed other settings, or a cell in `cell_paths`
     that started before the plan or under another one (preregistered.json)."""
-    exploratory = "or run it without --confirmatory, whose report says it is exploratory"
     if saved is None:
         raise ValueError(
             f"no plan in {out}: a confirmatory study runs under a plan written before its cells "
-            f"(genesis-jax study --plan, in this --out), {exploratory}"
+            "(genesis-jax study --plan, in this --out), or run it without --confirmatory, whose report says it is "
+            "exploratory"
         )
+    exploratory = "or run an exploratory study (without --confirmatory) in another --out"
     digest, fixed = plan_hash(saved), saved.get("study")
-    if fixed is None:
+    if not isinstance(fixed, dict):
         raise ValueError(
             f"the plan in {out} ({digest}) fixes no study settings (an earlier version's plan): "
             f"plan again in a new --out, {exploratory}"
@@ -193,6 +248,7 @@ def check_confirmatory(out, saved: dict | None, settings: dict, cell_paths) -> s
             f"this study is not the one plan {digest} fixed ({'; '.join(changes)}): run it with the plan's "
             f"settings (plan.md says the command), {exploratory}"
         )
+    check_plan(out, saved, settings["tasks"])
     record = load_json(out / RECORD, {})
     for path in cell_paths:
         name = path.relative_to(out).as_posix()

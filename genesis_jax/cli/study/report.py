@@ -54,8 +54,10 @@ def judged(scores: dict[str, np.ndarray], reps: int, seed: int, learnt: dict, lo
 def speed(rows: dict, tasks: list[str], random: list, reference: list, thresholds: dict, seeds: int) -> dict:
     """Each seed's time to its task's threshold (`cells.threshold_times`) as a share of the
     budget ("share", [seeds, tasks] per precision), and per precision and task the seeds
-    that reached it, the budget and the threshold in normalised and raw units."""
-    share, reached, budgets, levels = {}, {}, [], []
+    that reached it, the cell's budget and the windows it was timed in ("windows": the
+    time's resolution is 1/windows of the budget); per task the threshold in normalised and
+    raw units."""
+    share, reached, budgets, windows, levels = {}, {}, {}, {}, []
     for i, task in enumerate(tasks):
         level = thresholds.get(task, stats.THRESHOLD)
         levels.append((level, random[i] + level * (reference[i] - random[i])))
@@ -64,8 +66,33 @@ def speed(rows: dict, tasks: list[str], random: list, reference: list, threshold
             times, hit, budget = threshold_times(by_task[task], above)
             share.setdefault(precision, np.full((seeds, len(tasks)), np.nan))[:, i] = times / budget
             reached.setdefault(precision, []).append(int(hit.sum()))
-        budgets.append(budget)
-    return {"share": share, "reached": reached, "budgets": budgets, "thresholds": levels}
+            budgets.setdefault(precision, []).append(budget)
+            windows.setdefault(precision, []).append(min(SPEED_POINTS, len(by_task[task])))
+    return {"share": share, "reached": reached, "budgets": budgets, "windows": windows, "thresholds": levels}
+
+
+def time_verdict(verdict: str, reached: int, base_reached: int, seeds: int, windows: int) -> str:
+    """A statistic's verdict on the time to threshold, where a seed that never reached it
+    counts as the budget (a lower bound on its time): "not reached" where no seed of either
+    precision reached it; "equivalent" only where every seed of both did, "worse" (slower)
+    only where every fp32 seed did, "better" only where every seed of X did, else "not shown
+    (censored ...)"; no "equivalent" where the time's resolution (1/`windows` of the budget)
+    is no finer than the margin.
+
+    >>> time_verdict("equivalent", 0, 0, 5, 48)
+    'not reached (0 of 5 / 0 of 5)'
+    >>> time_verdict("worse", 2, 5, 5, 48)
+    'worse'
+    """
+    counts = f"{reached} of {seeds} / {base_reached} of {seeds}"
+    if reached == base_reached == 0:
+        return f"not reached ({counts})"
+    needs = {"equivalent": reached == base_reached == seeds, "worse": base_reached == seeds, "better": reached == seeds}
+    if not needs.get(verdict, True):
+        return f"not shown (censored: {counts} reached)"
+    if verdict == "equivalent" and 1 / windows >= stats.MARGIN:
+        return f"not shown (timed in {windows} rows: 1/{windows} of the budget, no finer than the margin)"
+    return verdict
 
 
 def _score(scores: dict, reps: int, seed: int, learned: dict, lower_is_better=False, **more) -> dict:
@@ -96,9 +123,17 @@ def analyse(raw, tasks, randoms, reps, seed=0, auc=None, known=None, rows=None, 
     if auc is not None:  # "auc": normalised like the final score, judged with its learned flags
         auc = normalise(auc)
         out["auc"] = _score(auc, reps, seed, learned, aggregate=stats.aggregate(auc, reps, seed))
-    if rows is not None:  # "speed": lower is faster
-        times = speed(rows, tasks, random, reference, thresholds or {}, raw[BASELINE].shape[0])
-        out["speed"] = {**times, **_score(times["share"], reps, seed, learned, lower_is_better=True)}
+    if rows is not None:  # "speed": lower is faster, judged by `time_verdict`
+        seeds = raw[BASELINE].shape[0]
+        times = speed(rows, tasks, random, reference, thresholds or {}, seeds)
+        every = {p: [True] * len(tasks) for p in times["share"]}
+        out["speed"] = part = {**times, **_score(times["share"], reps, seed, every, lower_is_better=True)}
+        for p, per_task in part["by_statistic"].items():
+            n, base = times["reached"][p], times["reached"][BASELINE]
+            for i, judged_task in enumerate(per_task):
+                for name, (e, v) in judged_task.items():
+                    judged_task[name] = (e, time_verdict(v, n[i], base[i], seeds, times["windows"][p][i]))
+        part["equivalence"] = stats.equivalence(part["by_statistic"])
     return out
 
 
@@ -248,7 +283,7 @@ def _tail_and_speed(analysis: dict, i: int, task: str, p: str) -> tuple:
         return (*row, "-", "-", "-")
     (level, raw), speed_iqm = times["thresholds"][i], _fmt(times["per_task"][p]["IQM"][i])
     reached = f"{times['reached'][p][i]} of {seeds}"
-    return (*row, f"{speed_iqm} of {times['budgets'][i]}", reached, f"{level:g}; {raw:.3g}")
+    return (*row, f"{speed_iqm} of {times['budgets'][p][i]}", reached, f"{level:g}; {raw:.3g}")
 
 
 # What the verdict table says: how each score is judged and what is not judged.
@@ -257,7 +292,11 @@ VERDICTS = (
     "normalised return over the whole run: does X learn as fast, not only to the same end); and the time to "
     f"threshold (the first logged step at which a seed's return, in {SPEED_POINTS} windows of its run, reaches the "
     "threshold, as a share of the budget; lower is faster; a seed that never reaches it counts as the whole budget, "
-    "a lower bound on its time). Each score is judged on three statistics of its seeds: the IQM, the mean and the "
+    'a lower bound on its time: so a time is "equivalent" only where every seed of both precisions reached it, '
+    f'"worse" only where every {BASELINE} seed did, "better" only where every seed of X did, "not shown '
+    '(censored)" otherwise, "not reached" where no seed of either did, and not "equivalent" where the run logged '
+    "too few rows to time it finer than the margin). Each score is judged on three statistics of its seeds: the "
+    "IQM, the mean and the "
     f"{NAMES['CVaR']} (the mean of the worst {stats.TAIL:.0%} of the seeds, where a failure on some seeds shows "
     f"first). Each difference X - {BASELINE} (normalised scores; times in shares of the budget) has a 95% paired "
     "bootstrap CI: seed k of every precision starts from the same key, so each resample draws seed indices once for "
