@@ -103,7 +103,8 @@ def test_a_committed_plan_accepts_its_slice_command_and_refuses_another(slices, 
     before anything trains (--dry-run trains nothing)."""
     study = tmp_path / "study-pqn-minatar-cpu"
     study.mkdir()
-    shutil.copy(SCRIPT.parents[1] / "benchmarks" / "study-pqn-minatar-cpu" / "plan.json", study)
+    for name in ("plan.json", "plan.md"):  # plan.md states the hash plan.json must have
+        shutil.copy(SCRIPT.parents[1] / "benchmarks" / "study-pqn-minatar-cpu" / name, study)
     command = slices.confirmatory_command(study)
     accepted = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
     assert accepted.returncode == 0 and "--dry-run: nothing trained" in accepted.stdout, accepted.stderr
