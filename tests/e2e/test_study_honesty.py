@@ -8,6 +8,7 @@ them), so nothing trains."""
 from __future__ import annotations
 
 import json
+import pathlib
 import signal
 
 import numpy as np
@@ -277,3 +278,18 @@ def test_a_report_only_writes_the_report_of_cells_whose_default_moved(tmp_path):
     text = (out / "report.md").read_text()
     assert "--report-only" in text.splitlines()[2] and "0 cells trained in this invocation" in text
     assert "Report only (`--report-only`): nothing trained;" in text and "lr: 0.001 -> " in text
+
+
+def test_the_false_alarm_experiment_judges_alike_precisions_with_the_study_s_rule(tmp_path):
+    """experiments/study_false_alarms.py, at smoke size: seeds identical across precisions (rho 1)
+    give every difference 0, so never "worse" or "better"; its table has a row per setting."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).parents[2] / "experiments" / "study_false_alarms.py"
+    spec = importlib.util.spec_from_file_location("study_false_alarms", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.verdict_rates(8, 1.0, trials=3, reps=200, skewed=False) == {"worse": 0.0, "better": 0.0}
+    out = tmp_path / "alarms.md"
+    assert module.main(["--trials", "2", "--reps", "200", "--out", str(out)]) == 0
+    assert [line.count("|") for line in out.read_text().splitlines() if line.startswith("| normal")] == [6] * 6
