@@ -24,7 +24,7 @@ from genesis_jax.amp import TrainState
 from genesis_jax.envs.episodes import running_returns
 from genesis_jax.nets.q_network import QNetwork
 from genesis_jax.nets.torsos import check_network, default_network
-from genesis_jax.run.config import UNIT_INTERVAL
+from genesis_jax.run.config import INT32_STEPS, UNIT_INTERVAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,7 @@ class EpsilonGreedyFields:
     """The fraction of total-steps over which epsilon falls linearly from start to end."""
 
     FIELD_BOUNDS = {n: UNIT_INTERVAL for n in ("epsilon_start", "epsilon_end", "epsilon_fraction")}
+    FIELD_BOUNDS |= {"total_steps": INT32_STEPS}  # QState.steps: past it, epsilon and learning-starts wrap
 
     @property
     def epsilon_horizon(self) -> float:

@@ -73,6 +73,7 @@ UNIT_INTERVAL = Bounds("in [0, 1]", 0, 1)
 OPEN_UNIT_INTERVAL = Bounds("in (0, 1)", 0, 1, low_open=True, high_open=True)
 RATE = Bounds("in (0, 1]", 0, 1, low_open=True)  # a Polyak rate: 0 would never move
 STEPS = Bounds(f"a positive integer (at most {INT64_MAX})", 1, INT64_MAX)  # environment steps: int64
+INT32_STEPS = Bounds(f"a positive integer, at most {INT32_MAX} (the environment step counter is int32)", 1, INT32_MAX)
 _INT32 = Bounds(f"an integer from {-INT32_MAX - 1} to {INT32_MAX} (int32)", -INT32_MAX - 1, INT32_MAX)
 
 

@@ -167,3 +167,20 @@ def test_dqn_learns_cartpole_on_a_cpu_budget():
     )
     result = train(config, progress=False)
     assert result.summary["final_return"] >= 150, result.metrics[-3:]  # a random policy averages about 22
+
+
+def test_the_steps_that_run_not_the_steps_asked_decide_whether_anything_learns():
+    """total-steps runs in whole rows: 599 of rows of 200 runs 400, so a learning-starts of 450
+    took no gradient step (the run exited 0 with a return); and a target update interval with no
+    multiple after learning starts left the target network as initialised."""
+    tiny = dict(steps_per_row=200, num_envs=2, train_frequency=2, buffer_size=400, batch_size=16)
+    with pytest.raises(ValueError) as refused:
+        DQNConfig(**tiny, total_steps=599, learning_starts=450, target_update_interval=2)
+    assert str(refused.value) == (
+        "learning-starts must lie in [0, 400) (total-steps 599 runs 400: whole rows) for any gradient step to be "
+        "taken, got 450"
+    )
+    never = "^target-update-interval 1000 puts no target update between learning-starts 100 and the end \\(400\\)"
+    with pytest.raises(ValueError, match=never):
+        DQNConfig(**tiny, total_steps=400, learning_starts=100, target_update_interval=1000)
+    assert DQNConfig(**tiny, total_steps=400, learning_starts=100, target_update_interval=200).total_steps == 400

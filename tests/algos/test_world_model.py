@@ -209,3 +209,14 @@ def test_bad_arguments_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
+
+
+def test_config_refuses_what_it_would_ignore_and_leaves_a_npz_s_length_to_the_data():
+
+    # The GRU core built one cell whatever --depth said (the runs were identical to the digit).
+    with pytest.raises(ValueError, match="^depth 6 is the MLP core's blocks: the GRU core is one cell; drop --depth$"):
+        WorldModelConfig(core="gru", depth=6)
+    # --sequence-length is not a .npz's (its own length is checked against the horizon when it is read).
+    with pytest.raises(ValueError, match="horizon 35 is longer than the sequences \\(32\\)"):
+        WorldModelConfig(horizon=35)
+    assert WorldModelConfig(data="runs/cartpole-40-steps.npz", horizon=35).horizon == 35

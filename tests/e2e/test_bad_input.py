@@ -143,6 +143,13 @@ def test_seeds_trained_together_must_stay_within_32_bits():
         (["train", "ppo", "--seed", str(10**20)], "seed must be an integer from 0 to 4294967295"),
         (["train", "ppo", "--total-steps", str(10**20)], "total-steps must be a positive integer (at most"),
         (["train", "ppo", "--total-steps", str(10**13)], "the step counters are int32"),
+        *(  # their environment step counter is int32: past it epsilon, learning-starts and SAC's warm-up wrapped
+            (
+                ["train", name, "--total-steps", "3000000000"],
+                "at most 2147483647 (the environment step counter is int32)",
+            )
+            for name in ("dqn", "pqn", "sac")
+        ),
         (["train", "ppo", "--num-envs", str(10**8), "--total-steps", str(10**11)], "above 2147483647 (int32)"),
         (["train", "ppo", "--clip-eps", "-0.1"], "clip-eps must be > 0, got -0.1"),
         (["train", "ppo", "--vf-coef", "-1"], "vf-coef must be >= 0, got -1.0"),

@@ -71,11 +71,21 @@ class DQNConfig(DQNFields, Config):
 
     def check(self):
         if self.total_steps < self.steps_per_row:
-            raise ValueError(f"total-steps {self.total_steps} is less than one row ({self.steps_per_row} steps)")
-        if not self.learning_starts < self.total_steps:  # at or past the end: not one gradient step
             raise ValueError(
-                f"learning-starts must lie in [0, total-steps {self.total_steps}) for any gradient step to be "
-                f"taken, got {self.learning_starts}"
+                f"total-steps {self.total_steps} is less than one row (steps-per-row {self.steps_per_row})"
+            )
+        run = self.total_steps // self.steps_per_row * self.steps_per_row  # whole rows: the steps that run
+        ran = "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
+        if not self.learning_starts < run:  # at or past the end: not one gradient step
+            raise ValueError(
+                f"learning-starts must lie in [0, {run}){ran} for any gradient step to be taken, "
+                f"got {self.learning_starts}"
+            )
+        interval = self.target_update_interval  # updates at its multiples: the first after learning starts
+        if (self.learning_starts // interval + 1) * interval > run:  # the target would stay as initialised
+            raise ValueError(
+                f"target-update-interval {interval} puts no target update between learning-starts "
+                f"{self.learning_starts} and the end ({run}){ran}: the target network would never learn"
             )
         self.validate_parallel("batch-size", self.batch_size)
         if self.epsilon_steps is not None:

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Literal
 
 from genesis_jax.algos.base import ActingFields, Config
-from genesis_jax.run.config import POSITIVE, POSITIVE_INT, RATE, ReplayFields, ResMLPFields
+from genesis_jax.run.config import INT32_STEPS, POSITIVE, POSITIVE_INT, RATE, ReplayFields, ResMLPFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class SACConfig(SACFields, Config):
     max_grad_norm: float | None = None  # SAC (CleanRL, SBX) does not clip
 
     FIELD_BOUNDS = {n: POSITIVE for n in ("critic_lr", "actor_lr", "alpha_lr", "init_alpha")}
-    FIELD_BOUNDS |= {"steps_per_row": POSITIVE_INT, "tau": RATE}
+    FIELD_BOUNDS |= {"steps_per_row": POSITIVE_INT, "tau": RATE, "total_steps": INT32_STEPS}
     FIELD_MULTIPLES = {"steps_per_row": "num_envs", "total_steps": "steps_per_row"}  # rows of whole vector steps
 
     def check(self):

@@ -36,7 +36,7 @@ class WorldModelFields(SeedFields):
     width: int = 128
     """Hidden width."""
     depth: int = 2
-    """Hidden layers."""
+    """Residual blocks of the MLP core (the GRU core is one cell)."""
     core: Literal["mlp", "gru"] = "mlp"
     """The dynamics core."""
     horizon: int = 1
@@ -65,5 +65,7 @@ class WorldModelConfig(WorldModelFields, Config):
 
     def check(self):
         self.validate_parallel("batch-size", self.batch_size)
-        if self.horizon > self.sequence_length:
+        if self.core == "gru" and self.depth != WorldModelFields.depth:  # it built one cell whatever was asked
+            raise ValueError(f"depth {self.depth} is the MLP core's blocks: the GRU core is one cell; drop --depth")
+        if self.horizon > self.sequence_length and not self.data.endswith(".npz"):  # a .npz's: checked on its data
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
