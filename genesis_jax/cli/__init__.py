@@ -436,7 +436,7 @@ def _run_collect(args) -> int:
     sizes = (args.num_sequences, args.sequence_length, args.seed)
     check_collect_args(args.env, *sizes)
     check_collect_args(args.env, *sizes, resolve_env(args.env, args.env_backend))
-    policy, name = None, "random policy"
+    policy, name, repeat = None, "random policy", 1
     if args.policy != "random":  # a trained agent acts: the world model's data takes any act(key, obs)
         from genesis_jax.algos.evaluate import load
 
@@ -446,9 +446,9 @@ def _run_collect(args) -> int:
                 f"the {trained.algorithm.upper()} run in {args.policy} was trained on {trained.spec.env_id}, "
                 f"not {args.env}"
             )
-        policy = trained.act
+        policy, repeat = trained.act, getattr(trained.config, "action_repeat", 1)  # the agent's control rate
         name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.row_key} {trained.row}"
-    data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name)
+    data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name, action_repeat=repeat)
     save_dataset(data, args.out)
     print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")
     return 0

@@ -38,11 +38,19 @@ def random_policy(spec, num_envs: int):
 
 
 def collect_dataset(
-    env_id: str, num_sequences=64, length=64, seed=0, backend=None, policy=None, policy_name="random policy"
+    env_id: str,
+    num_sequences=64,
+    length=64,
+    seed=0,
+    backend=None,
+    policy=None,
+    policy_name="random policy",
+    action_repeat=1,
 ) -> dict:
     """Trajectories from a gymnax (vmapped, under jit) or host (gymnasium, EnvPool) environment
     id, acting with a random policy or with `policy(key, obs) -> actions` (for all
-    `num_sequences` environments at once), such as a trained agent's `act`, named `policy_name`.
+    `num_sequences` environments at once), such as a trained agent's `act`, named `policy_name`;
+    on host environments, each action repeated `action_repeat` times (a trained agent's own).
 
     Sequences run on across episode ends; `next_obs` holds each step's pre-reset observation,
     so every one-step target is right (a multi-step window may span an episode end).
@@ -55,19 +63,20 @@ def collect_dataset(
     if policy is None:
         policy, policy_name = random_policy(spec, num_sequences), "random policy"
     keys = jax.random.split(jax.random.PRNGKey(seed), length + 1)
-    o, a, r, term, final = _rollout(spec, num_sequences, policy, keys, seed)  # [steps, sequences]
+    o, a, r, term, final = _rollout(spec, num_sequences, policy, keys, seed, action_repeat)  # [steps, sequences]
     columns = {"obs": np.concatenate([o, final[-1:]]), "next_obs": final, "action": a, "reward": r, "terminated": term}
     data = {k: v.swapaxes(0, 1) if k == "action" else v.swapaxes(0, 1).astype(np.float32) for k, v in columns.items()}
-    source = f"{spec.backend}:{env_id}({policy_name}, seed={seed})"
+    repeat = f", action-repeat {action_repeat}" if action_repeat != 1 else ""
+    source = f"{spec.backend}:{env_id}({policy_name}, seed={seed}{repeat})"
     return {**data, "meta": {"source": source, "discrete_actions": not spec.continuous, "action_dim": spec.action_dim}}
 
 
-def _rollout(spec, num_envs: int, act, keys, seed: int) -> tuple:
+def _rollout(spec, num_envs: int, act, keys, seed: int, action_repeat: int = 1) -> tuple:
     """[steps, envs] (obs, action, reward, terminated, final_obs) of `act` in `spec`'s
     environments, one compiled scan (host environments stepped through `io_callback`)."""
     from genesis_jax.envs.in_loop import in_loop_env
 
-    env, host = in_loop_env(spec, num_envs, seed), spec.backend != "gymnax"
+    env, host = in_loop_env(spec, num_envs, seed, action_repeat=action_repeat), spec.backend != "gymnax"
 
     def step(carry, key):
         obs, state = carry

@@ -220,3 +220,14 @@ def test_config_refuses_what_it_would_ignore_and_leaves_a_npz_s_length_to_the_da
     with pytest.raises(ValueError, match="horizon 35 is longer than the sequences \\(32\\)"):
         WorldModelConfig(horizon=35)
     assert WorldModelConfig(data="runs/cartpole-40-steps.npz", horizon=35).horizon == 35
+
+
+def test_collecting_repeats_each_action_as_the_agent_was_trained_to():
+    """A policy trained with action-repeat 4 acts at a quarter of the control rate: `collect
+    --policy` played it at every step (Pendulum's 200-step episodes, not 50) and said nothing."""
+    ends = {}
+    for repeat in (1, 4):
+        data = trajectories.collect_dataset("Pendulum-v1", 2, 60, 0, "gymnasium", action_repeat=repeat)
+        ends[repeat] = np.flatnonzero(np.any(data["obs"][0, 1:] != data["next_obs"][0], axis=-1)).tolist()
+        assert data["meta"]["source"].endswith("seed=0)" if repeat == 1 else "seed=0, action-repeat 4)")
+    assert ends == {1: [], 4: [49]}  # the 50th agent step is the 200th environment step: the episode's end
