@@ -617,11 +617,12 @@ class Algorithm:
         greedy policy (`act(state, greedy=True)`) after training, played as `genesis-jax eval` plays
         them (`envs.play`), seed k's from seed + k (as a 1-seed run of that seed). Empty where the
         algorithm does not act, or its episodes cannot all end under jit (a host environment, no time limit)."""
-        if self.act is None or self.spec.backend != "gymnax" or self.spec.max_episode_steps is None:
+        episodes = getattr(self.config, "eval_episodes", 0)
+        if self.act is None or not episodes:
             return {}
-        episodes = self.config.eval_episodes
-        if not episodes:
-            return {}
+        if self.spec.backend != "gymnax" or self.spec.max_episode_steps is None:  # said, not skipped silently
+            where = "a host environment" if self.spec.backend != "gymnax" else "an environment with no time limit"
+            return {"eval_return_is": f"not played: {where} (genesis-jax eval plays it)"}
         act = lambda state, key, obs: self.act(state, greedy=True)(key, obs)
         seeds = [jax.tree.map(lambda x: x[k], state) for k in range(self.num_seeds)] if self.num_seeds > 1 else [state]
         played = [play_gymnax(self.spec, act, s, episodes, self.config.seed + k) for k, s in enumerate(seeds)]

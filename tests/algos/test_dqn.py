@@ -119,6 +119,9 @@ def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
     # Each of the 2 environments steps 500 times: CartPole's time limit ends at least one episode of each.
     assert result.summary["env_backend"] == "gymnasium" and sum(r["episodes"] for r in rows) >= 2
     assert state.buffer.experience["obs"].dtype == jnp.float32 and state.obs.shape == (2, 4)
+    # eval-episodes (32 by default) are not played under jit on a host environment: said, not skipped silently
+    assert "eval_return" not in result.summary
+    assert result.summary["eval_return_is"] == "not played: a host environment (genesis-jax eval plays it)"
 
 
 @pytest.mark.slow  # Nature CNN on 84x84x4 frames, compiled and trained on the CPU: about 30 s on 2 cores
