@@ -190,6 +190,14 @@ def _check_shapes(arrays: dict, meta: dict) -> None:
         raise DatasetError(f"{key} must have shape [sequences, steps{last}] = {want}, got {shape}")
 
 
+def _beyond(x: np.ndarray, limit: float) -> np.ndarray:
+    """Where |x| > `limit`; none where `x`'s dtype cannot hold a finite value above it (float16
+    data against float32's limits: the comparison would overflow the limit to inf, with a warning)."""
+    if x.dtype.kind == "f" and limit >= float(np.finfo(x.dtype).max):
+        return np.zeros(x.shape, bool)
+    return np.abs(x) > limit
+
+
 def _check_values(key: str, x: np.ndarray, meta: dict, input_limit: float, precision: str) -> None:
     """The first value of `x` each check refuses: where, how many, and why."""
     if key == "action" and meta["discrete_actions"]:
@@ -198,7 +206,7 @@ def _check_values(key: str, x: np.ndarray, meta: dict, input_limit: float, preci
         dim = meta["action_dim"]
         checks = [(True, lambda: (x < 0) | (x >= dim), f"actions must lie in [0, {dim}) (meta action_dim {dim})")]
     else:
-        big = lambda limit: lambda: np.abs(x) > limit  # noqa: E731
+        big = lambda limit: lambda: _beyond(x, limit)  # noqa: E731
         network = f"the network of a run in {precision} takes |x| <= {input_limit:g} (its compute dtype's maximum)"
         squared = f"the float32 squared error of a value beyond |x| = {SQUARED_ERROR_LIMIT:.3g} is infinite"
         checks = [

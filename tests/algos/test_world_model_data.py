@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -219,3 +220,15 @@ def test_a_run_that_applied_no_update_says_so_instead_of_a_loss(rate):
         assert summary["applied_updates"] == 8 and summary["skipped_updates"] == 0
         assert np.isfinite(summary["final_train_loss"]) and summary["final_train_loss"] > 0
         assert "train_loss=" in line and "no update was applied" not in line
+
+
+def test_float16_data_is_checked_against_float32_limits_without_an_overflow_warning():
+    """Comparing float16 values with float32's maximum overflowed the limit to inf, which numpy
+    said in a warning the run printed ("overflow encountered in cast"); the data was fine."""
+    data = wm_data.synthetic_dataset(4, 5)
+    half = {**data, "obs": data["obs"].astype(np.float16), "reward": data["reward"].astype(np.float16)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trajectories.validate_dataset(half, "half.npz", jnp.float32, "fp32")
+    with pytest.raises(trajectories.DatasetError, match="obs holds .* takes \\|x\\| <= 65504"):  # still checked
+        trajectories.validate_dataset({**data, "obs": data["obs"] * 1e5}, "big.npz", jnp.float16, "fp16")
