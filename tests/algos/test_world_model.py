@@ -231,3 +231,10 @@ def test_collecting_repeats_each_action_as_the_agent_was_trained_to():
         ends[repeat] = np.flatnonzero(np.any(data["obs"][0, 1:] != data["next_obs"][0], axis=-1)).tolist()
         assert data["meta"]["source"].endswith("seed=0)" if repeat == 1 else "seed=0, action-repeat 4)")
     assert ends == {1: [], 4: [49]}  # the 50th agent step is the 200th environment step: the episode's end
+
+
+def test_an_unknown_data_name_lists_what_data_takes(capsys):
+    assert main(["train", "world-model", "--data", "synthetic_small", "--epochs", "1", "--no-progress"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("genesis-jax: error: --data takes synthetic, synthetic-small, synthetic-wide, an envir")
+    assert line.endswith(" (or synthetic-small?)"), line

@@ -9,6 +9,8 @@ loss against the data's noise floor, and memory statistics.
 
 from __future__ import annotations
 
+import difflib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,8 +49,15 @@ def load_data(config: WorldModelConfig, precision) -> dict:
         data = SYNTHETIC[config.data](*size)
     elif config.data.endswith(".npz"):
         data = trajectories.load_dataset(config.data)
-    else:  # an environment id (gymnax or gymnasium): random-policy data; unknown ids fail there
-        data = trajectories.collect_dataset(config.data, *size)
+    else:  # an environment id (gymnax or gymnasium): random-policy data
+        try:
+            data = trajectories.collect_dataset(config.data, *size)
+        except ValueError as err:
+            if not str(err).startswith("unknown environment id"):
+                raise
+            near = difflib.get_close_matches(config.data, list(SYNTHETIC), n=1)
+            kinds = f"{', '.join(SYNTHETIC)}, an environment id or a file ending in .npz"
+            raise ValueError(f"--data takes {kinds}: {err}" + (f" (or {near[0]}?)" if near else "")) from None
     trajectories.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
     return data
 
