@@ -8,6 +8,7 @@ import optax
 
 from genesis_jax import amp
 from genesis_jax.nets.mlp import MLP
+from genesis_jax.run.config import SEED_MAX, MixedPrecisionConfig
 
 
 def run_demo(
@@ -22,6 +23,10 @@ def run_demo(
     """Fits y = sum(sin(x)) with a 64x64 MLP; returns final loss, loss scale and skipped steps."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be an integer from 0 to {SEED_MAX}, got {seed}")
+    scaling = dict(loss_scaling=loss_scaling, init_loss_scale=init_loss_scale, growth_interval=growth_interval)
+    MixedPrecisionConfig(precision=precision, min_loss_scale=min_loss_scale, **scaling)  # refused as train's flags are
     prec = amp.get_precision(precision, loss_scaling)
     kx, kp = jax.random.split(jax.random.PRNGKey(seed))
     x = jax.random.normal(kx, (1024, 8))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping
@@ -279,7 +280,10 @@ class MixedPrecisionConfig:
         # Fail now on an unknown name or bad scaler, guard or fault settings; without touching
         # a device, which would start JAX before the CLI joins other processes.
         scaling = check_precision(self.precision, self.loss_scaling)
-        check_loss_scale_args(scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
+        try:
+            check_loss_scale_args(scaling, self.init_loss_scale, self.growth_interval, self.min_loss_scale)
+        except ValueError as err:  # amp's argument names, said as this config's flags
+            raise ValueError(re.sub(r"\b(init|min)_scale\b", r"\1-loss-scale", str(err))) from None
         self.divergence_guard()
         self.fault_injection(0)
         check_relations(self)  # the relations between fields, each class's (`FIELD_MULTIPLES`, `check`)

@@ -152,6 +152,11 @@ def test_seeds_trained_together_must_stay_within_32_bits():
         ),
         (["train", "ppo", "--num-envs", str(10**8), "--total-steps", str(10**11)], "above 2147483647 (int32)"),
         (["train", "ppo", "--clip-eps", "-0.1"], "clip-eps must be > 0, got -0.1"),
+        (
+            ["train", "ppo", "--precision", "fp16", "--min-loss-scale", "1e9"],
+            "min-loss-scale must be finite, > 0 and <= init-loss-scale",
+        ),  # fmt: skip
+        (["train", "ppo", "--init-loss-scale", "1e-40"], "init-loss-scale must be finite and >= 2^-126"),
         (["train", "ppo", "--vf-coef", "-1"], "vf-coef must be >= 0, got -1.0"),
         (["train", "world-model", "--seed", str(2**64)], "seed must be an integer from 0 to 4294967295"),
         (["train", "world-model", "--eval-fraction", "1"], "eval-fraction must be in (0, 1), got 1.0"),
@@ -164,6 +169,20 @@ def test_the_cli_refuses_overflowing_and_negative_values_in_one_line(tmp_path, c
     line = one_line(capsys)
     assert line.startswith("genesis-jax") and "error" in line and words in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--init-loss-scale", "1e-40"], "init-loss-scale must be finite and >= 2^-126"),  # as train's flags say it
+        (["--precision", "fp16", "--min-loss-scale", "1e9"], "min-loss-scale must be finite, > 0 and <= init-loss"),
+        (["--seed", "-5"], "seed must be an integer from 0 to 4294967295, got -5"),  # it ran, as train refuses
+    ],
+)
+def test_the_demo_refuses_what_train_refuses_in_train_s_words(capsys, argv, words):
+    assert main(["demo", *argv, "--steps", "1"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("genesis-jax: error: ") and words in line, line
 
 
 # -- the environment's precision variables and the fp16-full warning ------------------------------
