@@ -259,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="random",
         help="random, or a run directory of ppo, dqn, sac or pqn (its newest checkpoint acts, as in training)",
     )
+    arg("--seed-index", type=int, default=0, help="of a --policy run of several seeds, which one (default 0)")
     arg("--num-sequences", type=int, default=256)
     arg("--sequence-length", type=int, default=64)
     arg("--seed", type=int, default=0)
@@ -437,10 +438,12 @@ def _run_collect(args) -> int:
     check_collect_args(args.env, *sizes)
     check_collect_args(args.env, *sizes, resolve_env(args.env, args.env_backend))
     policy, name, repeat = None, "random policy", 1
+    if args.policy == "random" and args.seed_index:
+        raise ValueError("--seed-index picks a seed of a --policy run; a random policy has none")
     if args.policy != "random":  # a trained agent acts: the world model's data takes any act(key, obs)
         from genesis_jax.algos.evaluate import load
 
-        trained = load(args.policy, greedy=False)  # as in training: PPO and SAC sample, DQN and PQN explore
+        trained = load(args.policy, greedy=False, seed_index=args.seed_index)  # as in training: sampled, explored
         if trained.spec.env_id != args.env:
             raise ValueError(
                 f"the {trained.algorithm.upper()} run in {args.policy} was trained on {trained.spec.env_id}, "
@@ -448,6 +451,7 @@ def _run_collect(args) -> int:
             )
         policy, repeat = trained.act, getattr(trained.config, "action_repeat", 1)  # the agent's control rate
         name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.row_key} {trained.row}"
+        name += f", the run's seed {trained.seed}" if trained.config.num_seeds > 1 else ""
     data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name, action_repeat=repeat)
     save_dataset(data, args.out)
     print(f"wrote {args.out}: {args.num_sequences} sequences x {args.sequence_length} steps, {data['meta']['source']}")

@@ -123,6 +123,25 @@ def test_pqn_greedy_return_is_each_seeds_own_greedy_evaluation(trained, capsys):
         assert result["seed_index"] == index and result["mean_return"] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # the tiny PQN run of 2 seeds (shared), and what each seed collects
+def test_collect_plays_the_seed_it_is_asked_for_and_says_which(trained, capsys, tmp_path):
+    """A run of several seeds collected with seed 0 alone, and the dataset did not say."""
+    run = trained("pqn", **OVERRIDES["pqn"])
+    sources, collected = [], []
+    for index in (0, 1):
+        out = tmp_path / f"seed{index}.npz"
+        argv = ["collect", "--env", "CartPole-v1", "--policy", str(run), "--seed-index", str(index)]
+        assert main([*argv, "--num-sequences", "4", "--sequence-length", "8", "--out", str(out)]) == 0
+        data = np.load(out)
+        sources.append(json.loads(str(data["meta"]))["source"])
+        collected.append(data["action"])
+    assert [s.split(", the run's seed ")[1].split(",")[0] for s in sources] == ["3", "4"]  # --seed 3: seeds 3, 4
+    assert not np.array_equal(*collected)  # each seed's own policy acted
+    out = tmp_path / "random.npz"
+    assert main(["collect", "--env", "CartPole-v1", "--seed-index", "1", "--out", str(out)]) == 2
+    assert "a random policy has none" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.slow  # a tiny PQN run on MinAtar Breakout, 4 frames drawn by gymnax's renderer
 def test_a_video_of_a_gymnax_environment(trained, capsys, tmp_path):
     from PIL import Image
