@@ -238,3 +238,7 @@ def test_an_unknown_data_name_lists_what_data_takes(capsys):
     line = capsys.readouterr().err.strip()
     assert line.startswith("genesis-jax: error: --data takes synthetic, synthetic-small, synthetic-wide, an envir")
     assert line.endswith(" (or synthetic-small?)"), line
+    # Image observations: refused before the dataset is collected (it was collected whole, then refused).
+    assert main(["train", "world-model", "--data", "Breakout-MinAtar", "--epochs", "1", "--no-progress"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == "genesis-jax: error: the world model takes vector observations; Breakout-MinAtar's are [10, 10, 4]"

@@ -22,6 +22,7 @@ from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
 from genesis_jax.data import trajectories
+from genesis_jax.envs.registry import resolve_env
 from genesis_jax.nets.world_model import WorldModel
 from genesis_jax.run import probes
 from genesis_jax.run.checkpoint import state_digest
@@ -51,13 +52,14 @@ def load_data(config: WorldModelConfig, precision) -> dict:
         data = trajectories.load_dataset(config.data)
     else:  # an environment id (gymnax or gymnasium): random-policy data
         try:
-            data = trajectories.collect_dataset(config.data, *size)
+            spec = resolve_env(config.data)
         except ValueError as err:
-            if not str(err).startswith("unknown environment id"):
-                raise
             near = difflib.get_close_matches(config.data, list(SYNTHETIC), n=1)
             kinds = f"{', '.join(SYNTHETIC)}, an environment id or a file ending in .npz"
             raise ValueError(f"--data takes {kinds}: {err}" + (f" (or {near[0]}?)" if near else "")) from None
+        if len(spec.obs_shape) != 1:  # refused now, not once the whole dataset is collected
+            raise ValueError(f"the world model takes vector observations; {config.data}'s are {list(spec.obs_shape)}")
+        data = trajectories.collect_dataset(config.data, *size)
     trajectories.validate_dataset(data, config.data, precision.compute_dtype, precision.name)
     return data
 
