@@ -616,7 +616,8 @@ class Algorithm:
         """The summary's `eval_return` (and per seed): the mean return of `eval_episodes` episodes of the
         greedy policy (`act(state, greedy=True)`) after training, played as `genesis-jax eval` plays
         them (`envs.play`), seed k's from seed + k (as a 1-seed run of that seed). Empty where the
-        algorithm does not act, or its episodes cannot all end under jit (a host environment, no time limit)."""
+        algorithm does not act or eval-episodes is 0; where its episodes cannot all end under jit (a
+        host environment, no time limit), `eval_return_is` says so."""
         episodes = getattr(self.config, "eval_episodes", 0)
         if self.act is None or not episodes:
             return {}

@@ -122,7 +122,7 @@ def _one_key(key) -> bool:
     dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
     if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         return shape == ()
-    return dtype == jnp.uint32 and shape == (2,)
+    return dtype == jnp.uint32 and shape == jax.random.PRNGKey(0).shape  # (2,); (4,) under the rbg implementation
 
 
 def _status(reader: RunDirectory, row: int, total: int, key: str) -> str:
@@ -196,7 +196,8 @@ def load(
                 f"{run_dir} holds {reader.contents()} but no complete checkpoint: there is no policy to load"
             )
         if step is not None and step not in steps:
-            what = f"{step!r} (a {type(step).__name__}, not an int)" if not isinstance(step, int) else step
+            integer = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+            what = step if integer else f"{step!r} (a {type(step).__name__}, not an int)"
             raise ValueError(f"{run_dir} has no checkpoint at {what}; it has {', '.join(map(str, steps))}")
         row = steps[-1] if step is None else step
         meta = store.read_meta(row)

@@ -46,19 +46,27 @@ def missing_rl_extra() -> str | None:
 
 
 class _Parser(argparse.ArgumentParser):
+    argv: Sequence[str] = ()  # the command line parsed: its subcommand's flags are a mistyped one's hints
+
+    def __init__(self, *args, **kwargs):  # --num-seed is not taken for --num-seeds: a typo is said, not guessed
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
     def error(self, message):  # one line, not the usage block, with the flags a mistyped one resembles
         unknown = message.removeprefix("unrecognized arguments: ").split() if "unrecognized" in message else []
-        flags = _option_strings(self)  # all subcommands' (the parser erring is the top one): another's is no hint
-        near = [m for arg in unknown if arg not in flags for m in difflib.get_close_matches(arg, flags, n=1)]
+        flags = _option_strings(self, self.argv)
+        near = [m for arg in unknown for m in difflib.get_close_matches(arg, flags, n=1)]
         hint = f" (did you mean {' or '.join(near)}?)" if near else ""
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}{hint}\n")
 
 
-def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every --flag of `parser` and of its subcommands' parsers."""
-    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    nested = [flag for action in subparsers for sub in action.choices.values() for flag in _option_strings(sub)]
-    return [flag for flag in parser._option_string_actions if flag.startswith("--")] + nested
+def _option_strings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """The --flags of `parser`, or of the subcommand `argv` names (the top parser reports its extras)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = next((action.choices[arg] for arg in argv if arg in action.choices), None)
+            if chosen is not None:
+                return _option_strings(chosen, ())
+    return [flag for flag in parser._option_string_actions if flag.startswith("--")]
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -579,7 +587,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if len(argv) >= 2 and argv[0] == "train" and argv[1] in REGISTRY:
         parts, run = parse_train_args(argv[1], argv[2:])
         return argparse.Namespace(command="train", workload=argv[1], parts=parts, run=run)
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.argv = argv
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -388,11 +388,12 @@ class Session:
         (Older checkpoints do not record it: not checked.)"""
         saved = meta.get("steps_per_row", self.steps_per_row)
         if saved != self.steps_per_row:
+            changes = f" ({'; '.join(self.config_changes)})" if self.config_changes else ""
             raise CheckpointMismatchError(
                 f"the checkpoint at {self.row_key} {meta.get(self.row_key)} counts {saved} {self.unit}s per "
-                f"{self.row_key}, these settings {self.steps_per_row} ({'; '.join(self.config_changes)}): the "
-                f"{self.row_key}s run would be counted in other units; resume with the run's own settings, or start "
-                "a new run (another --out, or --overwrite)"
+                f"{self.row_key}, these settings {self.steps_per_row}{changes}: the {self.row_key}s run would be "
+                "counted in other units; resume with the run's own settings, or start a new run (another --out, "
+                "or --overwrite)"
             )
 
     def _amount(self, rows: int) -> str:

@@ -167,11 +167,18 @@ def test_a_mistyped_flag_is_answered_with_the_flag_it_resembles(typo, meant, cap
 
 @pytest.mark.parametrize(
     ("argv", "hint"),
-    [(["eval", "runs/x", "--episods", "3"], " (did you mean --episodes?)"), (["eval", "runs/x", "--tasks", "3"], "")],
+    [
+        (["eval", "runs/x", "--episods", "3"], " (did you mean --episodes?)"),
+        (["eval", "runs/x", "--tasks", "3"], ""),  # study's: no flag of eval's is like it
+        (["eval", "runs/x", "--num-seed", "3"], " (did you mean --seed?)"),  # eval's own, not study's --num-seeds
+        (["study", "--out", "runs/s", "--num-seed", "3"], " (did you mean --num-seeds?)"),  # not taken as it: trained
+    ],
 )
-def test_a_mistyped_flag_of_another_subcommand_is_answered_too(argv, hint, capsys):
+def test_a_mistyped_flag_of_another_subcommand_is_answered_too(argv, hint, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip().endswith(f"unrecognized arguments: {' '.join(argv[2:])}{hint}")
+    assert capsys.readouterr().err.strip().endswith(f"unrecognized arguments: {' '.join(argv[-2:])}{hint}")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_parsing_a_train_command_does_not_start_jax():

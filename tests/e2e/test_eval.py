@@ -263,6 +263,8 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
         assert words in one_line_error(capsys)
     with pytest.raises(ValueError, match="has no checkpoint at '4' \\(a str, not an int\\); it has 4"):
         genesis_jax.load(run, step="4")
+    with pytest.raises(ValueError, match="has no checkpoint at 7; it has 4"):  # a numpy integer is one
+        genesis_jax.load(run, step=np.int64(7))
 
 
 def alter_keeping_the_checksum(checkpoints: pathlib.Path) -> None:
@@ -279,3 +281,16 @@ def alter_keeping_the_checksum(checkpoints: pathlib.Path) -> None:
     manager = ocp.CheckpointManager(checkpoints, item_names=("state", "meta"))
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
     manager.close()
+
+
+def test_one_key_is_one_key_of_either_kind_under_any_prng_implementation():
+    from genesis_jax.algos.evaluate import _one_key
+
+    before = jax.config.jax_default_prng_impl
+    try:
+        for impl in ("threefry2x32", "rbg"):  # rbg's raw keys are uint32[4]: the greedy default key was refused
+            jax.config.update("jax_default_prng_impl", impl)
+            assert _one_key(jax.random.PRNGKey(0)) and _one_key(jax.random.key(0))
+            assert not _one_key(jax.random.split(jax.random.PRNGKey(0), 2)) and not _one_key(7)
+    finally:
+        jax.config.update("jax_default_prng_impl", before)

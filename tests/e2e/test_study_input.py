@@ -25,6 +25,7 @@ from tests.e2e.test_study_honesty import SEEDS, files, one_line, study_argv, wri
         (["--plan", "--executor", "slurm"], "--plan runs only the pilot: --executor is the study's"),
         (["--plan", "--executor-options", "timeout_min=5"], "--plan runs only the pilot: --executor-options is"),
         (["--pilot-seeds", "4"], "--pilot-seeds is the pilot's: add --plan, or drop it"),
+        (["--pilot-seeds", "8"], "--pilot-seeds is the pilot's: add --plan, or drop it"),  # its default value too
     ],
 )
 def test_flags_the_command_would_ignore_are_refused(flags, message):
@@ -70,6 +71,10 @@ def test_an_out_that_is_a_file_or_inside_a_run_directory_is_refused(tmp_path, ca
         "of its own"
     )
     assert files(tmp_path / "done") == before
+    # A project's own checkpoints/ folder (or a summary.json) above --out is no run directory.
+    (tmp_path / "project" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "project" / "summary.json").write_text("{}")
+    assert main(study_argv(tmp_path / "project" / "studies" / "s", "--dry-run")) == 0
 
 
 def last_line(capsys) -> str:

@@ -193,11 +193,16 @@ def test_a_study_without_confirmatory_in_a_planned_out_is_refused(planned_study,
             "or use another --out"
         )
     assert files(out) == before
-    # An exploratory study whose cells began there (as committed studies did) still reports, as exploratory.
-    write_study_cells(out, saved, record=None)
-    assert main([*confirmatory_argv(out, saved)[:-1], "--report-only"]) == 0
+    # An exploratory study whose cells began there (as committed studies did) still reports, as exploratory,
+    # and says it ran fewer seeds than the plan asks.
+    seed = saved["study"]["seed"]
+    for precision in ("fp32", "fp16"):
+        write_cell(out, precision, num_seeds=3, seed=seed, returns=[450.0 + 5 * k for k in range(3)])
+    argv = ["study", "--out", str(out), "--precisions", "fp32,fp16", "--total-steps", str(STEPS), "--reps", "100"]
+    assert main([*argv, "--seed", str(seed), "--num-seeds", "3", "--no-cost", "--no-progress", "--report-only"]) == 0
     report = (out / "report.md").read_text()
     assert f"Exploratory: a plan (`{plan.plan_hash(saved)}`) is in this --out, but the study was not run" in report
+    assert "this study ran 3, fewer than planned for CartPole-v1" in report
 
 
 def test_a_plan_json_edited_after_plan_md_is_refused(planned_study, tmp_path, capsys):

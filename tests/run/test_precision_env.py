@@ -49,3 +49,13 @@ def test_a_config_keeps_a_named_precision_as_its_name(given, kept):
     from genesis_jax.algos.ppo import PPOConfig
 
     assert PPOConfig(precision=given).precision == kept
+
+
+def test_a_run_that_recorded_fp16_in_capitals_resumes_in_fp16():
+    """Runs before named precisions were kept as names recorded 'FP16'; a resume in it was
+    refused as another precision, advising the spelling just refused."""
+    from genesis_jax.algos.ppo import PPOConfig
+    from genesis_jax.run.run_dir import check_config_changes
+
+    config = PPOConfig(precision="fp16")
+    assert check_config_changes({"config": {**config.to_dict(), "precision": "FP16"}}, config, allow=False) == []

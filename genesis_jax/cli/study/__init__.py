@@ -224,11 +224,13 @@ def _prepare(out: pathlib.Path, cell_plan: dict, dry_run: bool, cost_path=None, 
 
 def check_out(out: pathlib.Path) -> None:
     """Refuses, in one line, an --out that is a file (or under one) or inside a run directory
-    (one holding summary.json or checkpoints/: a cell's, say)."""
+    (one holding metrics.jsonl beside summary.json or checkpoints/: a cell's, say; a project's
+    own checkpoints/ folder is not one)."""
     for where in (out.resolve(), *out.resolve().parents):
         if where.exists() and not where.is_dir():
             raise ValueError(f"--out {out}: {where} is a file; give the study a directory")
-        if (where / "summary.json").is_file() or (where / "checkpoints").is_dir():
+        run = (where / "summary.json").is_file() or (where / "checkpoints").is_dir()
+        if run and (where / "metrics.jsonl").is_file():
             raise ValueError(f"--out {out} is inside the run directory {where}; give the study a directory of its own")
 
 
@@ -242,7 +244,7 @@ def check_flags(args) -> None:
             raise ValueError(
                 f"--plan runs only the pilot: {given[0]} is the study's; give it to the command plan.md prints"
             )
-    elif args.pilot_seeds not in (None, plan.PILOT_SEEDS):  # its default: --plan's (None where the parser says)
+    elif args.pilot_seeds is not None:
         raise ValueError("--pilot-seeds is the pilot's: add --plan, or drop it")
 
 

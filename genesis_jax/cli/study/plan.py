@@ -199,9 +199,11 @@ def check_plan(out, saved: dict, tasks) -> None:
     edited after), that lacks a field the study reads, or whose margin or failure threshold
     is not the one this genesis-jax judges at (`stats.MARGIN`, `stats.FAIL_BELOW`)."""
     digest, md = plan_hash(saved), out / "plan.md"
-    stated = re.search(r"^Plan `(\w+)`", md.read_text(), re.M) if md.exists() else None
+    if not md.exists():
+        raise ValueError(f"{md} is missing: it states the plan's hash; restore it, or plan again in another --out")
+    stated = re.search(r"^Plan `(\w+)`", md.read_text(), re.M)
     if stated is None or stated[1] != digest:
-        said = f"states plan {stated[1]}" if stated else "is missing or states no plan"
+        said = f"states plan {stated[1]}" if stated else "states no plan"
         raise ValueError(
             f"plan.json was edited after plan.md was written (plan.md {said}, plan.json's hash is {digest}): "
             "restore plan.json, or plan again in another --out"
