@@ -85,9 +85,9 @@ def _rollout(spec, num_envs: int, act, keys, seed: int, action_repeat: int = 1) 
         next_obs, state, reward, terminated, _, final_obs = env.step(jax.random.split(k_env, num_envs), state, action)
         return (next_obs, state), (obs, action, reward, terminated, final_obs)
 
-    rollout = jax.jit(lambda reset_key, step_keys: jax.lax.scan(step, env.reset(reset_key), step_keys)[1])
-    try:
-        return tuple(np.asarray(x) for x in rollout(keys[0], keys[1:]))
+    rollout = jax.jit(lambda first, step_keys: jax.lax.scan(step, first, step_keys)[1])
+    try:  # reset eagerly: a host environment computing with JAX (gymnasium's phys2d) cannot be traced
+        return tuple(np.asarray(x) for x in rollout(env.reset(keys[0]), keys[1:]))
     finally:
         env.close()
 

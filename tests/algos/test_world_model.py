@@ -242,3 +242,11 @@ def test_an_unknown_data_name_lists_what_data_takes(capsys):
     assert main(["train", "world-model", "--data", "Breakout-MinAtar", "--epochs", "1", "--no-progress"]) == 2
     line = capsys.readouterr().err.strip()
     assert line == "genesis-jax: error: the world model takes vector observations; Breakout-MinAtar's are [10, 10, 4]"
+
+
+def test_collecting_from_a_host_environment_that_computes_with_jax():
+    """gymnasium's phys2d environments compute with JAX: their reset, traced inside the
+    collecting program, raised JAX's TracerArrayConversionError (train dqn ran on them)."""
+    data = trajectories.collect_dataset("phys2d/CartPole-v1", 2, 3, 0, "gymnasium")
+    assert data["obs"].shape == (2, 4, 4) and np.isfinite(data["obs"]).all()
+    assert data["meta"]["source"] == "gymnasium:phys2d/CartPole-v1(random policy, seed=0)"
