@@ -444,7 +444,8 @@ def _run_collect(args) -> int:
     check_output_path(args.out)
     sizes = (args.num_sequences, args.sequence_length, args.seed)
     check_collect_args(args.env, *sizes)
-    check_collect_args(args.env, *sizes, resolve_env(args.env, args.env_backend))
+    spec = resolve_env(args.env, args.env_backend)
+    check_collect_args(args.env, *sizes, spec)
     policy, name, repeat = None, "random policy", 1
     if args.policy == "random" and args.seed_index:
         raise ValueError("--seed-index picks a seed of a --policy run; a random policy has none")
@@ -458,6 +459,11 @@ def _run_collect(args) -> int:
                 f"not {args.env}"
             )
         policy, repeat = trained.act, getattr(trained.config, "action_repeat", 1)  # the agent's control rate
+        if repeat != 1 and spec.backend != "gymnasium":  # it would act at every step, unsaid
+            raise ValueError(
+                f"the run in {args.policy} repeats each action {repeat} times, which gymnasium environments do: "
+                "collect with --env-backend gymnasium"
+            )
         name = f"{trained.algorithm.upper()} checkpoint {args.policy} {trained.row_key} {trained.row}"
         name += f", the run's seed {trained.seed}" if trained.config.num_seeds > 1 else ""
     data = collect_dataset(args.env, *sizes, args.env_backend, policy, policy_name=name, action_repeat=repeat)

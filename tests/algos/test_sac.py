@@ -2,6 +2,7 @@
 loss scaler (each skips on its own gradients, the scale backs off once per iteration), bad
 input, learning Pendulum-v1 (SIGKILL and resume: tests/algos/test_registry.py)."""
 
+import json
 import math
 
 import jax
@@ -171,3 +172,19 @@ def test_the_actor_and_critic_heads_compute_in_float32_under_a_half_precision():
     assert q.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(q))) and float(jnp.max(q)) > 65504
     matmuls = dtype_report(lambda p: net.apply(p, obs, act), params).dtypes("matmul")
     assert matmuls == {"float16": 1, "float32": 1}, matmuls
+
+
+@pytest.mark.slow  # a tiny SAC run on gymnasium, then what it collects: about 15 s
+def test_collect_repeats_a_trained_agents_actions_or_refuses_an_environment_that_cannot(tmp_path, capsys):
+    run, data = tmp_path / "sac", tmp_path / "pendulum.npz"
+    config = SACConfig(**{**TINY, "total_steps": 32}, env="Pendulum-v1", env_backend="gymnasium", action_repeat=4)
+    train(config, str(run), progress=False)
+    argv = ["collect", "--env", "Pendulum-v1", "--policy", str(run), "--num-sequences", "2", "--sequence-length", "4"]
+    assert main([*argv, "--env-backend", "gymnasium", "--out", str(data)]) == 0
+    assert "action-repeat 4" in json.loads(str(np.load(data)["meta"]))["source"]
+    assert main([*argv, "--env-backend", "gymnax", "--out", str(tmp_path / "gymnax.npz")]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("repeats each action 4 times, which gymnasium environments do: collect with --env-backend gymnasium")
+    )
