@@ -15,7 +15,7 @@ ENVPOOL_PACKAGES = (("envpool", "envpool", "envpool"),)
 
 
 def require_packages(env_id: str, backend: str | None) -> None:
-    """One ImportError with its install hint (the CLI: exit 4) where `env_id` or `backend` needs
+    """One ImportError with its install hint (the CLI: exit 2) where `env_id` or `backend` needs
     an optional package that is not installed (before its id would be reported as unknown)."""
     atari = env_id.startswith("ALE/") and backend in (None, "gymnasium")
     for module, package, extra in ENVPOOL_PACKAGES if backend == "envpool" else ATARI_PACKAGES if atari else ():
