@@ -37,6 +37,7 @@ import functools
 import logging
 import signal
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -200,6 +201,7 @@ class Session:
         self._last_save = 0
         self._saved = False  # whether this session saved a checkpoint
         self._signals: StopSignals | None = None
+        self._waiting = False  # a chunk is being waited for (`_fetched`)
         self.previous_summary: dict = {}  # on resume: the summary.json found in the directory
         self._summary: dict | None = None  # the summary `finish` wrote
 
@@ -208,7 +210,7 @@ class Session:
     def __enter__(self) -> "Session":
         # From here to the end a signal only sets a flag the loop reads: a SIGTERM while the
         # old run is set aside or the chunk compiles still ends in a clean stop.
-        self._signals = StopSignals().__enter__()
+        self._signals = StopSignals(notice=self._stopping_note).__enter__()
         try:
             parallel.barrier("genesis-session-checked")
             if self.run_dir is not None:
@@ -463,7 +465,7 @@ class Session:
                 pending = dispatch(state) if starts else None
                 while pending is not None:
                     (state, metrics), pending = pending, None
-                    metrics = jax.device_get(metrics)
+                    metrics = self._fetched(metrics)
                     self.run_seconds += time.perf_counter() - self._dispatched
                     halted = isinstance(metrics, dict) and "halted" in metrics and bool(np.any(metrics["halted"]))
                     # A halted chunk logs rows only up to the halt, and nothing runs after it.
@@ -488,6 +490,34 @@ class Session:
         finally:
             bar.close()
         return state
+
+    def _fetched(self, metrics):
+        """The chunk's metrics on the host, waited for in another thread: the main thread waits on
+        a lock, where a signal's handler runs at once (in `jax.device_get` it ran when the chunk
+        returned, minutes later for a big one), so a stop is said when it is asked for."""
+        out: list = []
+
+        def fetch():
+            try:
+                out.append(jax.device_get(metrics))
+            except BaseException as err:  # raised here, in the run's thread
+                out.append(err)
+
+        waiter = threading.Thread(target=fetch, daemon=True)
+        self._waiting = True
+        try:
+            waiter.start()
+            waiter.join()
+        finally:
+            self._waiting = False
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    def _stopping_note(self, signum) -> None:
+        if self._waiting:  # a chunk is running: it ends, and is saved, first
+            name = signal.Signals(signum).name
+            self.note(f"{name} received: stopping when the chunk now running ends (a checkpoint is saved then)")
 
     def note(self, text: str) -> None:
         """One line on stderr from process 0 (a notice before the progress bar starts)."""

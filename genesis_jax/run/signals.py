@@ -99,15 +99,19 @@ def handling_signals(handler, only_python_handled: bool = False):
 
 class StopSignals:
     """Context manager: SIGINT and SIGTERM set `received` (the signal number) instead of
-    killing the process; the loop checks it between chunks. Outside the main thread, where
-    Python cannot install handlers, it does nothing."""
+    killing the process; the loop checks it between chunks. `notice(signum)`, where given, is
+    called on the first. Outside the main thread, where Python cannot install handlers, it does
+    nothing."""
 
-    def __init__(self):
+    def __init__(self, notice=None):
         self.received: int | None = None
+        self.notice = notice
         self._handlers = contextlib.ExitStack()
 
     def _handle(self, signum, _frame):
-        self.received = signum
+        first, self.received = self.received is None, signum
+        if first and self.notice is not None:
+            self.notice(signum)
 
     def __enter__(self):
         for previous in self._handlers.enter_context(handling_signals(self._handle)).values():

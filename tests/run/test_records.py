@@ -427,3 +427,40 @@ def test_a_run_that_fails_midway_writes_a_summary_saying_so(tmp_path):
     assert toy(run, 4, resume=True)["stopped"] is None  # from the checkpoint of chunk 3
     assert metric_chunks(run) == [1, 2, 3, 4]
     assert json.loads((run / "summary.json").read_text())["final_loss"] == toy_loss(4)
+
+
+def test_a_stop_asked_for_while_a_chunk_runs_is_said_at_once(tmp_path):
+    """The run waits for a chunk in another thread, so a signal's handler runs at once: waited
+    for in `jax.device_get`, it ran only when the chunk returned (minutes for a big one), and the
+    run said nothing in between. The chunk still ends, and is saved, first."""
+    import threading
+    import time
+
+    import jax
+
+    work = jax.jit(lambda m, n: jax.lax.fori_loop(0, n, lambda i, a: jnp.tanh(a @ a), m))
+    m = jnp.full((256, 256), 0.01, jnp.float32)
+    work(m, 1).block_until_ready()  # compiled; then timed, for a chunk of about 1.5 s on this machine
+    start = time.perf_counter()
+    work(m, 20).block_until_ready()
+    n = max(20, int(20 * 1.5 / (time.perf_counter() - start)))
+
+    def step(state):
+        out = work(state["m"], state["n"])  # dispatched, not waited for: the wait is the run's
+        return {**state, "m": out}, {"loss": out[0, 0]}
+
+    events = []
+    to_rows = lambda metrics, done: events.append(("rows", time.perf_counter())) or [{"chunk": done + 1}]  # noqa: E731
+    with Session(str(tmp_path), name="toy", num_rows=3, row_key="chunk", unit="chunk", progress=False,
+                 checkpoint_every=1) as session:  # fmt: skip
+        session.note = lambda text: events.append((text, time.perf_counter()))
+        state = session.restore({"m": m, "n": jnp.int32(n)})
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        state = session.run(state, step, to_rows)
+        with pytest.raises(TrainingInterrupted):
+            session.finish({}, state)
+    assert [text for text, _ in events] == [
+        "SIGTERM received: stopping when the chunk now running ends (a checkpoint is saved then)",
+        "rows",
+    ]  # said while the chunk ran; that chunk's row, then the stop
+    assert events[0][1] < events[1][1] and metric_chunks(tmp_path) == [1]
