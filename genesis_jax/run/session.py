@@ -315,8 +315,9 @@ class Session:
         step = self._resume_step(steps, rows)
         self.previous_summary = self.run_dir.read_summary() or {}
         if step is not None:
-            self._check_row_units(self.store.read_meta(step))
-            target, fit = reshape(state, self.store.read_meta(step)) if reshape else (state, lambda s: s)
+            saved_meta = self.store.read_meta(step)
+            self._check_row_units(saved_meta)
+            target, fit = reshape(state, saved_meta) if reshape else (state, lambda s: s)
             try:
                 restored, meta = self.store.restore(
                     target, step, self.name, self.train_state_path, allow_unverified=self.allow_unverified
@@ -401,10 +402,9 @@ class Session:
     def _amount(self, rows: int) -> str:
         """`rows` in the run's units: '8 updates (4096 steps)', or '3 epochs'; in rows alone where
         settings changed (allowed): the rows already run may have counted other units."""
-        plural = lambda n, name: f"{n} {name}" + ("" if n == 1 else "s")  # noqa: E731
-        text = plural(rows, self.row_key)
+        text = progress.count(rows, self.row_key)
         if self.steps_per_row != 1 and set(self.config_changes) <= {self._moved_schedules}:  # units unchanged
-            text += f" ({plural(rows * self.steps_per_row, self.unit)})"
+            text += f" ({progress.count(rows * self.steps_per_row, self.unit)})"
         return text
 
     def save(self, state) -> None:
@@ -544,15 +544,16 @@ class Session:
         if self.unverified_checkpoint is not None:
             summary["unverified_checkpoint"] = self.unverified_checkpoint
         untouched = self.stopped not in (None, "diverged") and not self.rows_run
+        config = summary_config(self.config) if self.config is not None else {}
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary
-            self.run_dir.write_summary(summary, summary_config(self.config) if self.config is not None else {})
+            self.run_dir.write_summary(summary, config)
             for writer in self.writers:
                 writer.write_summary(summary)
             if plot is not None:
                 plot(self.rows, self.run_dir.path)
         if self.config is not None:  # as summary.json holds it
-            summary["config"] = summary_config(self.config)
+            summary["config"] = config
         where = f"; metrics and a checkpoint are in {self.path}" if self.run_dir else ""
         if self.stopped == "diverged":
             report = None

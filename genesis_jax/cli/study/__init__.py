@@ -26,6 +26,7 @@ import numpy as np
 from genesis_jax.algos.base import MINATAR_GAMES
 from genesis_jax.cli.study import cells, cluster, cost, plan, report, stats
 from genesis_jax.cli.study.cells import BASELINE, PRECISIONS, TASKS
+from genesis_jax.run.progress import count
 from genesis_jax.run.signals import StopSignals, TrainingInterrupted
 
 __all__ = ["PRECISIONS", "PRESETS", "TASKS", "run_plan", "run_study"]
@@ -81,7 +82,7 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
     seeds, rerun = seed_lists[0], "rerun seed k alone with --seed k"
     if any("eval_loss" in s for s in cells_read):  # a world model's seeds share the first seed's data
         rerun += " (a world model's seed k trains on the first seed's data: rerun it with --num-seeds)"
-    seed_text = f"{cells.count(len(seeds), 'seed')} per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
+    seed_text = f"{count(len(seeds), 'seed')} per cell (seeds {seeds[0]} to {seeds[-1]}; {rerun})"
     if len(seed_lists) > 1:
         seed_text = f"seeds per cell differ: {', '.join(str(list(s)) for s in seed_lists)}"
     few = f" Fewer than {stats.MIN_SEEDS_FOR_VERDICT} seeds per cell: too few for a verdict."
@@ -94,7 +95,7 @@ def header(command: str | None, summaries: dict[str, dict[str, dict]], trained: 
         "return over the episodes of its last 10% of updates (a world model: log10 of its final eval loss), and the "
         f"AUC, each seed's mean over the run's {cells.AUC_POINTS} equal windows of the same. "
         f"Device: {', '.join(sorted({s['device'] for s in cells_read}))}. "
-        f"{cells.count(trained, 'cell')} trained in this invocation ({seconds:.0f} s), "
+        f"{count(trained, 'cell')} trained in this invocation ({seconds:.0f} s), "
         f"{len(cells_read) - trained} kept from before."
     )
     return [f"Command: `{command or 'run_study(...)'}`", "", text]
@@ -138,7 +139,7 @@ def train_cells(out: pathlib.Path, plan: dict, progress: bool, command, stop=Non
             _log(f"{task} {precision}: finished before, kept")
             continue
         field, cost_run = TASKS[task].budget_field, "the cost run (for the report: N seeds against 1): "
-        seeds = cells.count(config.num_seeds, "seed")
+        seeds = count(config.num_seeds, "seed")
         what = f"{task} {precision}: {seeds} x {getattr(config, field)} {field.replace('total_', '')}"
         cost_run = cost_run if path.relative_to(out).parts[0] == "cost" else ""
         _log(f"{cost_run}{what}{' (a job)' if executor is not None else ''}")
@@ -264,7 +265,7 @@ def _scores(out: pathlib.Path, done: dict, tasks, precisions, seed: int, fixed: 
     final scores [seeds, tasks]}, {precision: AUCs [seeds, tasks]}, {precision: {task: metric rows}},
     {task: random floor}, {task: known reference or None}: the plan's (`fixed`), else measured)."""
     summaries = {t: {p: done[cells.cell_dir(out, t, p)] for p in precisions} for t in tasks}
-    rows = {p: {t: cells.read_rows(cells.cell_dir(out, t, p)) for t in tasks} for p in precisions}
+    rows = {p: {t: cells.read_rows(cells.cell_dir(out, t, p), summaries[t][p]) for t in tasks} for p in precisions}
     final = {p: np.stack([cells.seed_scores(summaries[t][p]) for t in tasks], axis=1) for p in precisions}
     auc = {p: np.stack([cells.auc_scores(rows[p][t]) for t in tasks], axis=1) for p in precisions}
     randoms = {t: fixed[t]["random"] if fixed else cells.random_floor(t, seed) for t in tasks}

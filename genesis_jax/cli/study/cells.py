@@ -17,6 +17,7 @@ import pathlib
 import numpy as np
 
 from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.run.progress import count
 from genesis_jax.run.run_dir import jsonable
 from genesis_jax.run.signals import DivergenceError
 
@@ -71,11 +72,6 @@ def check_choices(tasks, precisions) -> None:
     if len(precisions) < 2:
         others = ", ".join(p for p in PRECISIONS if p != BASELINE)
         raise ValueError(f"a study compares at least one precision with {BASELINE}: add one of {others}")
-
-
-def count(n: int, word: str) -> str:
-    """`n` `word`s, the word singular for 1: count(1, "cell") is "1 cell"."""
-    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def check_count(value, least: int, refusal: str) -> None:
@@ -154,15 +150,14 @@ def read_summary(path: pathlib.Path) -> dict | None:
     return summary if finished else None
 
 
-def read_rows(path: pathlib.Path) -> list[dict]:
+def read_rows(path: pathlib.Path, summary: dict) -> list[dict]:
     """A finished cell's metric rows, refused in one line where metrics.jsonl is torn or ends
-    before the budget its summary says the cell ran (cut: its scores would be of part of the run)."""
+    before the budget its `summary` says the cell ran (cut: its scores would be of part of the run)."""
     file, again = path / "metrics.jsonl", f"delete {path} and run the study again to train it anew"
     try:
         rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as err:
         raise ValueError(f"{file} cannot be read ({err}): {again}") from None
-    summary = load_json(path / "summary.json", {})
     (budget, unit), last = budget_of(summary), rows[-1].get("step", rows[-1].get("epoch")) if rows else None
     if summary.get("stopped") != "diverged" and (last is None or last < budget):
         raise ValueError(f"{file} ends at {last} {unit}, before the {budget} its summary.json ran (cut): {again}")

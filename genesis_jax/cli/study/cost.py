@@ -24,6 +24,7 @@ import textwrap
 
 from genesis_jax.cli.study import cells, plan
 from genesis_jax.cli.study.cells import TASKS
+from genesis_jax.run.progress import count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,7 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
     steps, seeds = getattr(planned[0][2], field), planned[0][2].num_seeds
     todo = [(p, c) for path, p, c in planned if cells.read_summary(path) is None]
     kept = f", {len(planned) - len(todo)} finished before (kept)" if len(todo) < len(planned) else ""
-    what = f"{cells.count(len(planned), 'cell')} x {cells.count(seeds, 'seed')} x {steps}"
+    what = f"{count(len(planned), 'cell')} x {count(seeds, 'seed')} x {steps}"
     what += f" {field.replace('total_', '')}{kept}"
     if not todo:
         return what, 0.0
@@ -134,7 +135,7 @@ def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistic
     study = {path: v for path, v in cell_plan.items() if path != cost_path}
     tasks = list(dict.fromkeys(t for t, _, _ in study.values()))
     precisions = list(dict.fromkeys(p for _, p, _ in study.values()))
-    kinds = f"{cells.count(len(tasks), 'task')} x {cells.count(len(precisions), 'precision')} ({', '.join(precisions)})"
+    kinds = f"{count(len(tasks), 'task')} x {count(len(precisions), 'precision')} ({', '.join(precisions)})"
     parts = [(task, task, [(path, p, c) for path, (t, p, c) in study.items() if t == task]) for task in tasks]
     if cost_path is not None:
         task, p, config = cell_plan[cost_path]
@@ -149,7 +150,7 @@ def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistic
     total += "cell's compilation, then its seeds in proportion; a busy machine, float16 on a CPU or another device "
     total += "than the figures' changes it (docs/study.md#cost)"
     return [
-        f"{cells.count(len(study), 'cell')}: {kinds}",
+        f"{count(len(study), 'cell')}: {kinds}",
         *(f"  {label}: {line}" for label, line, _ in estimates),
         total,
     ]
