@@ -722,7 +722,7 @@ def _said(err: BaseException) -> tuple[str, int] | None:
     if isinstance(err, TrainingInterrupted):
         return str(err), 128 + err.signum
     if isinstance(err, KeyboardInterrupt):
-        return "interrupted", 130
+        return f"interrupted: {err}" if str(err) else "interrupted", 130
     # Not before: the common errors above are said without loading these (JAX among them).
     from gymnasium.error import DependencyNotInstalled
 

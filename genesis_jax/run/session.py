@@ -37,7 +37,6 @@ import functools
 import logging
 import signal
 import sys
-import threading
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -492,32 +491,31 @@ class Session:
         return state
 
     def _fetched(self, metrics):
-        """The chunk's metrics on the host, waited for in another thread: the main thread waits on
-        a lock, where a signal's handler runs at once (in `jax.device_get` it ran when the chunk
-        returned, minutes later for a big one), so a stop is said when it is asked for."""
-        out: list = []
-
-        def fetch():
-            try:
-                out.append(jax.device_get(metrics))
-            except BaseException as err:  # raised here, in the run's thread
-                out.append(err)
-
-        waiter = threading.Thread(target=fetch, daemon=True)
+        """The chunk's metrics on the host. Waited for by polling, not inside `jax.device_get`: a
+        signal's handler runs only in Python, so there it ran when the chunk returned (minutes
+        later for a big one); between polls it runs at once, so a stop is said when it is asked
+        for (and a second one stops at once, leaving no thread inside the runtime)."""
+        pending = [leaf for leaf in jax.tree.leaves(metrics) if isinstance(leaf, jax.Array)]
         self._waiting = True
         try:
-            waiter.start()
-            waiter.join()
+            pause = 0.0005
+            while not all(leaf.is_ready() for leaf in pending):
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)  # at most 50 ms late, and a short chunk is waited for in its time
         finally:
             self._waiting = False
-        if isinstance(out[0], BaseException):
-            raise out[0]
-        return out[0]
+        return jax.device_get(metrics)
 
-    def _stopping_note(self, signum) -> None:
-        if self._waiting:  # a chunk is running: it ends, and is saved, first
-            name = signal.Signals(signum).name
-            self.note(f"{name} received: stopping when the chunk now running ends (a checkpoint is saved then)")
+    def _stopping_note(self, signum, at_once: bool) -> None:
+        name = signal.Signals(signum).name
+        if at_once:  # handled next as without the run: a KeyboardInterrupt, or the process ends
+            lost = "; the chunk now running is lost" if self._waiting else ""
+            self.note(f"{name} received again: stopping at once{lost} (the checkpoints saved stay)")
+        elif self._waiting:  # a chunk is running: it ends, and is saved, first
+            self.note(
+                f"{name} received: stopping when the chunk now running ends (a checkpoint is saved then; "
+                f"another {name} stops at once and loses it)"
+            )
 
     def note(self, text: str) -> None:
         """One line on stderr from process 0 (a notice before the progress bar starts)."""

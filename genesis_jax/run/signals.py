@@ -6,8 +6,10 @@ It loads no JAX at import (the command line and the launcher read the exit statu
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -99,25 +101,56 @@ def handling_signals(handler, only_python_handled: bool = False):
 
 class StopSignals:
     """Context manager: SIGINT and SIGTERM set `received` (the signal number) instead of
-    killing the process; the loop checks it between chunks. `notice(signum)`, where given, is
-    called on the first. Outside the main thread, where Python cannot install handlers, it does
-    nothing."""
+    killing the process; the loop checks it between chunks. A repeat at least
+    `SAME_STOP_SECONDS` after the first stops at once (`_at_once`): the chunk running is lost,
+    the saved checkpoints stay. `notice(signum, at_once)`, where given, is called on the first
+    and on such a repeat. Outside the main thread, where Python cannot install handlers, it
+    does nothing."""
+
+    # One stop asked twice: under `launch`, a terminal's Ctrl-C reaches each process directly and
+    # again from the launcher, milliseconds apart.
+    SAME_STOP_SECONDS = 1.0
 
     def __init__(self, notice=None):
         self.received: int | None = None
         self.notice = notice
+        self._first_at = 0.0
+        self._previous: dict = {}
         self._handlers = contextlib.ExitStack()
 
-    def _handle(self, signum, _frame):
-        first, self.received = self.received is None, signum
-        if first and self.notice is not None:
-            self.notice(signum)
+    def _handle(self, signum, frame):
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._first_at = signum, now
+            if self.notice is not None:
+                self.notice(signum, False)
+        elif now - self._first_at >= self.SAME_STOP_SECONDS:
+            if self.notice is not None:
+                self.notice(signum, True)
+            self._at_once(signum, frame)
+
+    def _at_once(self, signum, frame) -> None:
+        """Stops at once: a handler the caller had before any StopSignals is called; otherwise
+        SIGINT raises KeyboardInterrupt and SIGTERM ends the process, as Python's defaults do
+        (whatever a background shell left: one that ignores SIGINT sent this one on purpose)."""
+        handler = self._previous.get(signum)
+        while isinstance(getattr(handler, "__self__", None), StopSignals):
+            handler = handler.__self__._previous.get(signum)
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signum, frame)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received again: stopped at once")
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def __enter__(self):
-        for previous in self._handlers.enter_context(handling_signals(self._handle)).values():
+        self._previous = self._handlers.enter_context(handling_signals(self._handle))
+        for previous in self._previous.values():
             earlier = getattr(previous, "__self__", None)
             if isinstance(earlier, StopSignals) and earlier.received is not None:
-                self.received = earlier.received  # held since the command began (the CLI's catcher)
+                # held since the command began (the CLI's catcher)
+                self.received, self._first_at = earlier.received, earlier._first_at
         return self
 
     def __exit__(self, *exc):

@@ -5,6 +5,7 @@ and refuses a shorter run; SIGINT / SIGTERM are handled from the moment a Sessio
 directory; TensorBoard shows each position once after a resume; a run that fails mid-way
 writes a summary saying so. Each test checks the one-line message and the bytes on disk."""
 
+import contextlib
 import errno
 import json
 import os
@@ -12,6 +13,8 @@ import pathlib
 import shutil
 import signal
 import struct
+import threading
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -21,7 +24,7 @@ from genesis_jax.cli import main
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
-from genesis_jax.run.signals import TrainingInterrupted
+from genesis_jax.run.signals import StopSignals, TrainingInterrupted
 from tests.algos.toy_algorithm import Toy, ToyConfig
 from tests.support.files import metric_rows, one_line_error, snapshot
 from tests.support.processes import start_python, wait_until
@@ -429,38 +432,125 @@ def test_a_run_that_fails_midway_writes_a_summary_saying_so(tmp_path):
     assert json.loads((run / "summary.json").read_text())["final_loss"] == toy_loss(4)
 
 
-def test_a_stop_asked_for_while_a_chunk_runs_is_said_at_once(tmp_path):
-    """The run waits for a chunk in another thread, so a signal's handler runs at once: waited
-    for in `jax.device_get`, it ran only when the chunk returned (minutes for a big one), and the
-    run said nothing in between. The chunk still ends, and is saved, first."""
-    import threading
+def timed_work(seconds: float):
+    """A compiled step of about `seconds` on this machine, dispatched and not waited for (the
+    wait is the run's): `step(state) -> (state, metrics)` for a state from `timed_work_state`."""
     import time
 
     import jax
 
     work = jax.jit(lambda m, n: jax.lax.fori_loop(0, n, lambda i, a: jnp.tanh(a @ a), m))
     m = jnp.full((256, 256), 0.01, jnp.float32)
-    work(m, 1).block_until_ready()  # compiled; then timed, for a chunk of about 1.5 s on this machine
+    work(m, 1).block_until_ready()  # compiled; then timed
     start = time.perf_counter()
     work(m, 20).block_until_ready()
-    n = max(20, int(20 * 1.5 / (time.perf_counter() - start)))
+    n = max(20, int(20 * seconds / (time.perf_counter() - start)))
 
     def step(state):
-        out = work(state["m"], state["n"])  # dispatched, not waited for: the wait is the run's
+        out = work(state["m"], state["n"])
         return {**state, "m": out}, {"loss": out[0, 0]}
 
+    return step, {"m": m, "n": jnp.int32(n)}
+
+
+@contextlib.contextmanager
+def signals_at(*seconds: float, signum=signal.SIGTERM):
+    """`signum` to this process at each of `seconds` from now; those not sent when the block ends
+    never are (a run that ended early fails its test, not the suite's process)."""
+    timers = [threading.Timer(at, os.kill, (os.getpid(), signum)) for at in seconds]
+    for timer in timers:
+        timer.start()
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+
+
+def events_of(session, events: list):
+    """The session's notes and its rows, each with its time, in `events`; the run's `to_rows`."""
+    session.note = lambda text: events.append((text, time.perf_counter()))
+    return lambda metrics, done: events.append(("rows", time.perf_counter())) or [{"chunk": done + 1}]
+
+
+def test_a_stop_asked_for_while_a_chunk_runs_is_said_at_once(tmp_path):
+    """The run waits for a chunk in another thread, so a signal's handler runs at once: waited
+    for in `jax.device_get`, it ran only when the chunk returned (minutes for a big one), and the
+    run said nothing in between. The chunk still ends, and is saved, first. The same signal
+    twice within a second (under `launch`: the terminal's and the launcher's) is one stop."""
+    step, state = timed_work(1.5)
     events = []
-    to_rows = lambda metrics, done: events.append(("rows", time.perf_counter())) or [{"chunk": done + 1}]  # noqa: E731
     with Session(str(tmp_path), name="toy", num_rows=3, row_key="chunk", unit="chunk", progress=False,
                  checkpoint_every=1) as session:  # fmt: skip
-        session.note = lambda text: events.append((text, time.perf_counter()))
-        state = session.restore({"m": m, "n": jnp.int32(n)})
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        state = session.run(state, step, to_rows)
+        to_rows = events_of(session, events)
+        state = session.restore(state)
+        with signals_at(0.3, 0.31):
+            state = session.run(state, step, to_rows)
         with pytest.raises(TrainingInterrupted):
             session.finish({}, state)
     assert [text for text, _ in events] == [
-        "SIGTERM received: stopping when the chunk now running ends (a checkpoint is saved then)",
+        "SIGTERM received: stopping when the chunk now running ends (a checkpoint is saved then; "
+        "another SIGTERM stops at once and loses it)",
         "rows",
     ]  # said while the chunk ran; that chunk's row, then the stop
     assert events[0][1] < events[1][1] and metric_chunks(tmp_path) == [1]
+
+
+def test_a_second_ctrl_c_a_second_later_stops_at_once_losing_only_the_chunk_running(tmp_path):
+    """A second SIGINT is Python's own: a KeyboardInterrupt while the chunk still runs (also where
+    the shell left SIGINT ignored). The run keeps what it saved (its summary says how it ended)
+    and resumes from there."""
+    step, state = timed_work(6)
+    calls, events, stop = [0], [], contextlib.ExitStack()
+
+    def first_at_once_then_interrupted(state):
+        calls[0] += 1
+        if calls[0] == 1:  # the first chunk: at once
+            done, metrics = step({**state, "n": jnp.int32(1)})
+            return {**done, "n": state["n"]}, metrics
+        stop.enter_context(signals_at(0.3, 1.6, signum=signal.SIGINT))
+        return step(state)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background shell leaves it: sent on purpose
+    try:
+        with stop, pytest.raises(KeyboardInterrupt, match="SIGINT received again: stopped at once"):
+            with Session(str(tmp_path), name="toy", num_rows=3, row_key="chunk", unit="chunk", progress=False,
+                         checkpoint_every=1) as session:  # fmt: skip
+                to_rows = events_of(session, events)
+                session.run(session.restore(state), first_at_once_then_interrupted, to_rows)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert [text for text, _ in events] == [
+        "rows",
+        "SIGINT received: stopping when the chunk now running ends (a checkpoint is saved then; "
+        "another SIGINT stops at once and loses it)",
+        "SIGINT received again: stopping at once; the chunk now running is lost (the checkpoints saved stay)",
+    ]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stopped"] == "failed"
+    assert summary["error"] == "KeyboardInterrupt: SIGINT received again: stopped at once"
+    assert metric_chunks(tmp_path) == [1] and CheckpointStore(tmp_path / "checkpoints").all_steps() == [1]
+    with Session(str(tmp_path), name="toy", num_rows=3, row_key="chunk", unit="chunk", progress=False,
+                 resume=True) as session:  # fmt: skip
+        session.restore(state)
+        assert session.rows_done == 1
+
+
+SECOND_SIGTERM = """
+import signal, time
+from genesis_jax.run.signals import StopSignals
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever the shell left
+with StopSignals(notice=lambda signum, at_once: print("again" if at_once else "first", flush=True)):
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_sigterm_a_second_later_ends_the_process_as_an_unhandled_one_would():
+    proc = start_python(["-c", SECOND_SIGTERM])
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == "first\n"
+    time.sleep(StopSignals.SAME_STOP_SECONDS + 0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM and proc.stdout.read() == "again\n"
