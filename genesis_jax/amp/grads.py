@@ -64,18 +64,20 @@ class ScaledGrads(NamedTuple):
 
 
 def autocast(fn, policy):
-    """`fn` run in `policy`'s compute dtype, as `torch.autocast` runs a forward pass: floating
-    params and inputs are cast to it, floating outputs to its output dtype (float32 in every
-    named precision). The one way to run a network that has no `dtype` field in half
-    precision: the master params stay float32, and so does what the loss reads.
+    """`fn` run in `policy`'s compute dtype, as `torch.autocast` runs a forward pass, its
+    floating outputs cast to the policy's output dtype (float32 in every named precision).
+    The one way to run a network that has no `dtype` field in half precision: the master
+    params stay float32, and so does what the loss reads.
 
-    As torch does, it decides per operation, reading `fn`'s jaxpr: every matmul and
-    convolution runs in the compute dtype, even on weights `fn` closes over or casts to
-    float32 itself (a `precision_rules` module keeps its norms and outputs in float32, not its
-    matmuls); exp, log, pow, sums and cumulative sums run in float32 (their operands are cast
-    up: logsumexp and softmax are made of them); other ops in their operands' widest dtype.
-    Ops inside scan, cond, while, remat and custom_jvp/vjp calls run in their traced dtypes.
-    The compiled step is the same as casting by hand; tracing it costs a little more.
+    As torch does, it decides per operation, reading `fn`'s jaxpr; nothing is cast on the way
+    in. Every matmul and convolution runs in the compute dtype (its operands cast), even on
+    weights `fn` closes over or casts to float32 itself (a `precision_rules` module keeps its
+    norms and outputs in float32, not its matmuls); exp, log, pow, squares, sums and
+    cumulative sums run in float32 (their operands are cast up: logsumexp, softmax, variances
+    and norms are made of them); other ops in their operands' widest dtype, so what `fn` does
+    to its float32 inputs before a matmul (normalising observations) stays float32. The same
+    holds inside scan, while, cond and remat bodies (a carry keeps its dtype); custom_jvp/vjp
+    calls run in their traced dtypes. Tracing costs a little more than casting by hand.
 
     `fn` is a function (`module.apply`, your own `forward(params, x)`), an Equinox module
     (the result is a pytree holding it, so `eqx.filter_grad` reaches its arrays), or a Flax
@@ -106,7 +108,6 @@ def autocast(fn, policy):
         raise TypeError(f"autocast wraps a callable or a Flax linen Module, got {fn!r}")
 
     def cast_fn(fn, *args, **kwargs):  # fn's own arrays (an Equinox module's) are params too
-        fn, args, kwargs = policy.cast_to_compute((fn, args, kwargs))
         return policy.cast_to_output(cast_per_op(fn, policy.compute_dtype, *args, **kwargs))
 
     cast_fn.autocasts = True  # what refuse_autocast_loss looks for

@@ -1,6 +1,6 @@
 """What a traced function computes in, read from its jaxpr: `dtype_report`; and `cast_per_op`,
 which runs a function with `torch.autocast`'s rule per operation (matmuls and convolutions in
-half precision; exp, log, pow, sums and cumulative sums in float32), for `amp.autocast`.
+half precision; exp, log, pow, squares, sums and cumulative sums in float32), for `amp.autocast`.
 
 >>> import jax.numpy as jnp
 >>> from genesis_jax import amp
@@ -23,10 +23,10 @@ from jax.extend import core
 KINDS = {"dot_general": "matmul", "conv_general_dilated": "conv"}
 KINDS.update({op: "reduction" for op in ("argmax", "argmin", "cumlogsumexp", "cummax", "cummin", "cumprod", "cumsum")})
 KINDS.update({f"reduce_{op}": "reduction" for op in ("sum", "max", "min", "prod", "and", "or")})
-KINDS.update({op: "exp/log" for op in ("exp", "exp2", "expm1", "log", "log1p", "logistic", "pow")})
+KINDS.update({op: "exp/log" for op in "exp exp2 expm1 log log1p logistic pow integer_pow square".split()})
 # torch.autocast's float32 list, as JAX primitives (softmax and logsumexp are made of them)
 FLOAT32_OPS = frozenset(
-    "exp exp2 expm1 log log1p pow rsqrt erf_inv lgamma digamma tan sinh cosh acos asin "
+    "exp exp2 expm1 log log1p pow integer_pow square rsqrt erf_inv lgamma digamma tan sinh cosh acos asin "
     "reduce_sum reduce_prod cumsum cumprod cumlogsumexp".split()
 )
 _INLINED = frozenset({"jit", "pjit"})  # inlined: a jitted function's ops are cast too
@@ -153,10 +153,14 @@ def _eval(jaxpr, consts, args, half):
             values = [_cast(x, half) for x in values]
             if params.get("preferred_element_type") == jnp.result_type(*(v.aval.dtype for v in eqn.invars)):
                 params["preferred_element_type"] = half
-        elif name in FLOAT32_OPS:
+        elif name in FLOAT32_OPS or (name == "mul" and eqn.invars[0] is eqn.invars[1]):  # x * x: a square
             values = [_cast(x, jnp.promote_types(_dtype(x), jnp.float32)) if _floating(x) else x for x in values]
         elif any(core.jaxprs_in_params(params)) or "callback" in name or name == "bitcast_convert_type":
             values = [_cast(x, v.aval.dtype) for x, v in zip(values, eqn.invars)]  # as traced
+            if name in _BODIES_CAST:
+                outs = _BODIES_CAST[name](params, values, half)
+                env.update(zip(eqn.outvars, [_cast(x, v.aval.dtype) for x, v in zip(outs, eqn.outvars)]))
+                continue
         else:  # the widest floating operand's dtype, weak-typed constants aside (as jnp promotes)
             strong = [_dtype(x) for x, v in zip(values, eqn.invars) if _floating(x) and not v.aval.weak_type]
             if strong:
@@ -166,6 +170,51 @@ def _eval(jaxpr, consts, args, half):
             outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(params))
         env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _scan(params, values, half):
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    consts, init, xs = values[:n_consts], values[n_consts : n_consts + n_carry], values[n_consts + n_carry :]
+
+    def body(carry, x):
+        outs = _run(params["jaxpr"], [*consts, *carry, *x], half)
+        return _like(outs[:n_carry], carry), outs[n_carry:]
+
+    carry, ys = jax.lax.scan(body, init, xs, params["length"], reverse=params["reverse"], unroll=params["unroll"])
+    return [*carry, *ys]
+
+
+def _while(params, values, half):
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts, init = values[:n_cond], values[n_cond : n_cond + n_body], values[n_cond + n_body :]
+    go_on = lambda carry: _run(params["cond_jaxpr"], [*cond_consts, *carry], half)[0]  # noqa: E731
+    body = lambda carry: _like(_run(params["body_jaxpr"], [*body_consts, *carry], half), carry)  # noqa: E731
+    return jax.lax.while_loop(go_on, body, init)
+
+
+def _cond(params, values, half):
+    index, operands = values[0], values[1:]
+    outs = lambda closed: lambda *ops: _like(_run(closed, ops, half), closed.out_avals)  # noqa: E731  # branches agree
+    return jax.lax.switch(index, [outs(closed) for closed in params["branches"]], *operands)
+
+
+def _remat(params, values, half):
+    body = lambda *args: _like(_eval(params["jaxpr"], (), args, half), params["jaxpr"].outvars)  # noqa: E731
+    return jax.checkpoint(body, prevent_cse=params["prevent_cse"], policy=params["policy"])(*values)
+
+
+def _run(closed, args, half):
+    return _eval(closed.jaxpr, closed.consts, args, half)
+
+
+def _like(values, like):
+    """`values` cast to the dtypes of `like` (values, avals or jaxpr variables): a loop's carry
+    and a branch's outputs keep their types."""
+    return [_cast(x, getattr(x_like, "aval", x_like).dtype) for x, x_like in zip(values, like)]
+
+
+# Re-run with their bodies cast by the rule; their inputs and outputs keep their traced dtypes.
+_BODIES_CAST = {"scan": _scan, "while": _while, "cond": _cond, "remat2": _remat}
 
 
 def _trace(fn, args, kwargs):

@@ -77,7 +77,15 @@ class _LossScaleBase:
                 f"{', '.join(sorted(state))}: restore into a state created with the precision (and scaler) "
                 "the checkpoint was saved with"
             )
-        return self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
+        restored = self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
+        if not isinstance(self, DynamicLossScale) and not bool(jnp.all(restored.loss_scale == self.loss_scale)):
+            # a static scale and no scaling hold one field alike: one would be read as the other
+            raise ValueError(
+                f"a {type(self).__name__} scaling by {_scale_text(self.loss_scale)} cannot be restored from a saved "
+                f"scaler scaling by {_scale_text(restored.loss_scale)} (another fixed scale, or none): restore into a "
+                "state created with the precision (and scaler) the checkpoint was saved with"
+            )
+        return restored
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)}' for f in self._fields)})"
@@ -218,6 +226,11 @@ def _check_scale(name: str, value) -> float | None:
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 """Any of the three scalers (a type alias, for annotations)."""
+
+
+def _scale_text(scale) -> str:
+    values = np.unique(np.asarray(scale))
+    return f"{values[0]:g}" if values.size == 1 else "/".join(f"{v:g}" for v in values)
 
 
 def _dynamic_rules(s, read) -> list:

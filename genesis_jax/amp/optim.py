@@ -49,6 +49,10 @@ class SkipNonFiniteState(NamedTuple):
     consecutive_skips: jax.Array
     halted: jax.Array
 
+    def __getattr__(self, name):  # only for a name no field has: the wrapped optimizer's, say
+        hint = "" if name.startswith("__") else f": the wrapped optimizer's state is .inner_state (.inner_state.{name})"
+        raise AttributeError(f"'SkipNonFiniteState' object has no attribute {name!r}{hint}")
+
 
 def skip_rules(state: SkipNonFiniteState, read, steps=None) -> list:
     """What a run writes into the skip counts: no more skips than updates attempted (`steps`,
@@ -240,6 +244,14 @@ def _power_of_two(k):
     return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
+def _strict(strict, params) -> bool:
+    """`strict`, where None: whether `params` hold a float16 leaf (a finite gradient's update can
+    overflow them, which only the strict checks catch)."""
+    if strict is not None:
+        return strict
+    return params is not None and any(jnp.result_type(p) == jnp.float16 for p in jax.tree.leaves(params))
+
+
 def check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict_none=False) -> None:
     """`skip_nonfinite`'s options (`TrainState.create`'s and `Optimizer`'s, where a `strict` of
     None decides by the params' dtype), each refused in a sentence naming it. A clipping norm
@@ -285,7 +297,7 @@ def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedul
     return SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
 
 
-def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False, guard=None, strict=False):
+def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False, guard=None, strict=None):
     """Wraps an optax optimizer so that a step whose gradients are not all finite changes
     nothing, PyTorch `GradScaler`'s rule: the params (its updates are -0.0) and the inner
     state stay bit-identical, and the step is counted as skipped.
@@ -300,13 +312,16 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     gradients whose updates, new params (`params + updates`, when `params` is given) or new
     inner state would hold a non-finite value where there was none (an fp16 parameter or
     Adam moment overflowing) is skipped and counted too. It costs extra passes over the
-    params, updates and state each step; `TrainState.create` turns it on where parameters
-    are stored in float16 (fp16-full), where such overflows happen.
+    params, updates and state each step; by default (`strict=None`) it is on where the params
+    given to `update` are stored in float16 (fp16-full, or params loaded in half), where such
+    overflows happen.
 
     `update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None,
     **extra_args)`: `grads_finite` is the decision (from `scaled_value_and_grad`; pass it so
-    every replica and the scaler agree) and `grad_norm` the unscaled global norm it came from
-    (clipping reuses it); without them the wrapper computes both from `grads`. A decision given
+    every replica and the scaler agree); without it the wrapper decides from `grads`. `grad_norm`,
+    the unscaled global norm the decision came from, is accepted and checked, not used: the clip
+    takes the norm of the gradients given (after a loop's `pmean`, of NNX's `wrt=` part), which
+    XLA computes once where they are the gradients it was taken on. A decision given
     is checked against the gradients given (the norm's own sum of squares, which XLA computes
     once where they are the gradients the norm was taken on): a step whose gradients hold an inf
     or NaN is skipped whatever it says (one taken before a `pmean` the loop adds, or another
@@ -331,7 +346,8 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
             guard has a `min_scale`) below its floor, or the skips in a row exceed its limit,
             the state halts: this and every later update is skipped and no longer counted, so
             params stay at the last good values.
-        strict: also skip (and count) a step whose result would hold a non-finite value.
+        strict: also skip (and count) a step whose result would hold a non-finite value; None:
+            where the params given to `update` hold a float16 leaf.
 
     Returns:
         An optax `GradientTransformationExtraArgs` whose state is a `SkipNonFiniteState`.
@@ -355,7 +371,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     """
     is_optax = isinstance(inner, optax.GradientTransformation)
     refuse_unless(is_optax, "the optimizer to wrap", inner, "an optax GradientTransformation")
-    check_options(max_grad_norm, guard, advance_schedule_on_skip, strict)
+    check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict_none=True)
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
@@ -374,19 +390,22 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
             )
         if params is not None:  # decided on as applied: in the params' dtypes
             grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.result_type(p)), grads, params)
-        if finite is not None:  # and the gradients' own check, as applied: a decision taken on other gradients
-            finite = finite & _own_check(grads)  # (before a pmean, another optimizer's) lets no inf through
-        if finite is None or (norm is None and max_grad_norm is not None):
-            computed_norm, computed_finite = global_norm(grads)
-            norm = computed_norm if norm is None else norm
-            finite = computed_finite if finite is None else finite
+        # A decision given is also the gradients' own, as applied: one taken on other gradients (before a
+        # pmean, another optimizer's) lets no inf through. The clip takes the norm of the gradients given, not
+        # the one passed: a loop that averages them over replicas after taking it (`lax.pmean`) or updates only
+        # some of them (NNX's `wrt=`) passes another. XLA computes each once where they are the same.
+        if finite is None or max_grad_norm is not None:
+            norm, own = global_norm(grads)
+            finite = own if finite is None else finite & own
+        else:
+            finite = finite & _own_check(grads)
         if max_grad_norm is not None:
             # Where the norm is not finite the step is skipped; a finite factor keeps the
             # skipped branch's shapes and dtypes without a NaN.
             grads = clip_by_norm(grads, jnp.where(finite, norm, 0.0), max_grad_norm)
         active = ~state.halted
         updates, inner_state, applied = step_or_skip(
-            inner, grads, state.inner_state, params, finite & active, strict=strict, **extra_args
+            inner, grads, state.inner_state, params, finite & active, strict=_strict(strict, params), **extra_args
         )
         return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
 

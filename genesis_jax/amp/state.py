@@ -78,11 +78,9 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
         norm, guard, advance, strict = options
-        float16_params = any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params))
-        if float16_params:
-            _refuse_nonfinite_at_rest(tx, params)
-        strict = float16_params if strict is None else strict
         tx = skip_nonfinite(tx, max_grad_norm=norm, guard=guard, advance_schedule_on_skip=advance, strict=strict)
+    if any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params)):
+        _refuse_nonfinite_at_rest(tx, params)
     return params, tx, scaler, "fp32" if prec is None else prec.name
 
 
@@ -93,10 +91,11 @@ def _refuse_nonfinite_at_rest(tx, params) -> None:
     with jax.ensure_compile_time_eval():  # on zeros of the params' shapes: under jit (a trainer's init) too
         zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), params)
         try:
-            updates, _ = tx.update(zeros, tx.init(zeros), zeros)
+            updates, state = tx.update(zeros, tx.init(zeros), zeros)
         except TypeError:  # an update that needs more than the gradients (reduce_on_plateau's value=): unchecked
             return
         finite = all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+        finite = finite and not bool(deciding_skip_state(state).skipped)  # the strict checks skipped it
     if not finite:
         raise ValueError(
             "this optimizer's update of a zero gradient is not finite in float16 params and moments (fp16-full): "
@@ -275,14 +274,25 @@ class TrainState(train_state.TrainState):
                 state keeps its scaler. With `shared_scaler` the state keeps its scaler and
                 records a skipped step for `update_scaler`; the divergence guard sees the scale
                 a skip leads to all the same.
-            **kwargs: other fields to replace, as in Flax.
+            **kwargs: other fields to replace, as in Flax; a name no field has is given to the
+                optimizer's update (`value=loss` for `optax.contrib.reduce_on_plateau`).
         """
         _refuse_loss_scale_keyword(kwargs)
         _refuse_unscaled_grads(self.scaler, grads_finite)
         _check_grads_match(grads, self.params)
-        skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm)
+        extra = {name: kwargs.pop(name) for name in list(kwargs) if name not in self.__dataclass_fields__}
+        skip_args = dict(grads_finite=grads_finite, grad_norm=grad_norm, **extra)
         update = functools.partial(self.tx.update, grads, self.opt_state, self.params, **skip_args)
-        updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
+        try:
+            updates, opt_state, scaler, skipped, halted = _step_or_skip(update, self.opt_state, self.scaler, scaler)
+        except TypeError as err:  # optax's own words name the argument, not how to give it here
+            if "required keyword-only argument" not in str(err):
+                raise
+            raise TypeError(
+                f"this optimizer's update needs more than the gradients ({err}): give it to "
+                "state.apply_gradients(grads=..., value=loss, ...) after amp.scaled_value_and_grad; "
+                "train_step passes only the gradients"
+            ) from None
         if self.shared_scaler:  # update_scaler adjusts the shared scaler once per iteration
             scaler, kwargs["pending_backoff"] = self.scaler, self.pending_backoff | skipped
         step = self.step + (~halted).astype(jnp.int32)
@@ -478,7 +488,9 @@ def update_scaler(*states):
         )
     _check_shared(nodes)
     scaler = _shared_adjust(nodes[0].scaler, [node.pending_backoff for node in nodes])
-    new = lambda node: node.replace(scaler=scaler, pending_backoff=_unstepped_flag(node.pending_backoff))
+    # each its own copy: a state donated to a jitted step (donate_argnums) would delete the others'
+    own = lambda: jax.tree.map(jnp.copy, scaler)  # noqa: E731
+    new = lambda node: node.replace(scaler=own(), pending_backoff=_unstepped_flag(node.pending_backoff))
     return jax.tree.map(lambda node: new(node) if _is_train_state(node) else node, tree, is_leaf=_is_train_state)
 
 

@@ -474,7 +474,7 @@ def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32(
     params, x = {"w": jnp.full((3, 2), 0.1)}, jnp.ones((4, 3))
     apply = amp.autocast(forward, "fp16")
     out = apply(params, x)
-    assert seen == [(jnp.float16, jnp.float16)]
+    assert seen == [(jnp.float32, jnp.float32)]  # as torch.autocast's: the ops are cast, not what fn reads
     assert out.dtype == jnp.float32 and params["w"].dtype == jnp.float32
     assert dot_dtypes(apply, params, x) == [jnp.float16]  # the matmul itself runs in float16
     np.testing.assert_allclose(out, forward(params, x), rtol=4 * 2.0**-11)  # a few float16 roundings
@@ -483,6 +483,52 @@ def test_autocast_runs_a_function_without_dtypes_in_float16_and_returns_float32(
     dense_params = dense.init(jax.random.PRNGKey(0), x)
     assert dot_dtypes(amp.autocast(dense.apply, "fp16"), dense_params, x) == [jnp.float16]
     assert amp.autocast(dense.apply, "fp16")(dense_params, x).dtype == jnp.float32
+
+
+def test_autocast_leaves_what_fn_does_before_a_matmul_in_float32_as_torch_does():
+    """Observations far from the origin, normalised inside the policy: cast to float16 on the
+    way in (spacing 0.5 at 1000), they all normalised to 0, finite and silent."""
+
+    def policy(p, obs):
+        return ((obs - p["mean"]) / p["std"]) @ p["w"]
+
+    obs = 1000.0 + 0.1 * jax.random.normal(jax.random.PRNGKey(0), (16, 1))
+    p = {"mean": jnp.full((1,), 1000.0), "std": jnp.full((1,), 0.1), "w": jnp.ones((1, 2))}
+    torch_rule = ((obs - p["mean"]) / p["std"]).astype(jnp.float16) @ p["w"].astype(jnp.float16)
+    np.testing.assert_array_equal(amp.autocast(policy, "fp16")(p, obs), torch_rule.astype(jnp.float32))
+    np.testing.assert_allclose(amp.autocast(policy, "fp16")(p, obs), policy(p, obs), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "square", [lambda h: h**2, jnp.square, lambda h: h * h], ids=["integer_pow", "square", "mul"]
+)
+def test_autocast_squares_a_half_matmul_s_output_in_float32(square):
+    """torch.autocast runs pow in float32; an RMS norm of activations near 300 overflowed
+    float16 (300^2 = 90000 > 65504) and gave zeros, finite and silent."""
+
+    def rms_normed(w, x):
+        h = x @ w
+        return h / jnp.sqrt(jnp.mean(square(h), axis=-1, keepdims=True))
+
+    w, x = jnp.full((4, 4), 3.0), jnp.full((2, 4), 25.0)  # h = 300
+    np.testing.assert_allclose(amp.autocast(rms_normed, "fp16")(w, x), np.ones((2, 4)), rtol=1e-3)
+    assert amp.autocast(lambda w, x: jnp.linalg.norm(x @ w), "fp16")(w, x) == pytest.approx(300 * 8**0.5, rel=1e-3)
+
+
+def test_autocast_casts_inside_scan_while_cond_and_remat_bodies_and_their_gradients_flow():
+    def fn(w, x, loop=True):
+        h, ys = jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), jnp.sum(c)), x, None, length=3)
+        h = jax.checkpoint(lambda h: h @ w)(h)
+        if loop:  # no reverse-mode gradient through a while loop
+            h = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)), (0, h))[1]
+        return jax.lax.cond(jnp.sum(ys) > 0, lambda: jnp.sum(h), lambda: -jnp.sum(h))
+
+    w, x = jnp.full((4, 4), 0.1), jnp.ones((2, 4))
+    half = amp.autocast(fn, "fp16")
+    assert amp.dtype_report(half, w, x).dtypes("matmul") == {"float16": 3}  # scan, remat, while
+    np.testing.assert_allclose(half(w, x), fn(w, x), rtol=1e-2)
+    grads = [jax.grad(lambda w: f(w, x, loop=False))(w) for f in (half, fn)]
+    np.testing.assert_allclose(*grads, rtol=2e-2)
 
 
 @pytest.mark.slow

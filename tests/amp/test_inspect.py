@@ -49,7 +49,9 @@ def test_the_loss_reduction_is_reported_in_float32_and_the_table_reads():
     assert report.dtypes("reduction") == {"float32": 1} and report.outputs == ("float32",)
     text = str(report)
     assert text.count("dot_general") == 2 and "reduce_sum" in text
-    assert text.splitlines()[-1] == "matmul {'float16': 2}, reduction {'float32': 1}; outputs {'float32': 1}"
+    assert text.splitlines()[-1] == (  # the square, as torch.autocast's pow, in float32
+        "matmul {'float16': 2}, exp/log {'float32': 1}, reduction {'float32': 1}; outputs {'float32': 1}"
+    )
 
 
 def test_a_convolution_is_reported_with_its_dtypes():
@@ -94,9 +96,9 @@ def test_ops_inside_jit_scan_cond_while_remat_and_custom_jvp_are_found_with_wher
         ("reduce_sum", "cond"),
     ]
     assert report.dtypes("matmul") == {"float32": 3} and report.dtypes("exp/log") == {"float32": 2}
-    half = amp.dtype_report(amp.autocast(fn, "fp16"), jnp.ones((4, 4)), X)  # a jitted function's ops are cast too
-    assert half.dtypes("matmul") == {"float16": 3}
-    assert half.dtypes("exp/log") == {"float16": 2}  # a custom_jvp runs as traced (autocast's docstring says so)
+    half = amp.dtype_report(amp.autocast(fn, "fp16"), jnp.ones((4, 4)), X)  # a jitted function's ops are cast too,
+    assert half.dtypes("matmul") == {"float16": 3}  # and those of a scan's body and a remat's
+    assert half.dtypes("exp/log") == {"float32": 2}  # a custom_jvp runs as traced (autocast's docstring says so)
 
 
 def test_a_step_under_autocast_differentiates_in_float16_with_float32_gradients():

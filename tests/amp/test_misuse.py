@@ -516,3 +516,111 @@ def test_wrong_objects_in_a_hand_written_step_are_named_in_a_sentence():
         with pytest.raises(TypeError, match=r"an autocast module runs through \.apply\(variables, \.\.\.\)"):
             misuse()
     assert net.apply(variables, X).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("style", ["train_state", "nnx"])
+def test_a_pre_wrapped_optimizer_is_checked_for_fp16_full_as_a_bare_one_is(style):
+    """`tx=amp.skip_nonfinite(optax.adam(1e-3))` under fp16-full passed where the bare
+    optax.adam was refused: the first step wrote NaN params and counted no skip."""
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    with pytest.raises(ValueError, match=r"update of a zero gradient is not finite in float16 .* eps=1e-5"):
+        if style == "nnx":
+            amp.Optimizer(nnx.Linear(3, 1, param_dtype=jnp.float16, rngs=nnx.Rngs(0)), tx, wrt=nnx.Param,
+                          precision="fp16-full")  # fmt: skip
+        else:
+            amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx, precision="fp16-full")
+
+
+def test_float16_params_in_a_pure_loop_are_checked_strictly_by_default():
+    """Params loaded in half into a pure-pytree loop: skip_nonfinite(adam) wrote Adam's NaN (eps
+    1e-8 is 0 in float16) on the first step and counted it taken; the strict checks now skip it."""
+    params = {"w": jnp.full((3,), 0.5, jnp.float16)}
+    tx = amp.skip_nonfinite(optax.adam(1e-3))
+    updates, state = tx.update({"w": jnp.zeros(3, jnp.float16)}, tx.init(params), params)
+    assert params_finite_tree(optax.apply_updates(params, updates)) and int(state.skipped) == 1
+    loose = amp.skip_nonfinite(optax.adam(1e-3), strict=False)  # on purpose: as before
+    updates, state = loose.update({"w": jnp.zeros(3, jnp.float16)}, loose.init(params), params)
+    assert not params_finite_tree(optax.apply_updates(params, updates)) and int(state.skipped) == 0
+
+
+def params_finite_tree(tree) -> bool:
+    return all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(tree))
+
+
+def test_the_clip_takes_the_norm_of_the_gradients_it_is_given_after_a_loops_pmean():
+    """A data-parallel loop that averages the gradients itself (`lax.pmean` after taking them,
+    not `axis_name=`) passed each replica's own norm: the replicas clipped by different
+    factors and drifted apart."""
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16",
+                                  max_grad_norm=1.0, scaler=amp.DynamicLossScale(init_scale=16.0))  # fmt: skip
+    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
+
+    def step(state, x):
+        _, grads, finite, norm, scaler = grad_fn(state, state.params, x)
+        grads = jax.lax.pmean(grads, "dp")
+        return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
+
+    replicas = jax.tree.map(lambda a: jnp.stack([a, a]), state)
+    new = jax.vmap(step, axis_name="dp")(replicas, jnp.stack([jnp.full(3, 0.1), jnp.full(3, 10.0)]))
+    mean_grad = np.full(3, 5.05)  # clipped to norm 1: w - 0.1 * g / |g|
+    np.testing.assert_allclose(new.params["w"], np.stack([1 - 0.1 * mean_grad / np.linalg.norm(mean_grad)] * 2),
+                               rtol=1e-6)  # fmt: skip
+
+
+def test_states_given_one_scaler_by_update_scaler_can_each_be_donated():
+    """`update_scaler` gave every state the same scaler arrays: a jitted step with
+    `donate_argnums` on one deleted the others' (`Buffer has been deleted or donated`)."""
+    make = lambda: amp.TrainState.create(params={"w": jnp.ones((3, 1))}, tx=optax.adam(1e-3),  # noqa: E731
+                                         precision="fp16", shared_scaler=True)  # fmt: skip
+    net = amp.autocast(lambda p, x: x @ p["w"], "fp16")
+    step = jax.jit(lambda s, x: amp.train_step(s, lambda p: jnp.mean(net(p, x) ** 2))[0], donate_argnums=0)
+    critic, actor = make(), make()
+    for _ in range(3):
+        critic = step(critic, X)
+        actor = step(actor, X)
+        critic, actor = amp.update_scaler(critic, actor)
+    assert int(critic.step) == int(actor.step) == 3
+    assert float(actor.scaler.loss_scale) == float(critic.scaler.loss_scale) == 2.0**16 / 2**3  # 3 overflows
+
+
+@pytest.mark.parametrize("saved, into", [("bf16", "static"), ("static", "bf16")])
+def test_a_static_scale_and_no_scaling_are_not_restored_as_each_other(saved, into):
+    """Both hold one field, `loss_scale`: a bf16 checkpoint restored into a state scaling by a
+    static 1024 trained it unscaled, and the reverse reported a scale of 1024 for no scaling."""
+    from flax import serialization
+
+    make = {
+        "bf16": lambda: amp.TrainState.create(params=jnp.ones(2), tx=optax.sgd(0.1), precision="bf16"),
+        "static": lambda: amp.TrainState.create(
+            params=jnp.ones(2), tx=optax.sgd(0.1), precision="fp16", scaler=amp.StaticLossScale(1024.0)
+        ),  # fmt: skip
+    }
+    with pytest.raises(ValueError, match=r"scaling by (1024|1) cannot be restored from a saved scaler scaling by"):
+        serialization.from_bytes(make[into](), serialization.to_bytes(make[saved]()))
+    same = serialization.from_bytes(make[into](), serialization.to_bytes(make[into]()))
+    assert float(same.scaler.loss_scale) == float(make[into]().scaler.loss_scale)
+
+
+def test_the_wrapped_optimizers_state_is_named_where_a_loop_looks_for_it():
+    tx = amp.skip_nonfinite(optax.inject_hyperparams(optax.adam)(learning_rate=1e-3))
+    state = tx.init({"w": jnp.ones(2)})
+    with pytest.raises(
+        AttributeError, match=r"no attribute 'hyperparams': .* \.inner_state \(\.inner_state\.hyperparams\)"
+    ):
+        state.hyperparams  # noqa: B018
+    assert float(state.inner_state.hyperparams["learning_rate"]) == pytest.approx(1e-3)
+
+
+def test_an_optimizer_needing_the_loss_gets_it_through_apply_gradients_and_train_step_says_so():
+    """optax.contrib.reduce_on_plateau's update needs `value=`: accepted by create, then no
+    step could give it (optax's TypeError from deep inside)."""
+    tx = optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau(patience=2))
+    loss_fn = lambda p, x: jnp.mean((x @ p["w"]) ** 2)  # noqa: E731
+    state = amp.TrainState.create(params={"w": jnp.ones((3, 1))}, tx=tx)
+    with pytest.raises(
+        TypeError, match=r"needs more than the gradients .*'value'.* state\.apply_gradients\(grads=\.\.\., value=loss"
+    ):
+        amp.train_step(state, loss_fn, X)
+    loss, grads, finite, norm, scaler = amp.scaled_value_and_grad(loss_fn)(state, state.params, X)
+    new = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler, value=loss)
+    assert int(new.step) == 1 and not np.array_equal(new.params["w"], state.params["w"])
