@@ -499,9 +499,7 @@ def test_autocast_leaves_what_fn_does_before_a_matmul_in_float32_as_torch_does()
     np.testing.assert_allclose(amp.autocast(policy, "fp16")(p, obs), policy(p, obs), rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize(
-    "square", [lambda h: h**2, jnp.square, lambda h: h * h], ids=["integer_pow", "square", "mul"]
-)
+@pytest.mark.parametrize("square", [lambda h: h**2, jnp.square, lambda h: h * h], ids=["integer_pow", "square", "mul"])
 def test_autocast_squares_a_half_matmul_s_output_in_float32(square):
     """torch.autocast runs pow in float32; an RMS norm of activations near 300 overflowed
     float16 (300^2 = 90000 > 65504) and gave zeros, finite and silent."""
