@@ -125,9 +125,25 @@ def _advance_schedules(opt_state):
     what a skipped step does to PyTorch's LR schedulers, which step once per iteration
     while a skipped `optimizer.step()` leaves Adam's own step count alone."""
 
-    is_schedule = lambda n: isinstance(n, (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState))
-    advance = lambda n: n._replace(count=optax.safe_increment(n.count)) if is_schedule(n) else n
-    return jax.tree.map(advance, opt_state, is_leaf=is_schedule)
+    # A MultiSteps' inner schedules are left alone: a skipped micro-batch is waited out, and they
+    # step with the optimizer steps that are taken (advanced here, they moved once per micro-batch).
+    is_schedule = lambda n: isinstance(n, _SCHEDULE_STATES)  # noqa: E731
+    stop = lambda n: is_schedule(n) or isinstance(n, optax.MultiStepsState)  # noqa: E731
+    advance = lambda n: n._replace(count=optax.safe_increment(n.count)) if is_schedule(n) else n  # noqa: E731
+    return jax.tree.map(advance, opt_state, is_leaf=stop)
+
+
+def _schedule_states() -> tuple[type, ...]:
+    """optax's states that count a schedule's steps; `add_decayed_weights`' with a schedule
+    (adamw's `weight_decay=`) is not exported, so it is found where optax defines it."""
+    try:
+        from optax.transforms._adding import WeightDecaySchedule
+    except ImportError:  # another optax layout: that count is left where it is
+        return optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState
+    return optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState, WeightDecaySchedule
+
+
+_SCHEDULE_STATES = _schedule_states()
 
 
 def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = False, **extra_args):
@@ -340,7 +356,8 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
             which is kept, as `optax.apply_if_finite` and Flax's `DynamicScale` do). True:
             every schedule count in the inner state advances on a skip too, as PyTorch's
             `scheduler.step()` does each iteration (Adam's bias-correction count stays, as
-            torch's Adam `step` does).
+            torch's Adam `step` does); inside `optax.MultiSteps` a skipped micro-batch is
+            waited out and its schedules step with the optimizer steps taken.
         guard: a `DivergenceGuard`: when a skip would take the loss scale (the `loss_scale`
             passed to `update`, already adjusted: an update without it is refused where the
             guard has a `min_scale`) below its floor, or the skips in a row exceed its limit,

@@ -23,6 +23,7 @@ import pathlib
 import sys
 from typing import Annotated, Sequence
 
+import genesis_jax
 from genesis_jax.algos import REGISTRY, get_algorithm  # imports nothing of the rl extra
 from genesis_jax.cli.eval import add_eval_parser, run_eval  # argparse alone: loads nothing of JAX
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, StopSignals  # re-exported
@@ -247,6 +248,7 @@ def _is_zero_for_off(flag: str, value: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="genesis-jax", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"genesis-jax {genesis_jax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = sub.add_parser("train", help="train an agent or a model")

@@ -260,6 +260,25 @@ def test_learning_rate_schedules_on_skipped_steps(advance, lr_count):
     assert int(adam_state.count) == 1 and int(schedule_state.count) == lr_count
 
 
+def test_a_skip_advances_adamw_s_weight_decay_schedule_too_and_no_schedule_inside_multisteps():
+    """adamw(sched, weight_decay=sched): the decay's schedule stayed behind the learning
+    rate's; inside optax.MultiSteps every skipped micro-batch advanced the schedule, which
+    torch steps once per optimizer step."""
+    params, sched = {"w": jnp.ones(3)}, optax.linear_schedule(1.0, 0.0, 10)
+    counts = lambda state: [int(n.count) for n in jax.tree.leaves(state, is_leaf=has_count) if has_count(n)]  # noqa: E731
+    for inner, expected in [
+        (optax.adamw(sched, weight_decay=sched), [0, 1, 1]),  # Adam's own count, the decay's, the rate's
+        (optax.MultiSteps(optax.sgd(sched), 2).gradient_transformation(), [0]),
+    ]:
+        tx = amp.skip_nonfinite(inner, advance_schedule_on_skip=True)
+        _, state = tx.update(nan_grads_like(params), tx.init(params), params)
+        assert int(state.skipped) == 1 and counts(state.inner_state) == expected
+
+
+def has_count(node) -> bool:
+    return hasattr(node, "_fields") and "count" in node._fields and "mini_step" not in node._fields
+
+
 class Tower(nn.Module):
     @nn.compact
     def __call__(self, x):

@@ -36,6 +36,13 @@ def test_with_no_options_the_config_is_the_libraries_default(workload):
     assert (run.out, run.resume, run.progress, run.train_kwargs()["writers"]) == (None, False, True, ())
 
 
+def test_version_is_the_installed_distribution_s(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"genesis-jax {version('genesis-jax')}\n"
+
+
 @pytest.mark.parametrize("workload", CONFIGS)
 def test_help_has_a_flag_for_every_config_field_in_its_group(workload, capsys):
     assert main(["train", workload, "--help"]) == 0

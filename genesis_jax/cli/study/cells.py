@@ -267,9 +267,9 @@ def budget_of(summary: dict) -> tuple[int, str]:
 
 def learning_curve(rows: list[dict], points: int) -> tuple[np.ndarray, np.ndarray]:
     """(steps, returns[seeds, points]): each seed's return along the run, in `points` equal
-    windows: the mean return of the episodes that ended in the window (PPO, SAC), or, where
-    the rows carry only each seed's recent return (DQN: its last 10 episodes), that return at
-    the window's end."""
+    windows: the mean return of the episodes that ended in the window, or, where the rows carry
+    only each seed's recent return (cells written by DQN before 0.4: its last 10 episodes),
+    that return at the window's end."""
     windows = np.array_split(np.arange(len(rows)), min(points, len(rows)))
     ends = [w[-1] for w in windows]
     # a None (a non-finite value, or a seed without a recent episode) becomes NaN in the arrays
