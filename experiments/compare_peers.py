@@ -7,14 +7,17 @@ steps/s and final return in one table. Needs `pip install -e '.[peers]'`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 
 import numpy as np
-from _report import emit
+from _report import description, emit
 
 
 def run_sb3(env_id: str, total_steps: int, num_envs: int, seed: int) -> dict:
+    if importlib.util.find_spec("stable_baselines3") is None:
+        raise SystemExit("the peer, Stable-Baselines3's PPO, needs stable_baselines3: pip install -e '.[peers]'")
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -67,7 +70,7 @@ def run_ours(env_id: str, total_steps: int, num_envs: int, seed: int, backend: s
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--num-envs", type=int, default=4)

@@ -20,8 +20,8 @@ checkpoints, summary and plot) less its compile time.
 
 The PureJaxRL files import distrax: pip install -e '.[bench]'.
 
-    python experiments/cost_of_safety.py --steps 500000 --repeats 3   # writes benchmarks/cost-of-safety-cpu.md
-    python experiments/cost_of_safety.py --smoke      # 20,480 steps, one round; no file unless --out
+    python experiments/cost_of_safety.py --steps 500000 --repeats 3 --out benchmarks/cost-of-safety-cpu.md
+    python experiments/cost_of_safety.py --smoke      # 20,480 steps, one round
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import dqn_vs_purejaxrl  # noqa: E402
-from _report import emit  # noqa: E402
+from _report import description, emit  # noqa: E402
 
 from genesis_jax.algos.ppo import PPOConfig, train  # noqa: E402
 from genesis_jax.run import probes  # noqa: E402
@@ -64,7 +64,6 @@ PPO_CONFIG = {  # ppo.py's own `__main__` settings, without its per-update debug
     "DEBUG": False,
 }
 PEER_PPO = "PureJaxRL ppo.py (fp32)"
-DEFAULT_OUT = os.path.join("benchmarks", "cost-of-safety-cpu.md")
 TARGETS = {  # run: (its reference, the ratio it must reach)
     "genesis-jax train ppo --precision fp32": (PEER_PPO, 1.0),
     "ppo.py with genesis_jax.amp, fp32 compute": (PEER_PPO, 0.97),
@@ -210,23 +209,26 @@ def peer_versions() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument(
         "--steps", "--ppo-steps", dest="ppo_steps", metavar="N", type=int, default=500_000, help="steps of every run"
     )
     p.add_argument("--dqn-steps", type=int, default=None, help="the DQN pair's steps (default: --steps)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; each figure is their median")
-    p.add_argument("--smoke", action="store_true", help="one round of 20,480 steps; no file unless --out")
-    p.add_argument("--out", default=None, help=f"the markdown report (default {DEFAULT_OUT}; none with --smoke)")
+    p.add_argument("--smoke", action="store_true", help="one round of 20,480 steps")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the markdown report here too (the committed one: benchmarks/cost-of-safety-cpu.md)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.ppo_steps, args.repeats = 20_480, 1
     args.dqn_steps = args.dqn_steps or args.ppo_steps
-    out = args.out or (None if args.smoke else DEFAULT_OUT)
     check_defaults_match()
     results = measure(make_runs(args.ppo_steps, args.dqn_steps), args.repeats)
     command = "python experiments/cost_of_safety.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    emit(report(results, args, command.strip()), out)
+    emit(report(results, args, command.strip()), args.out)
     return 0
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.run.probes import versions_line
 
@@ -62,7 +62,7 @@ def run(workload: str, devices: int, force_cpu_devices: int | None) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--gpu", action="store_true", help="use the machine's real devices (no forced CPU devices)")

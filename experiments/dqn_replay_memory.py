@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import description, emit  # noqa: E402
 
 from genesis_jax.algos.dqn import DQN, minatar  # noqa: E402
 from genesis_jax.data.replay import buffer_bytes, make_replay  # noqa: E402
@@ -38,7 +38,7 @@ def sizes(env: str, capacity: int) -> tuple[int, int, dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

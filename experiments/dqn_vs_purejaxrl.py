@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import description, emit  # noqa: E402
 
 from genesis_jax.algos.dqn import DQNConfig, train  # noqa: E402
 from genesis_jax.run.probes import device_name, versions_line  # noqa: E402
@@ -55,8 +55,12 @@ def run_peer(peer, steps: int) -> dict:
     }
 
 
+def our_config(steps: int, double_q: bool) -> DQNConfig:
+    return DQNConfig(total_steps=steps, double_q=double_q, precision="fp32")
+
+
 def run_ours(steps: int, double_q: bool) -> dict:
-    config = DQNConfig(total_steps=steps, double_q=double_q, precision="fp32")
+    config = our_config(steps, double_q)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         result = train(config, out_dir=out, checkpoint_every=steps // 10, progress=False)
@@ -68,17 +72,22 @@ def run_ours(steps: int, double_q: bool) -> dict:
         "session_steps_per_second": s["steps_per_second"],
         "compile_seconds": s["compile_seconds"],
         "final_return": s["final_return"],
+        "final_return_is": s["final_return_is"],
         "rows": len(result.metrics),
         "checkpoints": checkpoints,
     }
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=500_000)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--steps", type=int, default=500_000, help="environment steps (default 500000; at least 15000)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    try:
+        our_config(args.steps, double_q=False)
+    except ValueError as err:
+        parser.error(str(err))
     peer = load_peer()
     load_before = os.getloadavg()[0]
     runs = {"PureJaxRL dqn.py": [], "genesis-jax (double_q=False)": []}
@@ -115,7 +124,7 @@ def main(argv=None) -> None:
     lines += [
         "",
         "final return: PureJaxRL's is its LogWrapper's mean over the envs' last finished episodes at the",
-        "last step; genesis-jax's the mean of the last 10 finished training episodes.",
+        f"last step; genesis-jax's is {runs['genesis-jax (double_q=False)'][0]['final_return_is']}.",
     ]
     emit(lines, args.out)
 

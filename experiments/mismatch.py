@@ -11,12 +11,14 @@ import json
 import pathlib
 import sys
 
+from _report import description
+
 from genesis_jax.cli.mismatch import mismatch_grid, plot_heatmaps, table
 from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--envs", default="CartPole-v1,Pendulum-v1")
     p.add_argument("--total-steps", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=0)

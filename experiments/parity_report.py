@@ -1,7 +1,7 @@
-"""Runs the PyTorch parity comparisons and writes a markdown table and a PNG of the two
-loss-scale trajectories overlaid.
+"""Runs the PyTorch parity comparisons and prints a markdown table; with --out, writes it and a
+PNG of the two loss-scale trajectories overlaid into that directory.
 
-    python experiments/parity_report.py --out benchmarks/parity
+    python experiments/parity_report.py --out benchmarks/parity   # the committed report
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # the harness: tests/parity
+from _report import description  # noqa: E402
+
 from genesis_jax.nets import MLP, ActorCritic  # noqa: E402
 from tests.parity import harness as parity  # noqa: E402
 
@@ -40,7 +42,7 @@ def _row(quantity, ours, theirs, tolerance, relative=True):
     }
 
 
-def run(out_dir: str) -> list[dict]:
+def run(out_dir: str | None) -> list[dict]:
     rows = []
     flags = parity.overflow_sequence(10_000)
     t_traj, j_traj = parity.torch_scaler_trajectory(flags), parity.jax_scaler_trajectory(flags)
@@ -78,16 +80,19 @@ def run(out_dir: str) -> list[dict]:
     rows.append(_row("world-model loss fp32", np.array(j_loss), np.array(t_loss), 1e-5))
     rows.append(_row("world-model grads fp32", j_grads, t_grads, 1e-5, relative=False))
 
-    os.makedirs(out_dir, exist_ok=True)
     lines = ["| quantity | max abs diff | max rel diff | tolerance | pass |", "|---|---|---|---|---|"]
     lines += [
         f"| {r['quantity']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | {r['tolerance']} | "
         f"{'yes' if r['pass'] else 'NO'} |"
         for r in rows
     ]
-    with open(os.path.join(out_dir, "parity.md"), "w") as f:
-        f.write("PyTorch AMP parity (torch " + __import__("torch").__version__ + ", CPU)\n\n" + "\n".join(lines) + "\n")
-    _plot(flags, t_traj, j_traj, os.path.join(out_dir, "parity_loss_scale.png"))
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "parity.md"), "w") as f:
+            f.write(
+                "PyTorch AMP parity (torch " + __import__("torch").__version__ + ", CPU)\n\n" + "\n".join(lines) + "\n"
+            )
+        _plot(flags, t_traj, j_traj, os.path.join(out_dir, "parity_loss_scale.png"))
     print("\n".join(lines))
     return rows
 
@@ -113,8 +118,10 @@ def _plot(flags, torch_traj, jax_traj, path):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/parity")
+    p = argparse.ArgumentParser(description=description(__doc__))
+    p.add_argument(
+        "--out", default=None, help="directory for parity.md and the PNG (benchmarks/parity: the committed ones)"
+    )
     args = p.parse_args(argv)
     rows = run(args.out)
     return 0 if all(r["pass"] for r in rows) else 1

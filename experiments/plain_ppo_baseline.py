@@ -1,9 +1,11 @@
 """A plain whole-loop-jitted PPO (the PureJaxRL layout: one jit around everything, no loss
 scaling, no metrics beyond returns) on gymnax CartPole-v1, to measure what a machine does
-without our machinery. Usage: python experiments/plain_ppo_baseline.py [fp16]
+without our machinery: prints its compile time, steps/s and last return, 500k steps.
+
+    python experiments/plain_ppo_baseline.py [fp32|fp16]
 """
 
-import sys
+import argparse
 import time
 
 import flax.linen as nn
@@ -12,10 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _report import description
 from flax.linen.initializers import orthogonal
 from flax.training.train_state import TrainState
 
-DT = jnp.float16 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "fp16" else jnp.float32
+DT = jnp.float32  # the networks' compute dtype (the command line's precision when run as a script)
+PRECISIONS = {"fp32": jnp.float32, "fp16": jnp.float16}
 
 
 class AC(nn.Module):
@@ -113,6 +117,9 @@ def compiled_plain():
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("precision", nargs="?", choices=PRECISIONS, default="fp32", help="compute dtype (default fp32)")
+    DT = PRECISIONS[parser.parse_args().precision]
     t = time.time()
     c, steps = compiled_plain()
     print("compile", time.time() - t)

@@ -12,13 +12,13 @@ import argparse
 import statistics
 import sys
 
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.algos.ppo import PPOConfig, train
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--env-backend", default=None)
     p.add_argument("--total-steps", type=int, default=500_000)

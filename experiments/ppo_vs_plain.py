@@ -15,7 +15,7 @@ import sys
 import time
 
 import jax
-from _report import emit
+from _report import description, emit
 from plain_ppo_baseline import compiled_plain
 
 from genesis_jax.algos.ppo import PPOConfig, train
@@ -23,7 +23,7 @@ from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)

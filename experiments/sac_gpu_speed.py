@@ -10,37 +10,40 @@ alternately so that drift in the machine's speed hits both alike.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.algos.sac import SACConfig, train
 from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--total-steps", type=int, default=20_000)
+    p.add_argument("--total-steps", type=int, default=20_000, help="default 20000; a multiple of 200, >= 1200")
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    try:
+        base = SACConfig(
+            total_steps=args.total_steps,
+            network="resmlp",
+            width=args.width,
+            depth=args.depth,
+            batch_size=args.batch_size,
+        )
+    except ValueError as err:
+        p.error(str(err))
     speeds: dict[str, list[float]] = {"fp32": [], "fp16": []}
     final = {}
     for i in range(args.repeats):
         for precision in speeds:
-            config = SACConfig(
-                precision=precision,
-                total_steps=args.total_steps,
-                network="resmlp",
-                width=args.width,
-                depth=args.depth,
-                batch_size=args.batch_size,
-                seed=i,
-            )
+            config = dataclasses.replace(base, precision=precision, seed=i)
             final[precision] = train(config, progress=False).summary
             speeds[precision].append(final[precision]["steps_per_second"])
             print(f"repeat {i} {precision}: {speeds[precision][-1]:.0f} steps/s", file=sys.stderr)

@@ -13,20 +13,29 @@ import argparse
 import statistics
 import sys
 
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.algos.sac import SACConfig, train
 from genesis_jax.run import probes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--total-steps", type=int, default=20_000)
+    p.add_argument("--total-steps", type=int, default=20_000, help="a multiple of 200, >= 1200")
     p.add_argument("--precisions", nargs="+", default=["fp32", "fp16"])
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    try:
+        configs = [
+            SACConfig(
+                precision=precision, total_steps=args.total_steps, num_seeds=args.seeds, hidden=tuple(args.hidden)
+            )
+            for precision in args.precisions
+        ]
+    except ValueError as err:
+        p.error(str(err))
     lines = [
         f"SAC gymnax Pendulum-v1, {args.total_steps} steps, seeds 0..{args.seeds - 1} under vmap, "
         f"hidden {tuple(args.hidden)}, other settings the defaults; device {probes.device_name()}; "
@@ -37,10 +46,7 @@ def main(argv=None) -> int:
         "| precision | final_return per seed | mean | critic / actor / alpha skips | scale | steps/s | compile s |",
         "|---|---|---|---|---|---|---|",
     ]
-    for precision in args.precisions:
-        config = SACConfig(
-            precision=precision, total_steps=args.total_steps, num_seeds=args.seeds, hidden=tuple(args.hidden)
-        )
+    for precision, config in zip(args.precisions, configs):
         s = train(config, progress=False).summary
         per_seed = s["final_return_per_seed"]
         skips = f"{s['critic_skipped']} / {s['actor_skipped']} / {s['alpha_skipped']}"

@@ -11,13 +11,14 @@ Rejax: compiled once (evaluation only at the end, a no-op), the call timed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.algos.sac import SACConfig, train
 from genesis_jax.run import probes
@@ -42,6 +43,8 @@ class FiveValueStep:
 
 def compiled_rejax(total_steps: int, hidden: int):
     """Rejax's SAC, compiled once for `total_steps` steps: `run(key) -> train state`."""
+    if importlib.util.find_spec("rejax") is None:
+        raise SystemExit("the peer, Rejax's SAC, needs rejax (in no extra of genesis-jax): pip install rejax")
     import gymnax
     from rejax import SAC
 
@@ -67,7 +70,7 @@ def compiled_rejax(total_steps: int, hidden: int):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--total-steps", type=int, default=10_000)
     p.add_argument("--hidden", type=int, default=256)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _report import emit  # noqa: E402
+from _report import description, emit  # noqa: E402
 
 from genesis_jax.algos import base, get_algorithm  # noqa: E402
 from genesis_jax.amp import optim  # noqa: E402
@@ -196,7 +196,7 @@ def report(seconds: dict, calls: int, command: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--calls", type=int, default=15, help="timed calls per build (default 15)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, from: " + ", ".join(WORKLOADS))

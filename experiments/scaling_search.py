@@ -27,6 +27,7 @@ import argparse
 import json
 
 import numpy as np
+from _report import description
 
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model import train
@@ -34,7 +35,7 @@ from genesis_jax.algos.world_model.config import WorldModelConfig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--data", choices=("synthetic-small", "synthetic-wide"), default="synthetic-small")
     parser.add_argument("--scale", type=float, help="the data's units (synthetic-small's 0.01, synthetic-wide's 1)")
     parser.add_argument("--obs-dim", type=int, default=wm_data.WIDE_OBS_DIM)

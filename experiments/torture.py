@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # the driver: tests/support
+
+from _report import description  # noqa: E402
 
 from genesis_jax.algos.base import MEASURED  # noqa: E402
 from tests.support import torture  # noqa: E402
@@ -90,7 +93,7 @@ def report(args, argv, result: torture.Torture, total: int, problems: list[str],
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--algo", choices=("ppo", "world-model", "dqn", "sac"), default="ppo")
     p.add_argument("--kills", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the kill schedule's seed")
@@ -104,7 +107,11 @@ def main(argv=None) -> int:
     p.add_argument("--num-sequences", type=int, default=64, help="world model: collected CartPole sequences")
     p.add_argument("--checkpoint-every", type=int, default=0, help="positions between checkpoints (0: 1 WM, else 2)")
     p.add_argument("--no-cache", action="store_true", help="no persistent compilation cache: every restart compiles")
-    p.add_argument("--workdir", default=None, help="keep the run directories here (default: a temporary one)")
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="keep the run directories here (default: a temporary one, removed unless the run fails)",
+    )
     p.add_argument("--out", default=None, help="markdown file for the report")
     p.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
     args = p.parse_args(argv)
@@ -114,6 +121,19 @@ def main(argv=None) -> int:
     args.total_steps = args.total_steps or {"ppo": 16384, "dqn": 4000, "sac": 320}.get(args.algo)
     workdir = args.workdir or tempfile.mkdtemp(prefix="torture-")
     os.makedirs(workdir, exist_ok=True)
+    problems = None  # until the run and its verdict are done
+    try:
+        problems = run(args, argv, workdir)
+    finally:  # a temporary workdir goes after a passing run; after a failing one it is kept for inspection
+        if args.workdir is None and problems == []:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif args.workdir is None:
+            print(f"the run directories are kept in {workdir}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def run(args, argv: list[str], workdir: str) -> list[str]:
+    """The tortured run and its report (printed, and written to --out); the problems found."""
     began, load_start = time.perf_counter(), os.getloadavg()[0]
     cli_args, total = command(args, workdir)
 
@@ -136,7 +156,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "a" if args.append else "w") as f:
             f.write(text)
-    return 1 if problems else 0
+    return problems
 
 
 if __name__ == "__main__":

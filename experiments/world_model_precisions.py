@@ -12,7 +12,7 @@ import platform
 import sys
 
 import jax
-from _report import emit
+from _report import description, emit
 
 from genesis_jax.algos.world_model import WorldModelConfig, train
 from genesis_jax.run.checkpoint import package_versions
@@ -30,7 +30,7 @@ COLUMNS = (
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--precisions", default="fp32,bf16,fp16")
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--depth", type=int, default=4)
