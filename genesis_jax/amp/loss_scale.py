@@ -78,8 +78,10 @@ class _LossScaleBase:
                 "the checkpoint was saved with"
             )
         restored = self._replace(**{f: jnp.asarray(state[f], getattr(self, f).dtype) for f in self._fields})
-        if not isinstance(self, DynamicLossScale) and not bool(jnp.all(restored.loss_scale == self.loss_scale)):
-            # a static scale and no scaling hold one field alike: one would be read as the other
+        # A static scale and no scaling hold one field alike: one would be read as the other. A
+        # template scaling by 0, which no scaler does, is a shape to restore into (`load`'s zeros).
+        fixed = not isinstance(self, DynamicLossScale) and bool(jnp.any(self.loss_scale != 0))
+        if fixed and not bool(jnp.all(restored.loss_scale == self.loss_scale)):
             raise ValueError(
                 f"a {type(self).__name__} scaling by {_scale_text(self.loss_scale)} cannot be restored from a saved "
                 f"scaler scaling by {_scale_text(restored.loss_scale)} (another fixed scale, or none): restore into a "

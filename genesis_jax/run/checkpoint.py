@@ -661,9 +661,13 @@ class CheckpointStore:
         saved_spec, target_spec = meta.get("spec", {}), _flat_spec(as_saved)
         if saved_spec != target_spec:
             raise CheckpointShapeError(step, describe_differences(saved_spec, target_spec))
-        # The target's shardings, not the saved ones: a checkpoint written on N devices restores onto however many.
+        # The target's shardings, not the saved ones: a checkpoint written on N devices restores onto however
+        # many; a host array's (numpy: `load`'s zeros) is the default device's, or Orbax takes the saved one.
+        one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", None)),
+            lambda x: jax.ShapeDtypeStruct(
+                np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", one_device)
+            ),
             as_saved,
         )
         restored = self.read_state(step, meta, abstract, allow_unverified=allow_unverified)

@@ -23,6 +23,7 @@ from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.envs.video import write_video
 from genesis_jax.run.checkpoint import CheckpointStore
 from tests.support.files import one_line_error, snapshot
+from tests.support.processes import cpu_env, run_python
 from tests.support.registry import tiny_argv
 
 ACTING = acting_algorithms()
@@ -112,6 +113,24 @@ def test_eval_plays_whole_episodes_of_every_algorithm_that_acts(trained, capsys,
             str(refused.value)
             == f"the key is one jax.random.key(seed) or PRNGKey(seed) for the whole batch, got {shown}"
         )
+
+
+@pytest.mark.slow  # tiny PPO runs: fp32 and bf16 in this process, fp16 on 4 devices in another: about 45 s
+@pytest.mark.parametrize("precision, devices", [("fp32", 1), ("bf16", 1), ("fp16", 4)])
+def test_a_run_of_any_precision_and_device_count_plays(tmp_path, capsys, precision, devices):
+    """Runs in fp32 (the default) and bf16 failed to load: their fixed scaler was checked against
+    `load`'s template of zeros. A run on 4 devices failed as corrupted: Orbax took the saved
+    4-device sharding, which the evaluating process, on one, does not have."""
+    out = tmp_path / "run"
+    argv = ["train", "ppo", *tiny_argv("ppo", precision=precision, num_envs=4), "--quiet", "--out", str(out)]
+    if devices == 1:
+        assert main(argv) == 0
+    else:
+        done = run_python(["-m", "genesis_jax.cli", *argv, "--devices", str(devices)], cpu_env(host_devices=devices))
+        assert done.returncode == 0, done.stderr[-2000:]
+    result = eval_json(capsys, out, "--episodes", "2")
+    assert (result["precision"], result["episodes"], result["run_status"]) == (precision, 2, "finished")
+    assert genesis_jax.load(out).precision == precision
 
 
 @pytest.mark.slow  # the tiny PQN run of 2 seeds (shared), each seed's evaluation over 32 episodes
