@@ -125,11 +125,15 @@ def _one_key(key) -> bool:
     return dtype == jnp.uint32 and shape == jax.random.PRNGKey(0).shape  # (2,); (4,) under the rbg implementation
 
 
-def _status(reader: RunDirectory, row: int, total: int, key: str) -> str:
+def _status(reader: RunDirectory, row: int, newest: int, total: int, key: str) -> str:
     """How the run ended, from its summary, and where the checkpoint played stands in it."""
     summary = reader.read_summary()
     if summary is None:
         ended = "unfinished (no summary.json: killed, or still running)"
+    elif isinstance(summary.get("iterations"), int) and summary["iterations"] < newest:
+        # a resume writes its summary as it ends: this one is an earlier session's
+        earlier = f"summary.json is of an earlier session, which ended at {key} {summary['iterations']}"
+        ended = f"unfinished ({earlier}: killed, or still running)"
     elif not summary:
         ended = "of unknown end (summary.json cannot be read)"
     else:
@@ -195,11 +199,11 @@ def load(
             raise RunDirectoryError(
                 f"{run_dir} holds {reader.contents()} but no complete checkpoint: there is no policy to load"
             )
-        if step is not None and step not in steps:
-            integer = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+        integer = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+        if step is not None and not (integer and step in steps):  # 2.0 == 2, but names no checkpoint
             what = step if integer else f"{step!r} (a {type(step).__name__}, not an int)"
             raise ValueError(f"{run_dir} has no checkpoint at {what}; it has {', '.join(map(str, steps))}")
-        row = steps[-1] if step is None else step
+        row = steps[-1] if step is None else int(step)
         meta = store.read_meta(row)
         kind = meta.get("kind")
         if kind not in REGISTRY:
@@ -242,7 +246,7 @@ def load(
         env_steps=row * algo.steps_per_row,
         precision=meta.get("precision") or config.train_precision().name,
         seed_index=seed_index,
-        status=_status(reader, row, algo.num_rows, algorithm.row_key),
+        status=_status(reader, row, steps[-1], algo.num_rows, algorithm.row_key),
         state=state,
         act_with=jax.jit(lambda state, key, obs: algo.act(state, greedy)(key, obs)),
     )

@@ -40,7 +40,9 @@ class _ImportedOnFirstUse(types.ModuleType):
 
 
 def import_gymnax():
-    """gymnax, imported without running `RENDER_ONLY_MODULES` until something uses them."""
+    """gymnax, imported without running `RENDER_ONLY_MODULES` until something uses them; when an
+    environment is made, not when this module is imported: gymnax computes with JAX as it
+    imports, which must come after a multi-process run joins the others."""
     for name in RENDER_ONLY_MODULES:
         if name in sys.modules or (spec := importlib.util.find_spec(name)) is None:
             continue
@@ -55,11 +57,8 @@ def import_gymnax():
     return gymnax
 
 
-gymnax = import_gymnax()
-
-
 def gymnax_spec(env_id: str) -> EnvSpec:
-    env, params = gymnax.make(env_id)
+    env, params = import_gymnax().make(env_id)
     obs_shape, space = tuple(env.observation_space(params).shape) or (1,), env.action_space(params)
     limit = int(getattr(params, "max_steps_in_episode", None) or 0) or None
     if hasattr(space, "n"):
@@ -78,7 +77,7 @@ class GymnaxVecEnv:
     """
 
     def __init__(self, env_id: str, num_envs: int):
-        self.env, self.params = gymnax.make(env_id)
+        self.env, self.params = import_gymnax().make(env_id)
         self.spec, self.num_envs = gymnax_spec(env_id), num_envs
 
     def _shaped(self, obs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import tempfile
+import uuid
 
 import numpy as np
 
@@ -33,8 +33,8 @@ def written_whole(path: str):
     ends, removed if it raises, so `path` is written whole or not at all. Its suffix is `path`'s
     (a writer may choose the format by it)."""
     directory, suffix = os.path.dirname(os.path.abspath(path)), os.path.splitext(path)[1]
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".genesis-jax-partial-", suffix=suffix)
-    os.close(fd)
+    tmp = os.path.join(directory, f".genesis-jax-partial-{uuid.uuid4().hex}{suffix}")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # a new file's mode (umask), not mkstemp's 0600
     try:
         yield tmp
         os.replace(tmp, path)

@@ -31,15 +31,19 @@ SEED_MAX = 2**32 - 1  # jax.random.PRNGKey keeps a seed's low 32 bits: larger se
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # hyperparameters enter float32 programs
 
 
+JOINING_FIELDS = ("coordinator_address", "num_processes", "process_id")
+
+
 def resume_flags(config) -> str:
     """The flags that continue a run of `config` as it is: its fields that differ from their
     defaults, which a bare `--resume` would take (a run of 1,000,000 steps resumed without
-    `--total-steps` ended at the default 500,000; one in fp16 was refused), less the process's
-    own place in a multi-process run (`--process-id`, each process's)."""
+    `--total-steps` ended at the default 500,000; one in fp16 was refused), less a multi-process
+    run's joining flags (each process's own, and `launch` gives them itself: its coordinator's
+    port was this run's alone)."""
     flags = []
     for field in dataclasses.fields(config) if dataclasses.is_dataclass(config) else ():
         value = getattr(config, field.name)
-        if field.name == "process_id" or field.default in (dataclasses.MISSING, value):
+        if field.name in JOINING_FIELDS or field.default in (dataclasses.MISSING, value):
             continue
         flag = "--" + flag_name(field.name)
         if isinstance(value, bool):

@@ -243,7 +243,16 @@ def make_mesh(num_devices: int) -> Mesh:
             f"devices {num_devices} asked for but only {available} {jax.default_backend()} device(s) are visible"
             " (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
         )
-    return Mesh(np.asarray(jax.devices()[:num_devices]), (DATA_AXIS,))
+    devices = jax.devices()[:num_devices]
+    missing = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
+    if missing:  # they would wait for ever for a computation they have no part in
+        first = {p: min(i for i, d in enumerate(jax.devices()) if d.process_index == p) for p in missing}
+        least = 1 + max(first.values())
+        raise ValueError(
+            f"devices {num_devices} are the first {num_devices} of the {available} of {jax.process_count()} processes, "
+            f"and process(es) {', '.join(map(str, missing))} would hold none: give devices from {least} to {available}"
+        )
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -300,6 +309,11 @@ class ParallelConfig:
         if split_size % self.devices:
             raise ValueError(f"{split_name} {split_size} cannot be split evenly over {self.devices} devices")
         check_distributed_args(self.coordinator_address, self.num_processes, self.process_id)
+        if self.num_processes is not None and self.devices < self.num_processes:  # each would train alone
+            raise ValueError(
+                f"devices {self.devices} with {self.num_processes} processes: the data axis spans that many devices "
+                f"and every process must hold one, so devices must be at least {self.num_processes}"
+            )
 
     def mesh(self) -> Mesh | None:
         """The data-parallel mesh, or None for a single device."""

@@ -253,3 +253,23 @@ def test_a_runs_plot_title_names_its_environment_and_precision(name):
     assert "fp16" in title
     if hasattr(config, "env"):
         assert config.env in title and title.startswith(name.upper() if len(name) <= 3 else name)
+
+
+NO_DEVICE_YET = """
+import json
+from jax._src import xla_bridge
+from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.cli import build_parser
+for name in REGISTRY:
+    get_algorithm(name)
+    build_parser().parse_args(["train", name])
+print("RESULT " + json.dumps(xla_bridge.backends_are_initialized()))
+"""
+
+
+def test_no_algorithm_touches_a_device_as_it_is_imported_and_parsed():
+    """A process of several must join the others before JAX starts a backend: SAC imported gymnax
+    at import, which computes as it imports, so `launch ... train sac` could not start."""
+    done = run_python(["-c", NO_DEVICE_YET], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert result_of(done.stdout) is False

@@ -6,8 +6,10 @@ written where the environment renders, and what cannot be played is refused in o
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
+import stat
 
 import jax
 import numpy as np
@@ -215,12 +217,19 @@ def test_video_files_are_written_whole(tmp_path):
     write_video(frames, str(tmp_path / "v.gif"), fps=10)
     with Image.open(tmp_path / "v.gif") as gif:
         assert gif.n_frames == 5 and gif.size == (6, 8)
+    umask = os.umask(0o022)  # a new file's mode, as any other file's: it was mkstemp's private 0600
+    try:
+        write_video(frames, str(tmp_path / "shared.gif"), fps=10)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "shared.gif").stat().st_mode) == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".genesis-jax-partial-")]
     cv2 = pytest.importorskip("cv2")
     write_video(frames, str(tmp_path / "v.mp4"), fps=10)
     capture = cv2.VideoCapture(str(tmp_path / "v.mp4"))
     assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 5
     capture.release()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.gif", "v.mp4"]  # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared.gif", "v.gif", "v.mp4"]  # no temporary file left
 
 
 def save_checkpoint(run: pathlib.Path, kind: str) -> None:
@@ -269,6 +278,10 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
     (stopped / "summary.json").write_text(json.dumps({**summary, "stopped": "SIGTERM"}))
     assert main(["eval", str(stopped), "--episodes", "1"]) == 0
     assert capsys.readouterr().out.strip().endswith("; the run is stopped by SIGTERM")
+    # a resume killed before its end leaves the summary of the session before it: not "finished"
+    (stopped / "summary.json").write_text(json.dumps({**summary, "iterations": summary["iterations"] - 1}))
+    earlier = f"unfinished (summary.json is of an earlier session, which ended at update {summary['iterations'] - 1}"
+    assert eval_json(capsys, stopped, "--episodes", "1")["run_status"].startswith(earlier)
     (stopped / "summary.json").unlink()
     assert "unfinished" in eval_json(capsys, stopped, "--episodes", "1")["run_status"]
 
@@ -280,8 +293,9 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
     ):
         assert main(["eval", str(run), *options]) == 2
         assert words in one_line_error(capsys)
-    with pytest.raises(ValueError, match="has no checkpoint at '4' \\(a str, not an int\\); it has 4"):
-        genesis_jax.load(run, step="4")
+    for step in ("4", 4.0):  # 4.0 == 4, and read checkpoints/4.0: "corrupted"
+        with pytest.raises(ValueError, match=f"has no checkpoint at {step!r} \\(a {type(step).__name__}, not an int"):
+            genesis_jax.load(run, step=step)
     with pytest.raises(ValueError, match="has no checkpoint at 7; it has 4"):  # a numpy integer is one
         genesis_jax.load(run, step=np.int64(7))
 

@@ -211,6 +211,27 @@ def fake_processes(*statuses):
     return [types.SimpleNamespace(returncode=s) for s in statuses]
 
 
+def test_several_processes_need_a_device_each_on_the_data_axis():
+    """Without --devices (1), each process trained the whole run alone, then failed at its first
+    checkpoint (Orbax cannot save a host-local array across processes)."""
+    from genesis_jax.algos.ppo import PPOConfig
+
+    with pytest.raises(ValueError, match="devices 1 with 2 processes: .* devices must be at least 2"):
+        PPOConfig(num_envs=4, coordinator_address="127.0.0.1:1234", num_processes=2, process_id=0)
+
+
+@pytest.mark.slow  # two processes load JAX and stop before training: about 15 s on 2 cores
+def test_a_data_axis_that_leaves_a_process_without_a_device_is_refused_not_waited_on(tmp_path):
+    """--devices 2 of 2 processes x 2 devices: the mesh was process 0's two devices, and process 1,
+    holding none, waited for ever (SIGINT did not end it)."""
+    argv = [*LAUNCH[:-1], "2", "--", *TINY_PPO, "--num-envs", "8", "--out", str(tmp_path / "run")]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=cpu_env(drop_xla_flags=True),
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
+    assert "genesis-jax: error: devices 2 are the first 2 of the 4 of 2 processes, and process(es) 1 would hold " \
+        "none: give devices from 3 to 4" in genesis_lines(proc.stderr)  # fmt: skip
+
+
 def test_the_launcher_names_the_process_that_failed_on_its_own():
     # process 1 stopped only because process 0 failed: process 0 is named, though 1 ended first
     assert launcher._origin(fake_processes(2, EXIT_PEER), [1]) == 0

@@ -186,6 +186,9 @@ def test_the_stop_hint_gives_the_flags_a_bare_resume_would_reset_and_they_parse_
     assert train_config(name, parts) == config  # every setting of the run, none reset
     fp16 = dataclasses.replace(config, precision="fp16", seed=3)  # beyond what a resume may change
     assert train_config(name, parse_train_args(name, resume_flags(fp16).split())[0]) == fp16
+    # A process of several: its joining flags are its own (launch gives them), the rest the run's.
+    joined = dataclasses.replace(config, devices=2, coordinator_address="127.0.0.1:4567", num_processes=2, process_id=1)
+    assert resume_flags(joined) == resume_flags(dataclasses.replace(config, devices=2))
 
 
 def test_precision_auto_is_recorded_and_compared_as_what_it_picked(tmp_path, capsys):
