@@ -125,7 +125,8 @@ def _gymnax_program(spec: EnvSpec, act: Callable, episodes: int, recorded: int):
 def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray, limit: int) -> list[np.ndarray]:
     """RGB frames of the recorded episodes ([steps, episodes] states before each action), in
     order, at most `limit`, drawn by gymnax's `Visualizer` on a figure of its own (Agg: no
-    display, and pyplot's state untouched); each titled with the step and the return so far."""
+    display, and pyplot's state untouched); each titled with its episode, its step in it and the
+    return once its action is taken."""
     import gymnax
     from gymnax.visualize.visualizer import Visualizer
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -134,7 +135,7 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     states = jax.tree.map(np.asarray, states)
     steps = [(t, e) for e, length in enumerate(lengths[: rewards.shape[1]]) for t in range(int(length))][:limit]
     picked = [jax.tree.map(lambda x: x[t, e], states) for t, e in steps]
-    returns = [float(rewards[:t, e].sum()) for t, e in steps]
+    returns = [float(rewards[: t + 1, e].sum()) for t, e in steps]  # once this frame's action is taken
     env, params = gymnax.make(env_id)
     vis = Visualizer.__new__(Visualizer)  # its __init__ opens a pyplot figure
     vis.env, vis.env_params, vis.state_seq, vis.reward_seq = env, params, picked, returns
@@ -143,8 +144,10 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     offscreen_pygame()
     vis.init()
     frames = []
-    for t in range(len(picked)):
+    for t, (step, episode) in enumerate(steps):
         vis.update(t)
+        # gymnax's title counts frames across episodes: each episode's own step and return
+        vis.ax.set_title(f"{env_id}: episode {episode + 1}, step {step + 1}, return {returns[t]:g}")
         canvas.draw()
         frames.append(np.asarray(canvas.buffer_rgba())[..., :3].copy())
     return frames

@@ -1,6 +1,6 @@
 """Data parallelism with JAX's own sharding: a 1-D `Mesh` with a "data" axis.
 
-Environments (PPO) or batch rows (world model) are sharded along the axis; parameters,
+What each algorithm splits (PPO's environments, replay or batch rows) is sharded along the axis; parameters,
 optimizer state and the loss scaler are replicated. The train step stays the ordinary
 jitted program: XLA's SPMD partitioner inserts the gradient all-reduce, so every device
 sees the same averaged gradients, takes the same finite decision and keeps the same scale.
@@ -241,7 +241,11 @@ def make_mesh(num_devices: int) -> Mesh:
     if num_devices > available:
         raise ValueError(
             f"devices {num_devices} asked for but only {available} {jax.default_backend()} device(s) are visible"
-            " (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
+            + (
+                " (of several processes: genesis-jax launch --local-devices N gives each N)"
+                if jax.process_count() > 1
+                else " (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
+            )
         )
     devices = jax.devices()[:num_devices]
     missing = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
@@ -292,7 +296,8 @@ class ParallelConfig:
     data axis, and the multi-host arguments of `jax.distributed.initialize`."""
 
     devices: int = 1
-    """Devices on the data axis; the environments (PPO) or batch rows (world model) are split over them."""
+    """Devices on the data axis; what each algorithm splits over them: PPO's environments, PQN's
+    minibatches, the replay batches of DQN and SAC, the world model's batch rows."""
     coordinator_address: str | None = None
     """Several processes: host:port of process 0, or auto (read from SLURM, Open MPI, Kubernetes...)."""
     num_processes: int | None = None

@@ -528,9 +528,9 @@ class Session:
             self.run_dir.append_metrics(rows)
         for writer in self.writers:
             writer.write(rows)
+        if rows and self.postfix is not None:  # shown with the update it belongs to
+            bar.set_postfix(refresh=False, **self.postfix(rows[-1]))
         bar.update(len(rows) * self.steps_per_row)
-        if rows and self.postfix is not None:
-            bar.set_postfix(**self.postfix(rows[-1]))
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -305,3 +305,19 @@ def test_a_run_that_fails_before_its_first_row_leaves_no_run_behind(tmp_path, st
         session.run(session.restore({"w": jnp.float32(8.0)}), halve, to_rows)
         assert session.finish({})["stopped"] is None
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]
+
+
+def test_progress_in_a_log_is_a_line_a_report_with_the_row_s_values(capsys):
+    """Where stderr is a file (a batch job's log), tqdm's redraws were one long line of carriage
+    returns: a report is a line of its own there, with what the bar's postfix would show."""
+    step = lambda state: (state + 1, {"loss": state * 0.5})  # noqa: E731
+    to_rows = lambda metrics, done: [{"chunk": done + 1, "loss": float(metrics["loss"])}]  # noqa: E731
+    with Session(None, name="toy", num_rows=3, row_key="chunk", steps_per_row=2000, unit="step",
+                 postfix=lambda row: {"loss": row["loss"]}) as session:  # fmt: skip
+        capsys.readouterr()
+        session.run(jnp.float32(0), step, to_rows)
+    assert capsys.readouterr().err.splitlines() == [
+        "2.0k/6.0k steps (33%), loss=0.0",
+        "4.0k/6.0k steps (67%), loss=0.5",
+        "6.0k/6.0k steps (100%), loss=1.0",
+    ]
