@@ -345,12 +345,9 @@ def test_accumulate_given_what_it_cannot_split_says_what_to_pass_instead(args, k
         assert bool(out.grads_finite)
 
 
-def test_a_decision_taken_before_a_pmean_the_loop_adds_skips_on_every_replica():
-    """The data-parallel loop as Flax's examples write it: the decision of each replica's own
-    gradients, then `lax.pmean` of them (instead of `axis_name=`). Replica 1's batch overflows:
-    replica 0's decision said finite, but the averaged gradients hold an inf: skipped on both
-    (once written into replica 0's params), and both scalers back off alike."""
-    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+def pmean_after_the_norm(state, batches):
+    """Two replicas (vmap with an axis name) of the Flax examples' data-parallel step: the loop
+    averages the gradients itself, `lax.pmean` after `scaled_value_and_grad` took their norm."""
     grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
 
     def step(state, x):
@@ -358,8 +355,16 @@ def test_a_decision_taken_before_a_pmean_the_loop_adds_skips_on_every_replica():
         grads = jax.lax.pmean(grads, "dp")
         return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
 
-    replicas = jax.tree.map(lambda x: jnp.stack([x, x]), state)
-    new = jax.vmap(step, axis_name="dp")(replicas, jnp.stack([jnp.ones(3), jnp.full(3, jnp.inf)]))
+    return jax.vmap(step, axis_name="dp")(jax.tree.map(lambda x: jnp.stack([x, x]), state), batches)
+
+
+def test_a_decision_taken_before_a_pmean_the_loop_adds_skips_on_every_replica():
+    """The data-parallel loop as Flax's examples write it: the decision of each replica's own
+    gradients, then `lax.pmean` of them (instead of `axis_name=`). Replica 1's batch overflows:
+    replica 0's decision said finite, but the averaged gradients hold an inf: skipped on both
+    (once written into replica 0's params), and both scalers back off alike."""
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
+    new = pmean_after_the_norm(state, jnp.stack([jnp.ones(3), jnp.full(3, jnp.inf)]))
     assert np.asarray(new.params["w"]).tolist() == [[1.0] * 3] * 2
     assert np.asarray(new.skipped).tolist() == [1, 1] and np.asarray(new.scaler.loss_scale).tolist() == [2.0**15] * 2
 
@@ -553,15 +558,7 @@ def test_the_clip_takes_the_norm_of_the_gradients_it_is_given_after_a_loops_pmea
     factors and drifted apart."""
     state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16",
                                   max_grad_norm=1.0, scaler=amp.DynamicLossScale(init_scale=16.0))  # fmt: skip
-    grad_fn = amp.scaled_value_and_grad(lambda p, x: jnp.sum(p["w"] * x))
-
-    def step(state, x):
-        _, grads, finite, norm, scaler = grad_fn(state, state.params, x)
-        grads = jax.lax.pmean(grads, "dp")
-        return state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler)
-
-    replicas = jax.tree.map(lambda a: jnp.stack([a, a]), state)
-    new = jax.vmap(step, axis_name="dp")(replicas, jnp.stack([jnp.full(3, 0.1), jnp.full(3, 10.0)]))
+    new = pmean_after_the_norm(state, jnp.stack([jnp.full(3, 0.1), jnp.full(3, 10.0)]))
     mean_grad = np.full(3, 5.05)  # clipped to norm 1: w - 0.1 * g / |g|
     np.testing.assert_allclose(new.params["w"], np.stack([1 - 0.1 * mean_grad / np.linalg.norm(mean_grad)] * 2),
                                rtol=1e-6)  # fmt: skip
