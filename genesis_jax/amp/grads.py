@@ -83,7 +83,8 @@ def autocast(fn, policy):
     (the result is a pytree holding it, so `eqx.filter_grad` reaches its arrays), or a Flax
     linen `Module`: then a module whose `init` is the original's (float32 params) and whose
     `apply` is autocast, so `qf = amp.autocast(QNetwork(), "fp16")` changes nothing else in a
-    loop. Wrap the network, not the loss: the loss then reads float32 outputs and stays float32.
+    loop. A loss inside it computes as under torch's: its targets read as given, its
+    subtractions, squares and means in float32 (0.4 refused it: it cast the targets to float16).
     `amp.dtype_report` shows what ran in what.
 
     Examples:
@@ -110,7 +111,6 @@ def autocast(fn, policy):
     def cast_fn(fn, *args, **kwargs):  # fn's own arrays (an Equinox module's) are params too
         return policy.cast_to_output(cast_per_op(fn, policy.compute_dtype, *args, **kwargs))
 
-    cast_fn.autocasts = True  # what refuse_autocast_loss looks for
     return jax.tree_util.Partial(cast_fn, fn)
 
 
@@ -204,17 +204,6 @@ def _declared_precision(source, policy) -> Precision | None:
     return policy if isinstance(policy, Precision) else None
 
 
-def refuse_autocast_loss(loss_fn) -> None:
-    """Refuses a loss wrapped in `autocast`, which casts every floating input to the compute
-    dtype before the loss reads it: targets too (above 65504 an inf in float16, every step skipped)."""
-    if getattr(getattr(loss_fn, "func", None), "autocasts", False):
-        raise ValueError(
-            "loss_fn is wrapped in amp.autocast, which casts every input to half precision, targets too (in float16 "
-            "a target above 65504 is inf): wrap the network instead, apply = amp.autocast(net.apply, precision), "
-            "and compute the loss in float32 from its outputs"
-        )
-
-
 def _check_arrays(tree, argnums: int) -> None:
     """Refuses a differentiated argument holding a leaf JAX cannot differentiate (a function, an
     object: a whole Equinox module), before JAX's generic TypeError, naming the fix."""
@@ -300,7 +289,6 @@ def scaled_value_and_grad(
         (False, 32768.0, 1)
     """
     refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
-    refuse_autocast_loss(loss_fn)
     flag("has_aux", has_aux)
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     ok = axis_name is None or (names and all(isinstance(n, str) for n in names))

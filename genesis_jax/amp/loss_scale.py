@@ -290,6 +290,15 @@ def with_rules_of(restored, template):
     )
 
 
+def any_fixed_scale(template):
+    """`template` with each fixed scaler (static, or none) scaling by 0: a shape that takes any
+    saved scale. For a restore whose caller checks the scaler's kind itself (a run's checkpoint
+    meta) and may change a static scale on purpose (`with_rules_of`)."""
+    fixed = lambda node: isinstance(node, (StaticLossScale, NoOpLossScale))  # noqa: E731
+    unset = lambda node: node._replace(loss_scale=jnp.zeros_like(node.loss_scale)) if fixed(node) else node  # noqa: E731
+    return jax.tree.map(unset, template, is_leaf=fixed)
+
+
 def check_scaler(scaler) -> None:
     """Refuses anything but a loss scaler (these three or one with their interface, such as
     jmp's): a bare number would fail later with an AttributeError, far from the cause."""

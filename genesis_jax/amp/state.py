@@ -36,7 +36,7 @@ from flax import nnx, struct
 from flax.training import train_state
 
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
-from genesis_jax.amp.grads import refuse_autocast_loss, scaled_value_and_grad, split_aux
+from genesis_jax.amp.grads import scaled_value_and_grad, split_aux
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import (
@@ -91,7 +91,7 @@ def _refuse_nonfinite_at_rest(tx, params) -> None:
     with jax.ensure_compile_time_eval():  # on zeros of the params' shapes: under jit (a trainer's init) too
         zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), params)
         try:
-            updates, state = tx.update(zeros, tx.init(zeros), zeros)
+            updates, state = tx.update(zeros, tx.init(zeros), zeros, loss_scale=jnp.float32(1.0))  # a guard reads it
         except TypeError:  # an update that needs more than the gradients (reduce_on_plateau's value=): unchecked
             return
         finite = all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
@@ -266,7 +266,8 @@ class TrainState(train_state.TrainState):
             grads_finite: the decision from `scaled_value_and_grad` (None: from the norm, only
                 where the scaler does not scale: fp32, bf16; elsewhere it is refused, as the
                 gradients did not come from the scaled loss).
-            grad_norm: the unscaled global norm it was taken on, for clipping (None: computed).
+            grad_norm: the unscaled global norm it was taken on: accepted, not needed (the clip
+                takes the norm of `grads` themselves).
             scaler: the scaler adjusted for this step (None: `self.scaler` adjusted by the
                 step's decision). A step skipped all the same (float32 gradients that overflow
                 on the cast to float16 params, a strict check) backs off instead:
@@ -374,7 +375,6 @@ def train_step(
     """
     refuse_unless(isinstance(state, TrainState), "state", type(state).__name__, "an amp.TrainState")
     refuse_unless(callable(loss_fn), "loss_fn", loss_fn, "callable")
-    refuse_autocast_loss(loss_fn)
     flag("has_aux", has_aux)
     ok = faults is None or isinstance(faults, FaultInjection)
     refuse_unless(ok, "faults", faults, "an amp.testing.FaultInjection or None")

@@ -127,7 +127,9 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     order, at most `limit`, drawn by gymnax's `Visualizer` on a figure of its own (Agg: no
     display, and pyplot's state untouched); each titled with its episode, its step in it and the
     return once its action is taken."""
-    import gymnax
+    from genesis_jax.envs.gymnax_env import import_gymnax
+
+    gymnax = import_gymnax()
     from gymnax.visualize.visualizer import Visualizer
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization
 
-from genesis_jax.amp.loss_scale import NoOpLossScale
+from genesis_jax.amp.loss_scale import NoOpLossScale, any_fixed_scale
 from genesis_jax.amp.restore import Rule, key_name, restore_rules
 from genesis_jax.amp.state import TrainState
 from genesis_jax.run.parallel import host_array
@@ -679,7 +679,8 @@ class CheckpointStore:
                 "the scaler starts from its defaults"
             )
             restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
-        state = as_typed_as(serialization.from_state_dict(target, restored), target)
+        # the scaler's kind is checked above (its meta): a static scale a resume changes is taken as saved
+        state = as_typed_as(serialization.from_state_dict(any_fixed_scale(target), restored), target)
         dropped = meta.get("replay_dropped", 0)
         if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
             raise CheckpointMismatchError(

@@ -497,11 +497,11 @@ class Session:
         for (and a second one stops at once, leaving no thread inside the runtime)."""
         pending = [leaf for leaf in jax.tree.leaves(metrics) if isinstance(leaf, jax.Array)]
         self._waiting = True
+        began = time.perf_counter()
         try:
-            pause = 0.0005
             while not all(leaf.is_ready() for leaf in pending):
-                time.sleep(pause)
-                pause = min(2 * pause, 0.05)  # at most 50 ms late, and a short chunk is waited for in its time
+                # late by about a 32nd of the wait (0.1 ms at least, 50 ms at most): the next chunk waits too
+                time.sleep(min(0.05, max(1e-4, (time.perf_counter() - began) / 32)))
         finally:
             self._waiting = False
         return jax.device_get(metrics)
@@ -566,6 +566,8 @@ class Session:
             message = f"{self.stopped} received before training began ({at}): nothing was trained{kept}"
         else:
             hint = f"; continue with --resume --out {self.path} {resume_flags(self.config)}".rstrip()
+            if getattr(self.config, "num_processes", None):  # each process's own, which `launch` gives
+                hint += " (each process with its own --coordinator-address, --num-processes and --process-id)"
             hint = hint if self.run_dir else ""
             message = f"{self.stopped} received: stopped after {at}{where}{hint}"
         raise TrainingInterrupted(message, getattr(signal, self.stopped), summary)

@@ -538,11 +538,11 @@ def test_autocast_casts_inside_scan_while_cond_and_remat_bodies_and_their_gradie
         h = jax.checkpoint(lambda h: h @ w)(h)
         if loop:  # no reverse-mode gradient through a while loop
             h = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)), (0, h))[1]
-        return jax.lax.cond(jnp.sum(ys) > 0, lambda: jnp.sum(h), lambda: -jnp.sum(h))
+        return jax.lax.cond(jnp.sum(ys) > 0, lambda: jnp.sum(h @ w), lambda: -jnp.sum(h))
 
     w, x = jnp.full((4, 4), 0.1), jnp.ones((2, 4))
     half = amp.autocast(fn, "fp16")
-    assert amp.dtype_report(half, w, x).dtypes("matmul") == {"float16": 3}  # scan, remat, while
+    assert amp.dtype_report(half, w, x).dtypes("matmul") == {"float16": 4}  # scan, remat, while, cond
     np.testing.assert_allclose(half(w, x), fn(w, x), rtol=1e-2)
     grads = [jax.grad(lambda w: f(w, x, loop=False))(w) for f in (half, fn)]
     np.testing.assert_allclose(*grads, rtol=2e-2)

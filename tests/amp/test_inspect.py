@@ -98,7 +98,9 @@ def test_ops_inside_jit_scan_cond_while_remat_and_custom_jvp_are_found_with_wher
     assert report.dtypes("matmul") == {"float32": 3} and report.dtypes("exp/log") == {"float32": 2}
     half = amp.dtype_report(amp.autocast(fn, "fp16"), jnp.ones((4, 4)), X)  # a jitted function's ops are cast too,
     assert half.dtypes("matmul") == {"float16": 3}  # and those of a scan's body and a remat's
-    assert half.dtypes("exp/log") == {"float32": 2}  # a custom_jvp runs as traced (autocast's docstring says so)
+    assert half.dtypes("exp/log") == {"float32": 2}  # a custom_jvp runs as traced (autocast's docstring says so):
+    traced_in_half = amp.dtype_report(amp.autocast(fn, "fp16"), jnp.ones((4, 4), jnp.float16), X.astype(jnp.float16))
+    assert traced_in_half.dtypes("exp/log") == {"float16": 2}  # not cast up to float32, as exp and log elsewhere are
 
 
 def test_a_step_under_autocast_differentiates_in_float16_with_float32_gradients():

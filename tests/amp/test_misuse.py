@@ -459,19 +459,20 @@ def test_float16_unscaled_on_purpose_or_with_no_gradient_through_it_is_accepted(
         assert int(amp.train_step(state, linen_loss(module.apply), X)[0].step) == 1
 
 
-def test_a_loss_wrapped_in_autocast_is_refused_naming_the_network_to_wrap():
-    """autocast casts every input, targets too: targets near 7e4 became inf in float16 and every
-    step was skipped, with no word. Refused in train_step and scaled_value_and_grad alike."""
+def test_a_loss_wrapped_in_autocast_reads_its_targets_in_float32_as_torch_s_does():
+    """0.4's autocast cast every input, targets too: targets near 7e4 became inf in float16 and
+    every step was skipped, with no word (it was refused then). Cast per op, a loss inside it
+    computes as a loss under torch.autocast: the matmul in float16, the rest in float32."""
     predict = lambda p, x: x @ p["w"]  # noqa: E731
-    loss = amp.autocast(lambda p, x, y: jnp.mean((predict(p, x) - y) ** 2), "fp16")
     state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.sgd(0.1), precision="fp16")
-    with pytest.raises(ValueError, match=r"loss_fn is wrapped in amp.autocast.*wrap the network instead"):
-        amp.train_step(state, loss, X, jnp.full(4, 7e4))
-    with pytest.raises(ValueError, match=r"loss_fn is wrapped in amp.autocast"):
-        amp.scaled_value_and_grad(loss)
-    net = amp.autocast(predict, "fp16")  # the fix: the network wrapped, the loss in float32
-    _, metrics = amp.train_step(state, lambda p, x, y: jnp.mean((net(p, x) - y) ** 2), X, jnp.full(4, 7e4))
-    assert float(metrics["loss"]) == pytest.approx((7e4 - 3.0) ** 2, rel=1e-6)  # targets read in float32: no inf
+    net = amp.autocast(predict, "fp16")
+    for loss in (
+        amp.autocast(lambda p, x, y: jnp.mean((predict(p, x) - y) ** 2), "fp16"),  # the whole loss
+        lambda p, x, y: jnp.mean((net(p, x) - y) ** 2),  # the network alone
+    ):
+        _, metrics = amp.train_step(state, loss, X, jnp.full(4, 7e4))
+        assert float(metrics["loss"]) == pytest.approx((7e4 - 3.0) ** 2, rel=1e-6)  # no inf
+        assert amp.dtype_report(loss, state.params, X, jnp.full(4, 7e4)).dtypes("matmul") == {"float16": 1}
 
 
 @pytest.mark.filterwarnings("ignore:precision 'fp16-full' stores")
@@ -621,3 +622,14 @@ def test_an_optimizer_needing_the_loss_gets_it_through_apply_gradients_and_train
     loss, grads, finite, norm, scaler = amp.scaled_value_and_grad(loss_fn)(state, state.params, X)
     new = state.apply_gradients(grads=grads, grads_finite=finite, grad_norm=norm, scaler=scaler, value=loss)
     assert int(new.step) == 1 and not np.array_equal(new.params["w"], state.params["w"])
+
+
+def test_the_fp16_full_check_at_rest_gives_a_guard_the_scale_it_reads():
+    """The check of an optimizer at rest ran its update without `loss_scale=`, which a guard
+    with a scale floor refuses: every fp16-full run (the CLI's has a guard) failed to start."""
+    tx = optax.adam(1e-3, eps=1e-4)
+    state = amp.TrainState.create(params={"w": jnp.ones(3)}, tx=tx, precision="fp16-full", guard=amp.DivergenceGuard())
+    assert state.params["w"].dtype == jnp.float16 and int(state.skipped) == 0
+    with pytest.raises(ValueError, match="update of a zero gradient is not finite in float16"):
+        amp.TrainState.create(params={"w": jnp.ones(3)}, tx=optax.adam(1e-3), precision="fp16-full",
+                              guard=amp.DivergenceGuard())  # fmt: skip

@@ -8,7 +8,7 @@ from tests.support.processes import run_python
 PROBE = """
 import json, sys
 from genesis_jax.envs import gymnax_env
-import gymnax
+gymnax = gymnax_env.import_gymnax()  # as the package imports it, when an environment is first made
 before = [m for m in ("seaborn.relational", "scipy.stats", "matplotlib.figure") if m in sys.modules]
 env, params = gymnax.make("Pong-misc")  # a gymnax module that imported both at its top
 import importlib.util, seaborn, matplotlib

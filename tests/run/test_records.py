@@ -474,8 +474,8 @@ def events_of(session, events: list):
 
 
 def test_a_stop_asked_for_while_a_chunk_runs_is_said_at_once(tmp_path):
-    """The run waits for a chunk in another thread, so a signal's handler runs at once: waited
-    for in `jax.device_get`, it ran only when the chunk returned (minutes for a big one), and the
+    """The run waits for a chunk by polling it, so a signal's handler runs at once: waited for
+    in `jax.device_get`, it ran only when the chunk returned (minutes for a big one), and the
     run said nothing in between. The chunk still ends, and is saved, first. The same signal
     twice within a second (under `launch`: the terminal's and the launcher's) is one stop."""
     step, state = timed_work(1.5)

@@ -103,6 +103,22 @@ def test_a_resume_with_another_loss_scaler_rule_runs_with_it(tmp_path):
     assert float(scaler.loss_scale) == 1024 * 2.0**8
 
 
+def test_a_resume_with_another_static_scale_runs_with_it(tmp_path):
+    """A static scale and no scaling hold one field alike, so flax's restore now refuses one
+    restored as the other by its value: a resume allowed to change the static scale was
+    refused with it; the run layer checks the kind from the checkpoint's meta instead."""
+    config = tiny_config("ppo", precision="fp16", loss_scaling="static", init_loss_scale=1024.0)
+    get_algorithm("ppo").train(config, str(tmp_path / "run"), progress=False)
+    longer = dataclasses.replace(config, total_steps=512, init_loss_scale=512.0)
+    resumed = get_algorithm("ppo").train(longer, str(tmp_path / "run"), resume=True, allow_config_change=True,
+                                         progress=False)  # fmt: skip
+    assert float(resumed.train_state.scaler.loss_scale) == 512.0
+    unscaled = dataclasses.replace(config, total_steps=768, loss_scaling="none")
+    with pytest.raises(ValueError, match="holds a StaticLossScale but the run uses a NoOpLossScale"):  # the meta says
+        get_algorithm("ppo").train(unscaled, str(tmp_path / "run"), resume=True, allow_config_change=True,
+                                   progress=False)  # fmt: skip
+
+
 WORLD_MODEL = ["train", "world-model", *tiny_argv("world-model")]
 
 
