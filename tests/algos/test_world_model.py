@@ -216,6 +216,7 @@ def test_config_refuses_what_it_would_ignore_and_leaves_a_npz_s_length_to_the_da
     # The GRU core built one cell whatever --depth said (the runs were identical to the digit).
     with pytest.raises(ValueError, match="^depth 6 is the MLP core's blocks: the GRU core is one cell; drop --depth$"):
         WorldModelConfig(core="gru", depth=6)
+    assert WorldModelConfig(core="gru", depth=1).depth == 1  # what the one cell is: said, not refused
     # --sequence-length is not a .npz's (its own length is checked against the horizon when it is read).
     with pytest.raises(ValueError, match="horizon 35 is longer than the sequences \\(32\\)"):
         WorldModelConfig(horizon=35)

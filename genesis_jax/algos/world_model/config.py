@@ -65,7 +65,7 @@ class WorldModelConfig(WorldModelFields, Config):
 
     def check(self):
         self.validate_parallel("batch-size", self.batch_size)
-        if self.core == "gru" and self.depth != WorldModelFields.depth:  # it built one cell whatever was asked
+        if self.core == "gru" and self.depth not in (WorldModelFields.depth, 1):  # it builds one cell, whatever asked
             raise ValueError(f"depth {self.depth} is the MLP core's blocks: the GRU core is one cell; drop --depth")
         if self.horizon > self.sequence_length and not self.data.endswith(".npz"):  # a .npz's: checked on its data
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")
