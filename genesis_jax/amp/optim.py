@@ -251,16 +251,14 @@ def _power_of_two(k):
     return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
-def _strict(strict, params) -> bool:
-    """`strict`, where None: whether `params` hold a float16 leaf (a finite gradient's update can
-    overflow them, which only the strict checks catch)."""
-    if strict is not None:
-        return strict
-    return params is not None and any(jnp.result_type(p) == jnp.float16 for p in jax.tree.leaves(params))
+def holds_float16(params) -> bool:
+    """Whether `params` hold a float16 leaf: a finite gradient's update can overflow them, which
+    only the strict checks catch (and Adam's default eps is 0 there)."""
+    return any(jnp.result_type(p) == jnp.float16 for p in jax.tree.leaves(params))
 
 
-def check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict_none=False) -> None:
-    """`skip_nonfinite`'s options (`TrainState.create`'s and `Optimizer`'s, where a `strict` of
+def check_options(max_grad_norm, guard, advance_schedule_on_skip, strict) -> None:
+    """`skip_nonfinite`'s options (`TrainState.create`'s and `Optimizer`'s too; a `strict` of
     None decides by the params' dtype), each refused in a sentence naming it. A clipping norm
     that is NaN or inf would make every update non-finite after the finite check, 0 or less would
     stop or reverse every step: it is checked as the float32 it is used as (1e-50 is 0 there)."""
@@ -268,7 +266,7 @@ def check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict
         number("max_grad_norm", max_grad_norm, "finite and > 0 (None: no clipping)", finite_above(0))
     refuse_unless(guard is None or isinstance(guard, DivergenceGuard), "guard", guard, "a DivergenceGuard or None")
     flag("advance_schedule_on_skip", advance_schedule_on_skip)
-    flag("strict", strict, none=strict_none)
+    flag("strict", strict, none=True)
 
 
 def _scalar(name: str, value, kinds, accepted: str, dtype):
@@ -378,7 +376,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
     """
     is_optax = isinstance(inner, optax.GradientTransformation)
     refuse_unless(is_optax, "the optimizer to wrap", inner, "an optax GradientTransformation")
-    check_options(max_grad_norm, guard, advance_schedule_on_skip, strict, strict_none=True)
+    check_options(max_grad_norm, guard, advance_schedule_on_skip, strict)
     inner = optax.with_extra_args_support(inner)
 
     def init(params):
@@ -387,7 +385,7 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
 
     def update(grads, state, params=None, *, grads_finite=None, grad_norm=None, loss_scale=None, **extra_args):
         finite = _scalar("grads_finite", grads_finite, (jnp.bool_,), "a scalar bool (True: all finite)", bool)
-        norm = _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)
+        _scalar("grad_norm", grad_norm, (jnp.floating,), "a scalar float (the global norm)", jnp.float32)  # unused
         loss_scale = _scalar("loss_scale", loss_scale, (jnp.floating, jnp.integer), "a scalar float", jnp.float32)
         if guard is not None and guard.min_scale is not None and loss_scale is None:
             raise ValueError(
@@ -409,8 +407,9 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
             # skipped branch's shapes and dtypes without a NaN.
             grads = clip_by_norm(grads, jnp.where(finite, norm, 0.0), max_grad_norm)
         active = ~state.halted
+        strict_now = strict if strict is not None else params is not None and holds_float16(params)
         updates, inner_state, applied = step_or_skip(
-            inner, grads, state.inner_state, params, finite & active, strict=_strict(strict, params), **extra_args
+            inner, grads, state.inner_state, params, finite & active, strict=strict_now, **extra_args
         )
         return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
 

@@ -43,6 +43,7 @@ from genesis_jax.amp.optim import (
     check_options,
     deciding_skip_state,
     find_skip_state,
+    holds_float16,
     skip_nonfinite,
     skip_rules,
 )
@@ -64,7 +65,7 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
         check_scaler(scaler)
     ok = precision is None or isinstance(precision, (str, Precision))
     refuse_unless(ok, "precision", precision, "a precision name, a Precision or None")
-    check_options(*options, strict_none=True)
+    check_options(*options)
     prec = get_precision(precision) if isinstance(precision, str) else precision
     if prec is not None:
         params = _check_model_param_dtypes(params, prec) if model_params else prec.policy.cast_to_param(params)
@@ -79,7 +80,7 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
         norm, guard, advance, strict = options
         tx = skip_nonfinite(tx, max_grad_norm=norm, guard=guard, advance_schedule_on_skip=advance, strict=strict)
-    if any(jnp.asarray(p).dtype == jnp.float16 for p in jax.tree.leaves(params)):
+    if holds_float16(params):
         _refuse_nonfinite_at_rest(tx, params)
     return params, tx, scaler, "fp32" if prec is None else prec.name
 
