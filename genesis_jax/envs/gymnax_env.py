@@ -57,8 +57,9 @@ def import_gymnax():
     return gymnax
 
 
-def gymnax_spec(env_id: str) -> EnvSpec:
-    env, params = import_gymnax().make(env_id)
+def gymnax_spec(env_id: str, made: tuple | None = None) -> EnvSpec:
+    """`env_id`'s spec; `made`: its (env, params), where the caller has made it already."""
+    env, params = made or import_gymnax().make(env_id)
     obs_shape, space = tuple(env.observation_space(params).shape) or (1,), env.action_space(params)
     limit = int(getattr(params, "max_steps_in_episode", None) or 0) or None
     if hasattr(space, "n"):
@@ -77,8 +78,8 @@ class GymnaxVecEnv:
     """
 
     def __init__(self, env_id: str, num_envs: int):
-        self.env, self.params = import_gymnax().make(env_id)
-        self.spec, self.num_envs = gymnax_spec(env_id), num_envs
+        self.env, self.params = made = import_gymnax().make(env_id)
+        self.spec, self.num_envs = gymnax_spec(env_id, made), num_envs
 
     def _shaped(self, obs):
         """float32 [num_envs, *obs_shape] (MinAtar's boolean frames included)."""
