@@ -490,8 +490,6 @@ def _command_line(args, skip=()) -> str:
 
 
 def _run_bench(args) -> int:
-    import pathlib
-
     from genesis_jax.cli.bench import run_benchmark
 
     run_benchmark(
@@ -641,7 +639,6 @@ def _exit_now(status: int):
     Orbax's, logging's), the output is flushed, and a process with another thread still working
     exits as usual."""
     import atexit
-    import os
     import threading
 
     if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):

@@ -306,7 +306,7 @@ def run_plan(
         done, _ = train_cells(pilot_out, cell_plan, progress, command, stop)
         summaries, final, auc, _, randoms, known = _scores(pilot_out, done, tasks, plan.PILOT_PRECISIONS, seed, {})
         _check_stop(stop, out, "before its plan was written", command)
-    refs = report.references(final, tasks, randoms, known)
+    refs = report.references(final, tasks, known)
     random, reference = [randoms[t] for t in tasks], [r for r, _ in refs]
     normalised = {p: stats.normalise(m, random, reference) for p, m in final.items()}
     auc = {p: stats.normalise(m, random, reference) for p, m in auc.items()}

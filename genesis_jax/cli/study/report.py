@@ -21,7 +21,7 @@ def _fmt(e: stats.Estimate, digits: int = 2) -> str:
     return f"{e.point:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
 
 
-def references(raw, tasks: list[str], randoms, known=None, sources=None) -> list[tuple[float, str]]:
+def references(raw, tasks: list[str], known=None, sources=None) -> list[tuple[float, str]]:
     """Each task's reference score and its source: `known` ({task: score}, default the
     published returns of `TASKS`; `sources`: {task: where it came from} where not the
     task's own), else the study's fp32 IQM (said so in its source)."""
@@ -109,7 +109,7 @@ def analyse(raw, tasks, randoms, reps, seed=0, auc=None, known=None, rows=None, 
     given `rows` ({precision: {task: metric rows}}), the time to `thresholds` ({task:
     normalised score}, default `stats.THRESHOLD`) under "speed", as a share of the budget
     (lower is faster). Each score is judged on the paired IQM, mean and CVaR (`judged`)."""
-    refs = references(raw, tasks, randoms, known, sources)
+    refs = references(raw, tasks, known, sources)
     random, reference = [randoms[t] for t in tasks], [r for r, _ in refs]
     normalise = lambda scores: {p: stats.normalise(m, random, reference) for p, m in scores.items()}
     normalised, per_task = normalise(raw), stats.per_task(raw, reps, seed)
