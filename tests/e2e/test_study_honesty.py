@@ -182,6 +182,14 @@ def test_bad_study_input_is_one_line_before_anything_trains(tmp_path, capsys, mo
     assert not out.exists()
 
 
+def test_a_plan_with_too_few_reps_is_refused_before_its_pilot_trains(tmp_path, capsys):
+    # the plan's study command would carry --reps 10, which the confirmatory study refuses
+    out = tmp_path / "study"
+    assert main(["study", "--plan", "--out", str(out), "--reps", "10", "--total-steps", "512", "--no-progress"]) == 2
+    assert "reps must be an integer of at least 100" in one_line(capsys)
+    assert not out.exists()
+
+
 def test_a_task_given_two_budgets_is_refused(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["study", "--out", str(out), "--total-steps", "CartPole-v1=512,CartPole-v1=1024"]) == 2

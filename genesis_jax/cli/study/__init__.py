@@ -296,7 +296,7 @@ def run_plan(
     cells.check_count(pilot_seeds, plan.MIN_PILOT_SEEDS, "a pilot needs at least {} seeds per cell")
     if num_seeds is not None:  # the confirmatory study's least seeds per cell
         cells.check_count(num_seeds, 2, "--num-seeds of a plan (the study's least seeds per cell) must be at least {}")
-    tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, stats.MIN_REPS, total_steps)
+    tasks, precisions, budgets, out = _setup(out_dir, tasks, precisions, pilot_seeds, reps, total_steps)
     pilot_out = out / "plan"
     cell_plan = plan_cells(pilot_out, tasks, plan.PILOT_PRECISIONS, pilot_seeds, seed, budgets)
     _prepare(pilot_out, cell_plan, dry_run)
