@@ -31,7 +31,7 @@ from flax import nnx
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.jaxpr import cast_per_op, refuse_mismatched_compute
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
-from genesis_jax.amp.optim import deciding_skip_state, global_norm
+from genesis_jax.amp.optim import find_skip_state, global_norm
 from genesis_jax.amp.policy import Precision, as_policy, get_precision
 
 
@@ -185,8 +185,8 @@ def _scaler_of(source):
         source = (source.scaler, source.opt_state)
     if not isinstance(source, tuple) or len(source) != 2:
         raise TypeError(f"{SKIPPING}; got {source!r:.60}, which does not show whether its optimizer skips")
-    if deciding_skip_state(source[1]) is None:
-        if deciding_skip_state(source[0]) is not None:
+    if find_skip_state(source[1], required=False) is None:
+        if find_skip_state(source[0], required=False) is not None:
             raise TypeError(f"{SKIPPING}: (scaler, opt_state) in that order, got (opt_state, scaler)")
         raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step")
     check_scaler(source[0])
