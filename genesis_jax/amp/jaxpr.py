@@ -96,33 +96,34 @@ def dtype_report(fn, *args, **kwargs) -> DtypeReport:
     return DtypeReport(tuple(_ops(closed.jaxpr, "")), outputs)
 
 
-def refuse_mismatched_compute(precision: str | None, half, backward, fn, *args, **kwargs) -> None:
+def refuse_mismatched_compute(declared, backward, fn, *args, **kwargs) -> None:
     """Refuses `fn(*args, **kwargs)` whose matmuls and convolutions disagree with the precision
-    declared: `half`, the dtype a half `precision` computes in, where they all run wider (the
-    network ignores it: no `dtype=`, or it casts up), so nothing runs in half precision; and,
-    where nothing scales the loss, any float16 one that gradients flow back through, whose small
-    gradients flush to zero (a float16 network under fp32, bf16 or no precision: forgetting
-    `GradScaler`). `backward`: None where the loss is scaled, else `fn`'s gradient function,
-    whose float16 matmuls beyond the forward's are the backward's (a frozen float16 network's,
-    behind `stop_gradient`, have none). A function with no matmul or convolution passes."""
+    `declared` (a `Precision`, or None where none is): where it computes in half precision and
+    they all run wider (the network ignores it: no `dtype=`, or it casts up), so nothing runs in
+    half precision; and, where nothing scales the loss, any float16 one that gradients flow back
+    through, whose small gradients flush to zero (a float16 network under fp32, bf16 or no
+    precision: forgetting `GradScaler`). `backward`: None where the loss is scaled, else `fn`'s
+    gradient function, whose float16 matmuls beyond the forward's are the backward's (a frozen
+    float16 network's, behind `stop_gradient`, have none). A function with no matmul or
+    convolution passes."""
     report = dtype_report(fn, *args, **kwargs)
     ops = [(kind, d, n) for kind in ("matmul", "conv") for d, n in report.dtypes(kind).items()]
     shown = ", ".join(f"{n} {kind}(s) in {d}" for kind, d, n in ops)
     float16 = lambda report: sum(report.dtypes(k).get("float16", 0) for k in ("matmul", "conv"))  # noqa: E731
     if backward is not None and float16(report) and float16(dtype_report(backward, *args)) > float16(report):
         raise ValueError(
-            f"loss_fn runs {shown}, and nothing scales the loss (precision {precision or 'none'!r}, no loss scaler): "
-            "float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer precision='fp16' "
-            "(its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); amp.StaticLossScale(1.0) trains "
-            "in float16 unscaled on purpose"
+            f"loss_fn runs {shown}, and nothing scales the loss (precision {getattr(declared, 'name', 'none')!r}, "
+            "no loss scaler): float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer "
+            "precision='fp16' (its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); "
+            "amp.StaticLossScale(1.0) trains in float16 unscaled on purpose"
         )
-    if half is None or not ops or any(jnp.dtype(d).itemsize <= jnp.dtype(half).itemsize for _, d, n in ops):
+    half = jnp.dtype(declared.compute_dtype) if declared is not None and declared.is_half else None
+    if half is None or not ops or any(jnp.dtype(d).itemsize <= half.itemsize for _, d, n in ops):
         return
-    half = jnp.dtype(half).name
     raise ValueError(
-        f"precision {precision!r} computes nothing in {half}: loss_fn runs "
-        f"{shown}: give the network's layers dtype=jnp.{half} (Flax "
-        f"linen or NNX), or wrap the network in amp.autocast(network, {precision!r}) (a function, a linen or "
+        f"precision {declared.name!r} computes nothing in {half.name}: loss_fn runs "
+        f"{shown}: give the network's layers dtype=jnp.{half.name} (Flax "
+        f"linen or NNX), or wrap the network in amp.autocast(network, {declared.name!r}) (a function, a linen or "
         "Equinox module); amp.dtype_report(loss_fn, ...) shows what runs in what"
     )
 
