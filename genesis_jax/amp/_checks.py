@@ -10,6 +10,7 @@ TypeError: growth_interval must be an integer from 1 to 2^31-1, got 2.5
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -37,6 +38,10 @@ def number(name, value, accepted, ok=lambda x: True, *, integer=False, type_erro
         x = int(x) if integer else float(np.float32(x))
     refuse_unless(ok(x), name, value, accepted, ValueError)
     return x
+
+
+# A setting's number (a config field's, a command-line flag's): refused with a ValueError whatever is wrong.
+config_number = functools.partial(number, type_error=ValueError)
 
 
 def finite_above(low: float, or_equal: bool = False):

@@ -31,7 +31,7 @@ from flax import nnx
 from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.jaxpr import cast_per_op, refuse_mismatched_compute
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
-from genesis_jax.amp.optim import deciding_skip_state, global_norm
+from genesis_jax.amp.optim import find_skip_state, global_norm
 from genesis_jax.amp.policy import Precision, as_policy, get_precision
 
 
@@ -185,8 +185,8 @@ def _scaler_of(source):
         source = (source.scaler, source.opt_state)
     if not isinstance(source, tuple) or len(source) != 2:
         raise TypeError(f"{SKIPPING}; got {source!r:.60}, which does not show whether its optimizer skips")
-    if deciding_skip_state(source[1]) is None:
-        if deciding_skip_state(source[0]) is not None:
+    if find_skip_state(source[1], required=False) is None:
+        if find_skip_state(source[0], required=False) is not None:
             raise TypeError(f"{SKIPPING}: (scaler, opt_state) in that order, got (opt_state, scaler)")
         raise TypeError(f"{SKIPPING}: a plain optax optimizer would apply a non-finite step")
     check_scaler(source[0])
@@ -310,15 +310,12 @@ def scaled_value_and_grad(
             if isinstance(args[argnums], nnx.Module):
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
-        half = declared.compute_dtype if declared is not None and declared.is_half else None
         unscaled = isinstance(scaler, NoOpLossScale) and (declared is None or declared.compute_dtype != jnp.float16)
-        backward = None
-        if unscaled:  # its float16 matmuls beyond the forward's (traced only where the forward has some)
+        if unscaled or (declared is not None and declared.is_half):  # at trace time: one more trace of the loss
+            # unscaled, its float16 matmuls beyond the forward's (traced only where the forward has some)
             loss_only = lambda *args: jnp.asarray(split_aux(loss_fn(*args, **kwargs), has_aux)[0], jnp.float32)  # noqa: E731
             backward = (nnx.grad if isinstance(args[argnums], nnx.Module) else jax.grad)(loss_only, argnums=argnums)
-        if half is not None or unscaled:  # at trace time: one more trace of the loss, nothing in the compiled step
-            name = None if declared is None else declared.name
-            refuse_mismatched_compute(name, half, backward, loss_fn, *args, **kwargs)
+            refuse_mismatched_compute(declared, backward if unscaled else None, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)

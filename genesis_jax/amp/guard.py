@@ -13,12 +13,11 @@ reads it in `state.halted` or `amp.stats(...)["halted"]`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from genesis_jax.amp._checks import INT32_MAX, finite_above, number
+from genesis_jax.amp._checks import INT32_MAX, config_number, finite_above
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +43,11 @@ class DivergenceGuard:
     max_consecutive_skips: int | None = 100
 
     def __post_init__(self):  # a floor NaN or inf would halt or never halt at random; None turns either off
-        check = functools.partial(number, type_error=ValueError)
         if self.min_scale is not None:
-            check("guard-min-scale", self.min_scale, ">= 0 and finite (None: no floor)", finite_above(0, True))
+            config_number("guard-min-scale", self.min_scale, ">= 0 and finite (None: no floor)", finite_above(0, True))
         if self.max_consecutive_skips is not None:
             accepted, ok = "a positive integer below 2^31 (None: no limit)", lambda x: 1 <= x <= INT32_MAX
-            check("max-consecutive-skips", self.max_consecutive_skips, accepted, ok, integer=True)
+            config_number("max-consecutive-skips", self.max_consecutive_skips, accepted, ok, integer=True)
 
     def tripped(self, new_scale, skip_streak) -> jax.Array:
         low = jnp.asarray(False) if self.min_scale is None else new_scale < self.min_scale

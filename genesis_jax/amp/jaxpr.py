@@ -96,33 +96,34 @@ def dtype_report(fn, *args, **kwargs) -> DtypeReport:
     return DtypeReport(tuple(_ops(closed.jaxpr, "")), outputs)
 
 
-def refuse_mismatched_compute(precision: str | None, half, backward, fn, *args, **kwargs) -> None:
+def refuse_mismatched_compute(declared, backward, fn, *args, **kwargs) -> None:
     """Refuses `fn(*args, **kwargs)` whose matmuls and convolutions disagree with the precision
-    declared: `half`, the dtype a half `precision` computes in, where they all run wider (the
-    network ignores it: no `dtype=`, or it casts up), so nothing runs in half precision; and,
-    where nothing scales the loss, any float16 one that gradients flow back through, whose small
-    gradients flush to zero (a float16 network under fp32, bf16 or no precision: forgetting
-    `GradScaler`). `backward`: None where the loss is scaled, else `fn`'s gradient function,
-    whose float16 matmuls beyond the forward's are the backward's (a frozen float16 network's,
-    behind `stop_gradient`, have none). A function with no matmul or convolution passes."""
+    `declared` (a `Precision`, or None where none is): where it computes in half precision and
+    they all run wider (the network ignores it: no `dtype=`, or it casts up), so nothing runs in
+    half precision; and, where nothing scales the loss, any float16 one that gradients flow back
+    through, whose small gradients flush to zero (a float16 network under fp32, bf16 or no
+    precision: forgetting `GradScaler`). `backward`: None where the loss is scaled, else `fn`'s
+    gradient function, whose float16 matmuls beyond the forward's are the backward's (a frozen
+    float16 network's, behind `stop_gradient`, have none). A function with no matmul or
+    convolution passes."""
     report = dtype_report(fn, *args, **kwargs)
     ops = [(kind, d, n) for kind in ("matmul", "conv") for d, n in report.dtypes(kind).items()]
     shown = ", ".join(f"{n} {kind}(s) in {d}" for kind, d, n in ops)
     float16 = lambda report: sum(report.dtypes(k).get("float16", 0) for k in ("matmul", "conv"))  # noqa: E731
     if backward is not None and float16(report) and float16(dtype_report(backward, *args)) > float16(report):
         raise ValueError(
-            f"loss_fn runs {shown}, and nothing scales the loss (precision {precision or 'none'!r}, no loss scaler): "
-            "float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer precision='fp16' "
-            "(its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); amp.StaticLossScale(1.0) trains "
-            "in float16 unscaled on purpose"
+            f"loss_fn runs {shown}, and nothing scales the loss (precision {getattr(declared, 'name', 'none')!r}, "
+            "no loss scaler): float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer "
+            "precision='fp16' (its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); "
+            "amp.StaticLossScale(1.0) trains in float16 unscaled on purpose"
         )
-    if half is None or not ops or any(jnp.dtype(d).itemsize <= jnp.dtype(half).itemsize for _, d, n in ops):
+    half = jnp.dtype(declared.compute_dtype) if declared is not None and declared.is_half else None
+    if half is None or not ops or any(jnp.dtype(d).itemsize <= half.itemsize for _, d, n in ops):
         return
-    half = jnp.dtype(half).name
     raise ValueError(
-        f"precision {precision!r} computes nothing in {half}: loss_fn runs "
-        f"{shown}: give the network's layers dtype=jnp.{half} (Flax "
-        f"linen or NNX), or wrap the network in amp.autocast(network, {precision!r}) (a function, a linen or "
+        f"precision {declared.name!r} computes nothing in {half.name}: loss_fn runs "
+        f"{shown}: give the network's layers dtype=jnp.{half.name} (Flax "
+        f"linen or NNX), or wrap the network in amp.autocast(network, {declared.name!r}) (a function, a linen or "
         "Equinox module); amp.dtype_report(loss_fn, ...) shows what runs in what"
     )
 
@@ -139,15 +140,14 @@ def _cast(x, dtype):
     return jax.lax.convert_element_type(x, dtype) if _floating(x) and _dtype(x) != dtype else x
 
 
-def _eval(jaxpr, consts, args, half):
-    """`jax.core.eval_jaxpr`, casting each op's operands by torch.autocast's rule."""
-    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
+def _eval(closed, args, half):
+    """`jax.core.eval_jaxpr` of a closed jaxpr, casting each op's operands by torch.autocast's rule."""
+    env = dict(zip(closed.constvars, closed.consts)) | dict(zip(closed.invars, args))
     read = lambda v: v.val if isinstance(v, core.Literal) else env[v]  # noqa: E731
-    for eqn in jaxpr.eqns:
+    for eqn in closed.eqns:
         name, values, params = eqn.primitive.name, [read(v) for v in eqn.invars], dict(eqn.params)
         if name in _INLINED:
-            outs = _eval(params["jaxpr"].jaxpr, params["jaxpr"].consts, values, half)
-            env.update(zip(eqn.outvars, outs))
+            env.update(zip(eqn.outvars, _eval(params["jaxpr"], values, half)))
             continue
         if name in ("dot_general", "conv_general_dilated") and all(map(_floating, values)):
             values = [_cast(x, half) for x in values]
@@ -156,10 +156,10 @@ def _eval(jaxpr, consts, args, half):
         elif name in FLOAT32_OPS or (name == "mul" and eqn.invars[0] is eqn.invars[1]):  # x * x: a square
             values = [_cast(x, jnp.promote_types(_dtype(x), jnp.float32)) if _floating(x) else x for x in values]
         elif any(core.jaxprs_in_params(params)) or "callback" in name or name == "bitcast_convert_type":
-            values = [_cast(x, v.aval.dtype) for x, v in zip(values, eqn.invars)]  # as traced
+            values = _like(values, eqn.invars)  # as traced
             if name in _BODIES_CAST:
                 outs = _BODIES_CAST[name](params, values, half)
-                env.update(zip(eqn.outvars, [_cast(x, v.aval.dtype) for x, v in zip(outs, eqn.outvars)]))
+                env.update(zip(eqn.outvars, _like(outs, eqn.outvars)))
                 continue
         else:  # the widest floating operand's dtype, weak-typed constants aside (as jnp promotes)
             strong = [_dtype(x) for x, v in zip(values, eqn.invars) if _floating(x) and not v.aval.weak_type]
@@ -169,7 +169,7 @@ def _eval(jaxpr, consts, args, half):
         with eqn.ctx.manager:
             outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(params))
         env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
-    return [read(v) for v in jaxpr.outvars]
+    return [read(v) for v in closed.outvars]
 
 
 def _scan(params, values, half):
@@ -177,7 +177,7 @@ def _scan(params, values, half):
     consts, init, xs = values[:n_consts], values[n_consts : n_consts + n_carry], values[n_consts + n_carry :]
 
     def body(carry, x):
-        outs = _run(params["jaxpr"], [*consts, *carry, *x], half)
+        outs = _eval(params["jaxpr"], [*consts, *carry, *x], half)
         return _like(outs[:n_carry], carry), outs[n_carry:]
 
     carry, ys = jax.lax.scan(body, init, xs, params["length"], reverse=params["reverse"], unroll=params["unroll"])
@@ -187,24 +187,21 @@ def _scan(params, values, half):
 def _while(params, values, half):
     n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
     cond_consts, body_consts, init = values[:n_cond], values[n_cond : n_cond + n_body], values[n_cond + n_body :]
-    go_on = lambda carry: _run(params["cond_jaxpr"], [*cond_consts, *carry], half)[0]  # noqa: E731
-    body = lambda carry: _like(_run(params["body_jaxpr"], [*body_consts, *carry], half), carry)  # noqa: E731
+    go_on = lambda carry: _eval(params["cond_jaxpr"], [*cond_consts, *carry], half)[0]  # noqa: E731
+    body = lambda carry: _like(_eval(params["body_jaxpr"], [*body_consts, *carry], half), carry)  # noqa: E731
     return jax.lax.while_loop(go_on, body, init)
 
 
 def _cond(params, values, half):
     index, operands = values[0], values[1:]
-    outs = lambda closed: lambda *ops: _like(_run(closed, ops, half), closed.out_avals)  # noqa: E731  # branches agree
+    outs = lambda closed: lambda *ops: _like(_eval(closed, ops, half), closed.out_avals)  # noqa: E731  # branches agree
     return jax.lax.switch(index, [outs(closed) for closed in params["branches"]], *operands)
 
 
 def _remat(params, values, half):
-    body = lambda *args: _like(_eval(params["jaxpr"], (), args, half), params["jaxpr"].outvars)  # noqa: E731
+    closed = core.ClosedJaxpr(params["jaxpr"], ())
+    body = lambda *args: _like(_eval(closed, args, half), closed.outvars)  # noqa: E731
     return jax.checkpoint(body, prevent_cse=params["prevent_cse"], policy=params["policy"])(*values)
-
-
-def _run(closed, args, half):
-    return _eval(closed.jaxpr, closed.consts, args, half)
 
 
 def _like(values, like):
@@ -236,4 +233,4 @@ def cast_per_op(fn, half, *args, **kwargs):
     """`fn(*args, **kwargs)`, with every matmul and convolution in `half` and the ops of
     `FLOAT32_OPS` in float32, whatever dtypes it was written with; its outputs as computed."""
     closed, shapes, arrays = _trace(fn, args, kwargs)
-    return jax.tree.unflatten(jax.tree.structure(shapes), _eval(closed.jaxpr, closed.consts, arrays, half))
+    return jax.tree.unflatten(jax.tree.structure(shapes), _eval(closed, arrays, half))

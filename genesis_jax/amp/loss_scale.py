@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from genesis_jax.amp._checks import INT32_MAX, finite_above, number, refuse_unless
+from genesis_jax.amp._checks import INT32_MAX, config_number, finite_above, number, refuse_unless
 from genesis_jax.amp.restore import register_restore_check
 
 LARGEST_NORMAL_RECIPROCAL = 2.0**126  # the largest scale whose reciprocal is a normal float32
@@ -320,7 +320,7 @@ def check_loss_scale_args(kind, init_scale=2.0**16, growth_interval=2000, min_sc
     number("growth_factor", growth, "finite and > 1 (as a float32)", finite_above(1))
     number("backoff_factor", backoff, "in (0, 1) (as a float32)", lambda x: 0 < x < 1)
     interval_ok, accepted = lambda x: 1 <= x <= INT32_MAX, "an integer from 1 to 2^31-1"
-    number("growth_interval", growth_interval, accepted, interval_ok, integer=True, type_error=ValueError)
+    config_number("growth_interval", growth_interval, accepted, interval_ok, integer=True)
     floor_ok = lambda x: finite_above(0)(x) and (kind != "dynamic" or init is None or x <= init)
     if min_scale is not None:
         number("min_scale", min_scale, "finite, > 0 and <= init_scale (None: no floor)", floor_ok)

@@ -5,7 +5,7 @@ the one owner of the skip accounting: steps skipped, the current streak of skips
 divergence guard's halted flag. `find_skip_state(opt_state)` finds it anywhere in a state tree.
 Its concerns compose as optax's do: the decision (`global_norm`), clipping (`clip_by_norm`),
 one body that applies or skips a step (`step_or_skip`, strict checks included), then the
-counts, the guard and the schedules (`_counted`).
+counts, the guard and the schedules.
 
 >>> import jax.numpy as jnp, optax
 >>> from genesis_jax import amp
@@ -68,15 +68,21 @@ def skip_rules(state: SkipNonFiniteState, read, steps=None) -> list:
 register_restore_check(SkipNonFiniteState, skip_rules)
 
 
-def find_skip_state(opt_state) -> SkipNonFiniteState:
+def find_skip_state(opt_state, required: bool = True) -> SkipNonFiniteState | None:
     """The `SkipNonFiniteState` that decides for the whole optimizer in `opt_state`: the state
     itself, or inside `inject_hyperparams` (which only passes hyperparameters in), or last in an
     `optax.chain` after stateless transformations (weight decay, clipping: nothing a skipped
-    step could change). `deciding_skip_state` says where it may not be.
+    step could change). Where there is none: a ValueError, or None where not `required`.
+
+    One that decides for a part of the optimizer only is refused, naming the fix: a skipped step
+    would still change the params or the state around it (inside `optax.MultiSteps` it is given
+    the mean of micro-batches its decision never saw; in one group of `multi_transform` the other
+    groups step; a transformation after it, such as AdamW's weight decay, still applies; a
+    stateful one before it takes the non-finite gradients into its state).
 
     Raises:
-        ValueError: when there is none (the optimizer was not wrapped in `skip_nonfinite`), or
-            when one decides for a part of the optimizer only.
+        ValueError: when there is none and it is `required` (the optimizer was not wrapped in
+            `skip_nonfinite`), or when one decides for a part of the optimizer only.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -85,19 +91,6 @@ def find_skip_state(opt_state) -> SkipNonFiniteState:
         >>> int(find_skip_state(opt.init({"w": jnp.ones(2)})).skipped)
         0
     """
-    found = deciding_skip_state(opt_state)
-    if found is None:
-        raise ValueError("no skip_nonfinite state in this optimizer state: wrap the optimizer in amp.skip_nonfinite")
-    return found
-
-
-def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
-    """`find_skip_state`'s, or None where `opt_state` holds no `SkipNonFiniteState`. One that
-    decides for a part of the optimizer only is refused, naming the fix: a skipped step would
-    still change the params or the state around it (inside `optax.MultiSteps` it is given the
-    mean of micro-batches its decision never saw; in one group of `multi_transform` the other
-    groups step; a transformation after it, such as AdamW's weight decay, still applies; a
-    stateful one before it takes the non-finite gradients into its state)."""
     node = opt_state
     while not isinstance(node, SkipNonFiniteState):
         if isinstance(node, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)):
@@ -106,17 +99,19 @@ def deciding_skip_state(opt_state) -> SkipNonFiniteState | None:
             node = node[-1]
         else:
             break
-    if isinstance(node, SkipNonFiniteState):
+    else:
         return node
     is_skip = lambda n: isinstance(n, SkipNonFiniteState)  # noqa: E731
-    if not any(is_skip(n) for n in jax.tree.leaves(opt_state, is_leaf=is_skip)):
-        return None
-    raise ValueError(
-        f"amp.skip_nonfinite decides for a part of this optimizer only (it sits inside a {type(node).__name__}), "
-        "so a skipped step would still change the params or the optimizer state: wrap the whole optimizer, "
-        "amp.skip_nonfinite(optax.chain(...)) or amp.skip_nonfinite(optax.MultiSteps(...)), or give "
-        "TrainState.create or amp.Optimizer the bare optimizer, which they wrap"
-    )
+    if any(is_skip(n) for n in jax.tree.leaves(opt_state, is_leaf=is_skip)):
+        raise ValueError(
+            f"amp.skip_nonfinite decides for a part of this optimizer only (it sits inside a {type(node).__name__}), "
+            "so a skipped step would still change the params or the optimizer state: wrap the whole optimizer, "
+            "amp.skip_nonfinite(optax.chain(...)) or amp.skip_nonfinite(optax.MultiSteps(...)), or give "
+            "TrainState.create or amp.Optimizer the bare optimizer, which they wrap"
+        )
+    if required:
+        raise ValueError("no skip_nonfinite state in this optimizer state: wrap the optimizer in amp.skip_nonfinite")
+    return None
 
 
 def _advance_schedules(opt_state):
@@ -133,17 +128,13 @@ def _advance_schedules(opt_state):
     return jax.tree.map(advance, opt_state, is_leaf=stop)
 
 
-def _schedule_states() -> tuple[type, ...]:
-    """optax's states that count a schedule's steps; `add_decayed_weights`' with a schedule
-    (adamw's `weight_decay=`) is not exported, so it is found where optax defines it."""
-    try:
-        from optax.transforms._adding import WeightDecaySchedule
-    except ImportError:  # another optax layout: that count is left where it is
-        return optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState
-    return optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState, WeightDecaySchedule
-
-
-_SCHEDULE_STATES = _schedule_states()
+# optax's states that count a schedule's steps; `add_decayed_weights`' with a schedule (adamw's
+# `weight_decay=`) is not exported, so it is found where optax defines it.
+try:
+    from optax.transforms._adding import WeightDecaySchedule
+except ImportError:  # another optax layout: that count is left where it is
+    WeightDecaySchedule = optax.ScaleByScheduleState  # already counted
+_SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState, WeightDecaySchedule)
 
 
 def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = False, **extra_args):
@@ -191,13 +182,6 @@ def clip_by_norm(grads, norm, max_norm):
     return jax.tree.map(lambda g: g * down.astype(g.dtype) * factor.astype(g.dtype), grads)
 
 
-def _sum_of_squares(tree) -> tuple[list, jax.Array]:
-    """(`tree`'s leaves in at least float32, the sum of their squares): `global_norm`'s pass."""
-    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
-    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)) for leaf in leaves]
-    return leaves, sum(jnp.sum(jnp.square(leaf)) for leaf in leaves)
-
-
 def global_norm(tree) -> tuple[jax.Array, jax.Array]:
     """(the float32 global norm of `tree`, whether every element is finite), in one pass.
 
@@ -219,13 +203,12 @@ def global_norm(tree) -> tuple[jax.Array, jax.Array]:
         >>> bool(finite)
         False
     """
-    leaves, sum_of_squares = _sum_of_squares(tree)
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+    leaves = [leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)) for leaf in leaves]
     if not leaves:
         return jnp.asarray(0.0, jnp.float32), jnp.asarray(True)
+    sum_of_squares = sum(jnp.sum(jnp.square(leaf)) for leaf in leaves)
     norm = jnp.sqrt(sum_of_squares)
-
-    def fast():
-        return norm, jnp.asarray(True)
 
     def scaled():
         largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0) for leaf in leaves]))
@@ -238,6 +221,7 @@ def global_norm(tree) -> tuple[jax.Array, jax.Array]:
         rescaled = jnp.sqrt(sum(jnp.sum(jnp.square(leaf * down)) for leaf in opaque)) * _power_of_two(k)
         return jnp.where(finite, rescaled, jnp.asarray(jnp.nan, rescaled.dtype)), finite
 
+    fast = lambda: (norm, jnp.asarray(True))  # noqa: E731
     return jax.lax.cond(jnp.isfinite(sum_of_squares) & (sum_of_squares >= 2.0**-64), fast, scaled)
 
 
@@ -286,20 +270,6 @@ def _stays_finite(new, old=None) -> jax.Array:
     olds = [0.0] * len(news) if old is None else jax.tree.leaves(old)
     flags = [jnp.all(jnp.isfinite(n) | ~jnp.isfinite(o)) for n, o in zip(news, olds)]
     return jnp.stack(flags).all() if flags else jnp.asarray(True)
-
-
-def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedule_on_skip) -> SkipNonFiniteState:
-    """The skip state after a step: the counts, the guard's halt (only a skip trips it, at the
-    scale `loss_scale` already adjusted) and, where asked, the schedules advanced on a skip."""
-    active = ~state.halted
-    streak = jnp.where(skipped_now, state.consecutive_skips + 1, jnp.where(active, 0, state.consecutive_skips))
-    tripped = jnp.asarray(False)
-    if guard is not None:
-        tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
-    if advance_schedule_on_skip:
-        inner_state = jax.lax.cond(skipped_now, _advance_schedules, lambda s: s, inner_state)
-    skipped = state.skipped + skipped_now.astype(jnp.int32)
-    return SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
 
 
 def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False, guard=None, strict=None):
@@ -411,6 +381,16 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         updates, inner_state, applied = step_or_skip(
             inner, grads, state.inner_state, params, finite & active, strict=strict_now, **extra_args
         )
-        return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
+        # The counts, the guard's halt (only a skip trips it, at the scale `loss_scale` already adjusted)
+        # and, where asked, the schedules advanced on a skip.
+        skipped_now = active & ~applied
+        streak = jnp.where(skipped_now, state.consecutive_skips + 1, jnp.where(active, 0, state.consecutive_skips))
+        tripped = jnp.asarray(False)
+        if guard is not None:
+            tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
+        if advance_schedule_on_skip:
+            inner_state = jax.lax.cond(skipped_now, _advance_schedules, lambda s: s, inner_state)
+        skipped = state.skipped + skipped_now.astype(jnp.int32)
+        return updates, SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
 
     return optax.GradientTransformationExtraArgs(init, update)

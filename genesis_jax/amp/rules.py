@@ -67,38 +67,23 @@ class PrecisionRule:
     match: type | tuple[type, ...] | str
     dtype: jnp.dtype = jnp.float32
 
-    def __post_init__(self):
-        _check_rule(self.match, self.dtype)
+    def __post_init__(self):  # a name pattern or Flax Module classes; an integer dtype would truncate the inputs
+        classes = self.match if isinstance(self.match, tuple) else (self.match,)
+        is_class = lambda c: isinstance(c, type) and issubclass(c, nn.Module)  # noqa: E731
+        ok = (isinstance(self.match, str) and self.match) or (classes and all(map(is_class, classes)))
+        accepted = "a name pattern such as '*head', a Flax Module class or a tuple of them"
+        refuse_unless(ok, "a precision rule's match", self.match, accepted)
+        try:
+            floating = jnp.issubdtype(jnp.dtype(self.dtype), jnp.floating)
+        except TypeError:
+            floating = False
+        refuse_unless(floating, "a precision rule's dtype", self.dtype, "a floating dtype such as jnp.float32")
 
     def matches(self, module: nn.Module) -> bool:
         if isinstance(self.match, str):
             path = "/".join(str(p) for p in getattr(module, "path", ()) or ())
             return any(fnmatch.fnmatchcase(name, self.match) for name in (module.name or "", path))
         return isinstance(module, self.match)
-
-
-def _check_rule(match, dtype) -> None:
-    """A rule matches by a non-empty name pattern or by Flax Module classes, and names a
-    floating dtype: an integer compute dtype would truncate the matched module's inputs."""
-    classes = match if isinstance(match, tuple) else (match,)
-    is_class = lambda c: isinstance(c, type) and issubclass(c, nn.Module)  # noqa: E731
-    ok = (isinstance(match, str) and match) or (classes and all(map(is_class, classes)))
-    accepted = "a name pattern such as '*head', a Flax Module class or a tuple of them"
-    refuse_unless(ok, "a precision rule's match", match, accepted)
-    try:
-        floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-    except TypeError:
-        floating = False
-    refuse_unless(floating, "a precision rule's dtype", dtype, "a floating dtype such as jnp.float32")
-
-
-def _checked_rules(rules) -> tuple[PrecisionRule, ...]:
-    """`rules` as a tuple of `PrecisionRule`s; a single rule or a string is refused by name."""
-    ok = not isinstance(rules, (PrecisionRule, str)) and hasattr(rules, "__iter__")
-    refuse_unless(ok, "precision rules", rules, "a sequence of PrecisionRule objects")
-    for rule in (rules := tuple(rules)):
-        refuse_unless(isinstance(rule, PrecisionRule), "precision rules", rule, "PrecisionRule objects")
-    return rules
 
 
 # Norms, and the heads whose outputs the losses read (logits, values), in float32.
@@ -200,4 +185,8 @@ def precision_rules(rules: Sequence[PrecisionRule] = FLOAT32_RULES):
         >>> Policy().apply(Policy().init(jax.random.PRNGKey(0), x), x).dtype
         dtype('float32')
     """
-    return _PrecisionRules(_checked_rules(rules))
+    ok = not isinstance(rules, (PrecisionRule, str)) and hasattr(rules, "__iter__")  # not one rule, nor a string
+    refuse_unless(ok, "precision rules", rules, "a sequence of PrecisionRule objects")
+    for rule in (rules := tuple(rules)):
+        refuse_unless(isinstance(rule, PrecisionRule), "precision rules", rule, "PrecisionRule objects")
+    return _PrecisionRules(rules)

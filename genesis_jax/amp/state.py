@@ -39,14 +39,7 @@ from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
 from genesis_jax.amp.grads import scaled_value_and_grad, split_aux
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
-from genesis_jax.amp.optim import (
-    check_options,
-    deciding_skip_state,
-    find_skip_state,
-    holds_float16,
-    skip_nonfinite,
-    skip_rules,
-)
+from genesis_jax.amp.optim import check_options, find_skip_state, holds_float16, skip_nonfinite, skip_rules
 from genesis_jax.amp.policy import Precision, get_precision
 from genesis_jax.amp.restore import register_restore_check, rules_of
 from genesis_jax.amp.testing import FaultInjection
@@ -74,7 +67,7 @@ def _setup(tx, params, precision, scaler, *options, model_params: bool = False):
         scaler = prec.scaler() if prec is not None else NoOpLossScale()
     else:
         scaler = jax.tree.map(jnp.copy, scaler)
-    if deciding_skip_state(jax.eval_shape(tx.init, params)) is not None:  # already wrapped
+    if find_skip_state(jax.eval_shape(tx.init, params), required=False) is not None:  # already wrapped
         if options != (None, None, False, None):
             raise ValueError("tx is already wrapped in skip_nonfinite: give its options there, not here")
     else:  # strict: None is on exactly where parameters are stored in float16 (fp16-full)
@@ -96,7 +89,7 @@ def _refuse_nonfinite_at_rest(tx, params) -> None:
         except TypeError:  # an update that needs more than the gradients (reduce_on_plateau's value=): unchecked
             return
         finite = all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
-        finite = finite and not bool(deciding_skip_state(state).skipped)  # the strict checks skipped it
+        finite = finite and not bool(find_skip_state(state).skipped)  # the strict checks skipped it
     if not finite:
         raise ValueError(
             "this optimizer's update of a zero gradient is not finite in float16 params and moments (fp16-full): "
@@ -502,7 +495,7 @@ def _count(x) -> int:
 def _optimizer_counts(state) -> dict:
     """steps, skipped, skip_rate and halted of a TrainState, an nnx.Optimizer or an optimizer state."""
     has_steps = _is_stepper(state)
-    found = deciding_skip_state(state.opt_state if has_steps else state)
+    found = find_skip_state(state.opt_state if has_steps else state, required=False)
     if found is None:
         what = "an amp.TrainState, an nnx.Optimizer or an optimizer state of amp.skip_nonfinite"
         raise TypeError(f"amp.stats reads {what}, got {type(state).__name__}")

@@ -18,12 +18,11 @@ straight run does.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from genesis_jax.amp._checks import INT32_MAX, finite_above, number, refuse_unless
+from genesis_jax.amp._checks import INT32_MAX, config_number, finite_above, refuse_unless
 
 __all__ = ["FaultInjection"]
 
@@ -57,18 +56,17 @@ class FaultInjection:
         would make the spiked loss itself non-finite), the seed an integer a PRNG key takes
         (unchecked where traced: seed + axis index under the seeds' vmap), each spike step an
         optimizer step from 0 to 2^31-1."""
-        check = functools.partial(number, type_error=ValueError)
         steps, accepted = self.loss_spike_steps, "integers >= 0 (and < 2^31, a sequence)"
         iterable = not isinstance(steps, (str, bytes)) and hasattr(steps, "__iter__")
         refuse_unless(iterable, "inject-loss-spike steps", steps, accepted, ValueError)
         in_int32 = lambda x: 0 <= x <= INT32_MAX
-        steps = tuple(check("inject-loss-spike steps", s, accepted, in_int32, integer=True) for s in steps)
+        steps = tuple(config_number("inject-loss-spike steps", s, accepted, in_int32, integer=True) for s in steps)
         object.__setattr__(self, "loss_spike_steps", steps)
         rate = self.nonfinite_rate  # used as it is, not as a float32
-        check("inject-nonfinite", rate, "a rate in [0, 1]", lambda _: 0 <= rate <= 1)
-        check("loss-spike factor", self.loss_spike_factor, "finite and > 0 (as a float32)", finite_above(0))
+        config_number("inject-nonfinite", rate, "a rate in [0, 1]", lambda _: 0 <= rate <= 1)
+        config_number("loss-spike factor", self.loss_spike_factor, "finite and > 0 (as a float32)", finite_above(0))
         int64 = lambda x: -(2**63) <= x < 2**63
-        check("the fault injection's seed", self.seed, "an integer (int64)", int64, integer=True)
+        config_number("the fault injection's seed", self.seed, "an integer (int64)", int64, integer=True)
 
     @property
     def active(self) -> bool:
