@@ -320,12 +320,19 @@ def refuse_unwritten(rules: list[Rule], *, step: int, directory: str) -> None:
 def position_of(meta: dict, key: str, step: int, directory: str) -> None:
     """The run position a checkpoint's meta records under `key`, refused in one sentence
     where it is not the step the checkpoint is stored as (a run saves them equal)."""
-    value = meta.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value != step:
+    _meta_integer(meta, key, step, directory, lambda value: value == step, f"not {step}")
+
+
+def _meta_integer(meta: dict, key: str, step: int, directory: str, good, must: str, default=None) -> int:
+    """The integer a checkpoint's meta records under `key` (`default` where it records none),
+    refused in one sentence saying what it `must` be where it is not an integer or not `good`."""
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not good(value):
         raise CheckpointMismatchError(
-            f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, not {step}: "
+            f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, {must}: "
             "the checkpoint was altered; restore an intact copy, or start a new run"
         )
+    return value
 
 
 def _is_train_state_dict(node) -> bool:
@@ -681,12 +688,8 @@ class CheckpointStore:
             restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
         # the scaler's kind is checked above (its meta): a static scale a resume changes is taken as saved
         state = as_typed_as(serialization.from_state_dict(any_fixed_scale(target), restored), target)
-        dropped = meta.get("replay_dropped", 0)
-        if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} in {self.directory} records replay_dropped {dropped!r} in its meta, "
-                "which must be an integer >= 0: the checkpoint was altered; restore an intact copy, or start a new run"
-            )
+        must = "which must be an integer >= 0"
+        dropped = _meta_integer(meta, "replay_dropped", step, self.directory, lambda n: n >= 0, must, default=0)
         check_restored_state(state, step=step, directory=self.directory, replay_dropped=dropped)
         return state, meta
 
