@@ -110,11 +110,11 @@ def _renamed_keywords(init):
     return wrapper
 
 
-def _renamed_attribute(old: str, new: str) -> property:
-    """0.4.0's attribute `old`, read until 0.5 with a FutureWarning: now `new`."""
+def renamed_attribute(owner: str, old: str, new: str) -> property:
+    """0.4.0's attribute `old` of an `owner` ("session"), read until 0.5 with a FutureWarning: now `new`."""
 
     def read(self):
-        warnings.warn(f"session.{old} is session.{new} now; it goes in 0.5", FutureWarning, stacklevel=2)
+        warnings.warn(f"{owner}.{old} is {owner}.{new} now; it goes in 0.5", FutureWarning, stacklevel=2)
         return getattr(self, new)
 
     return property(read, doc=f"0.4.0's attribute, read until 0.5: now `{new}`.")
@@ -279,8 +279,8 @@ class Session:
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
-    position = _renamed_attribute("position", "rows_done")  # the rows run so far
-    checkpoint_key = _renamed_attribute("checkpoint_key", "row_key")  # the meta's row field, now always `row_key`
+    position = renamed_attribute("session", "position", "rows_done")  # the rows run so far
+    checkpoint_key = renamed_attribute("session", "checkpoint_key", "row_key")  # the meta's row field, always `row_key`
 
     def restore(
         self,
