@@ -282,19 +282,17 @@ def check_restored_state(state, *, step: int, directory: str, replay_dropped: in
     steps, SAC's iteration; never below 0) and its buffer against its count of what it
     added, less what a grown buffer dropped (`_replay_count_rules`)."""
     rules = [(prefix + field, *rest) for prefix, (field, *rest) in restore_rules(state, host_array)]
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    for names, leaf in ((_names(path), leaf) for path, leaf in leaves):
-        if "opt_state" in names and names[-1] == "count" and jnp.issubdtype(leaf.dtype, jnp.signedinteger):
-            count = host_array(leaf)
-            rules.append((".".join(names), count, count >= 0, ">= 0 (the updates the optimizer applied)"))
+    named = [(_names(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
     is_train_state = lambda node: isinstance(node, TrainState)  # noqa: E731
     train_states = [node for node in jax.tree.leaves(state, is_leaf=is_train_state) if is_train_state(node)]
-    if train_states and not is_train_state(state):  # a train state's step is checked with it
-        seeds_shape = np.shape(train_states[0].step)  # the seed axis: a counter has one value per seed
-        for path, leaf in leaves:
-            if len(path) == 1 and jnp.issubdtype(leaf.dtype, jnp.signedinteger) and np.shape(leaf) == seeds_shape:
-                count = host_array(leaf)
-                rules.append((_names(path)[0], count, count >= 0, ">= 0 (a count of what the run did)"))
+    # the seed axis: a counter has one value per seed (a train state's own step is checked with it)
+    seeds = np.shape(train_states[0].step) if train_states and not is_train_state(state) else None
+    optimizer = [(n, x, "the updates the optimizer applied") for n, x in named if "opt_state" in n and n[-1] == "count"]
+    counters = [(n, x, "a count of what the run did") for n, x in named if len(n) == 1 and np.shape(x) == seeds]
+    for names, leaf, what in optimizer + counters:
+        if jnp.issubdtype(leaf.dtype, jnp.signedinteger):
+            count = host_array(leaf)
+            rules.append((".".join(names), count, count >= 0, f">= 0 ({what})"))
     refuse_unwritten(rules + _replay_count_rules(state, replay_dropped), step=step, directory=directory)
 
 
@@ -320,12 +318,19 @@ def refuse_unwritten(rules: list[Rule], *, step: int, directory: str) -> None:
 def position_of(meta: dict, key: str, step: int, directory: str) -> None:
     """The run position a checkpoint's meta records under `key`, refused in one sentence
     where it is not the step the checkpoint is stored as (a run saves them equal)."""
-    value = meta.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value != step:
+    _meta_integer(meta, key, step, directory, lambda value: value == step, f"not {step}")
+
+
+def _meta_integer(meta: dict, key: str, step: int, directory: str, good, must: str, default=None) -> int:
+    """The integer a checkpoint's meta records under `key` (`default` where it records none),
+    refused in one sentence saying what it `must` be where it is not an integer or not `good`."""
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not good(value):
         raise CheckpointMismatchError(
-            f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, not {step}: "
+            f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, {must}: "
             "the checkpoint was altered; restore an intact copy, or start a new run"
         )
+    return value
 
 
 def _is_train_state_dict(node) -> bool:
@@ -681,12 +686,8 @@ class CheckpointStore:
             restored = set_in(restored, scaler_path, serialization.to_state_dict(train_state.scaler))
         # the scaler's kind is checked above (its meta): a static scale a resume changes is taken as saved
         state = as_typed_as(serialization.from_state_dict(any_fixed_scale(target), restored), target)
-        dropped = meta.get("replay_dropped", 0)
-        if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
-            raise CheckpointMismatchError(
-                f"checkpoint at step {step} in {self.directory} records replay_dropped {dropped!r} in its meta, "
-                "which must be an integer >= 0: the checkpoint was altered; restore an intact copy, or start a new run"
-            )
+        must = "which must be an integer >= 0"
+        dropped = _meta_integer(meta, "replay_dropped", step, self.directory, lambda n: n >= 0, must, default=0)
         check_restored_state(state, step=step, directory=self.directory, replay_dropped=dropped)
         return state, meta
 

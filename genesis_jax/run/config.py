@@ -87,12 +87,17 @@ def flag_name(field: str) -> str:
     return field.replace("_", "-")
 
 
+def _declared(cls, name: str) -> list:
+    """Each of `cls`'s classes' own `name` (a table, a method), base classes first."""
+    return [vars(klass)[name] for klass in reversed(cls.__mro__) if name in vars(klass)]
+
+
 @functools.lru_cache(maxsize=None)
 def _field_table(cls) -> tuple[tuple[str, Any, Bounds | None], ...]:
     """(name, annotation, bounds) of each field: the `FIELD_BOUNDS` tables of `cls` and its
     bases, a subclass's entries winning."""
     hints = typing.get_type_hints(cls)
-    bounds = {name: b for klass in reversed(cls.__mro__) for name, b in vars(klass).get("FIELD_BOUNDS", {}).items()}
+    bounds = {name: b for table in _declared(cls, "FIELD_BOUNDS") for name, b in table.items()}
     return tuple((f.name, hints[f.name], bounds.get(f.name)) for f in dataclasses.fields(cls) if f.init)
 
 
@@ -152,22 +157,20 @@ def check_fields(config) -> None:
 def budget_schedules(config) -> list[str]:
     """The schedules of `config` that follow its total-steps (each class's `budget_schedules`):
     a resume with another total-steps moves them mid-run, which the resume says."""
-    own = [vars(klass)["budget_schedules"] for klass in type(config).__mro__ if "budget_schedules" in vars(klass)]
-    return [schedule for method in own for schedule in method(config)]
+    return [schedule for method in reversed(_declared(type(config), "budget_schedules")) for schedule in method(config)]
 
 
 def check_relations(config) -> None:
     """The relations between a config's fields, once each field is known good: its classes'
     `FIELD_MULTIPLES` tables (field -> the field it must be a multiple of), then each class's
     own `check`, base classes first."""
-    for klass in reversed(type(config).__mro__):
-        for name, of in vars(klass).get("FIELD_MULTIPLES", {}).items():
+    for table in _declared(type(config), "FIELD_MULTIPLES"):
+        for name, of in table.items():
             value, base = getattr(config, name), getattr(config, of)
             if value % base:
                 raise ValueError(f"{flag_name(name)} {value} must be a multiple of {flag_name(of)} {base}")
-    for klass in reversed(type(config).__mro__):
-        if "check" in vars(klass):
-            vars(klass)["check"](config)
+    for check in _declared(type(config), "check"):
+        check(config)
 
 
 _TRUE_WORDS = ("true", "1", "yes")
@@ -295,11 +298,7 @@ class MixedPrecisionConfig:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # Every class's `RESUMABLE`, and a `RESUMABLE_FIELDS` written by hand (as configs did before the groups).
-        names = (
-            f
-            for klass in reversed(cls.__mro__)
-            for f in (*vars(klass).get("RESUMABLE", ()), *vars(klass).get("RESUMABLE_FIELDS", ()))
-        )
+        names = [f for attr in ("RESUMABLE", "RESUMABLE_FIELDS") for fields in _declared(cls, attr) for f in fields]
         cls.RESUMABLE_FIELDS = tuple(dict.fromkeys(names))
 
     @classmethod
@@ -467,7 +466,7 @@ class ReplayFields:
 def summary_config(config) -> dict:
     """`config.to_dict()` less the fields the run does not use, as `summary.json` shows it: a
     field group's `USED_WHEN` maps a field to (another field, the value that one must have)."""
-    used_when = {k: v for cls in type(config).__mro__ for k, v in vars(cls).get("USED_WHEN", {}).items()}
+    used_when = {k: v for table in reversed(_declared(type(config), "USED_WHEN")) for k, v in table.items()}
     return {
         k: v
         for k, v in config.to_dict().items()

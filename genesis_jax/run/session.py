@@ -110,6 +110,16 @@ def _renamed_keywords(init):
     return wrapper
 
 
+def renamed_attribute(owner: str, old: str, new: str) -> property:
+    """0.4.0's attribute `old` of an `owner` ("session"), read until 0.5 with a FutureWarning: now `new`."""
+
+    def read(self):
+        warnings.warn(f"{owner}.{old} is {owner}.{new} now; it goes in 0.5", FutureWarning, stacklevel=2)
+        return getattr(self, new)
+
+    return property(read, doc=f"0.4.0's attribute, read until 0.5: now `{new}`.")
+
+
 class Session:
     """A run of `num_rows` rows (updates, epochs: whatever one metric row counts).
 
@@ -269,17 +279,8 @@ class Session:
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
 
-    @property
-    def position(self) -> int:
-        """0.4.0's attribute, read until 0.5: the rows run so far, now `rows_done`."""
-        warnings.warn("session.position is session.rows_done now; it goes in 0.5", FutureWarning, stacklevel=2)
-        return self.rows_done
-
-    @property
-    def checkpoint_key(self) -> str:
-        """0.4.0's attribute, read until 0.5: the meta's row field, now always `row_key`."""
-        warnings.warn("session.checkpoint_key is session.row_key now; it goes in 0.5", FutureWarning, stacklevel=2)
-        return self.row_key
+    position = renamed_attribute("session", "position", "rows_done")  # the rows run so far
+    checkpoint_key = renamed_attribute("session", "checkpoint_key", "row_key")  # the meta's row field, always `row_key`
 
     def restore(
         self,

@@ -113,7 +113,7 @@ class StopSignals:
 
     def __init__(self, notice=None):
         self.received: int | None = None
-        self.notice = notice
+        self.notice = notice or (lambda signum, at_once: None)
         self._first_at = 0.0
         self._previous: dict = {}
         self._handlers = contextlib.ExitStack()
@@ -122,11 +122,9 @@ class StopSignals:
         now = time.monotonic()
         if self.received is None:
             self.received, self._first_at = signum, now
-            if self.notice is not None:
-                self.notice(signum, False)
+            self.notice(signum, False)
         elif now - self._first_at >= self.SAME_STOP_SECONDS:
-            if self.notice is not None:
-                self.notice(signum, True)
+            self.notice(signum, True)
             self._at_once(signum, frame)
 
     def _at_once(self, signum, frame) -> None:
