@@ -5,7 +5,7 @@ the one owner of the skip accounting: steps skipped, the current streak of skips
 divergence guard's halted flag. `find_skip_state(opt_state)` finds it anywhere in a state tree.
 Its concerns compose as optax's do: the decision (`global_norm`), clipping (`clip_by_norm`),
 one body that applies or skips a step (`step_or_skip`, strict checks included), then the
-counts, the guard and the schedules.
+counts, the guard and the schedules (`_counted`).
 
 >>> import jax.numpy as jnp, optax
 >>> from genesis_jax import amp
@@ -272,6 +272,20 @@ def _stays_finite(new, old=None) -> jax.Array:
     return jnp.stack(flags).all() if flags else jnp.asarray(True)
 
 
+def _counted(state, inner_state, skipped_now, loss_scale, guard, advance_schedule_on_skip) -> SkipNonFiniteState:
+    """The skip state after a step: the counts, the guard's halt (only a skip trips it, at the
+    scale `loss_scale` already adjusted) and, where asked, the schedules advanced on a skip."""
+    active = ~state.halted
+    streak = jnp.where(skipped_now, state.consecutive_skips + 1, jnp.where(active, 0, state.consecutive_skips))
+    tripped = jnp.asarray(False)
+    if guard is not None:
+        tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
+    if advance_schedule_on_skip:
+        inner_state = jax.lax.cond(skipped_now, _advance_schedules, lambda s: s, inner_state)
+    skipped = state.skipped + skipped_now.astype(jnp.int32)
+    return SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
+
+
 def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False, guard=None, strict=None):
     """Wraps an optax optimizer so that a step whose gradients are not all finite changes
     nothing, PyTorch `GradScaler`'s rule: the params (its updates are -0.0) and the inner
@@ -381,16 +395,6 @@ def skip_nonfinite(inner, *, max_grad_norm=None, advance_schedule_on_skip=False,
         updates, inner_state, applied = step_or_skip(
             inner, grads, state.inner_state, params, finite & active, strict=strict_now, **extra_args
         )
-        # The counts, the guard's halt (only a skip trips it, at the scale `loss_scale` already adjusted)
-        # and, where asked, the schedules advanced on a skip.
-        skipped_now = active & ~applied
-        streak = jnp.where(skipped_now, state.consecutive_skips + 1, jnp.where(active, 0, state.consecutive_skips))
-        tripped = jnp.asarray(False)
-        if guard is not None:
-            tripped = skipped_now & guard.tripped(jnp.inf if loss_scale is None else loss_scale, streak)
-        if advance_schedule_on_skip:
-            inner_state = jax.lax.cond(skipped_now, _advance_schedules, lambda s: s, inner_state)
-        skipped = state.skipped + skipped_now.astype(jnp.int32)
-        return updates, SkipNonFiniteState(inner_state, skipped, streak.astype(jnp.int32), state.halted | tripped)
+        return updates, _counted(state, inner_state, active & ~applied, loss_scale, guard, advance_schedule_on_skip)
 
     return optax.GradientTransformationExtraArgs(init, update)
