@@ -68,6 +68,17 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert meta["config"] == {"lr": 1e-3} and meta["precision"] == "fp16" and "jax" in meta["versions"]
 
 
+def test_python_numbers_and_numpy_arrays_restore_into_a_target_like_the_state_saved(tmp_path):
+    # save stores them as JAX does (int32, float32 without x64): the same kind of target fits
+    state = {"w": jnp.float32(1.5), "count": 3, "rate": 0.5, "index": np.arange(3)}
+    with CheckpointStore(tmp_path, async_save=False) as store:
+        store.save(1, state)
+        restored, meta = store.restore({"w": jnp.float32(0), "count": 0, "rate": 0.0, "index": np.zeros(3, np.int64)})
+    assert meta["spec"] == {"count": "int32[]", "index": "int32[3]", "rate": "float32[]", "w": "float32[]"}
+    assert (int(restored["count"]), float(restored["rate"]), float(restored["w"])) == (3, 0.5, 1.5)
+    np.testing.assert_array_equal(restored["index"], [0, 1, 2])
+
+
 def test_max_to_keep_and_latest(tmp_path):
     state = make_state()
     with CheckpointStore(tmp_path, max_to_keep=2) as store:
