@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -34,6 +33,7 @@ from genesis_jax.envs.play import MAX_EPISODES
 from genesis_jax.envs.spec import EnvSpec
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
+from genesis_jax.run.session import renamed_attribute
 
 # What a config records that says where it ran, not what it learned: a policy runs on one device,
 # in this process (how host environments ran: no subprocesses here).
@@ -73,17 +73,8 @@ class Policy:
         """The training seed of the seed played (seed k of an N-seed run is --seed + k)."""
         return self.config.seed + self.seed_index
 
-    @property
-    def position(self) -> int:
-        """0.4.0's field, read until 0.5: now `row`."""
-        warnings.warn("Policy.position is Policy.row now; it goes in 0.5", FutureWarning, stacklevel=2)
-        return self.row
-
-    @property
-    def position_key(self) -> str:
-        """0.4.0's field, read until 0.5: now `row_key`."""
-        warnings.warn("Policy.position_key is Policy.row_key now; it goes in 0.5", FutureWarning, stacklevel=2)
-        return self.row_key
+    position = renamed_attribute("Policy", "position", "row")
+    position_key = renamed_attribute("Policy", "position_key", "row_key")
 
     def act(self, key, obs):
         """Actions for a batch of observations [N, *obs_shape]."""

@@ -166,6 +166,8 @@ def test_collect_with_trained_ppo_policy_and_gymnasium(tmp_path, capsys):
     assert (policy.row_key, policy.row) == ("update", 4)  # 2,048 steps of 4 x 128
     with pytest.warns(FutureWarning, match=r"Policy.position is Policy.row now; it goes in 0.5"):
         assert policy.position == 4
+    with pytest.warns(FutureWarning, match=r"Policy.position_key is Policy.row_key now; it goes in 0.5"):
+        assert policy.position_key == "update"
     name = f"PPO checkpoint {run} update {policy.row}"
     trained = trajectories.collect_dataset("CartPole-v1", 8, 10, seed=0, policy=policy.act, policy_name=name)
     assert "PPO checkpoint" in trained["meta"]["source"] and trained["action"].shape == (8, 10)
