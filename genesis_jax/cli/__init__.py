@@ -26,7 +26,8 @@ from typing import Annotated, Sequence
 import genesis_jax
 from genesis_jax.algos import REGISTRY, get_algorithm  # imports nothing of the rl extra
 from genesis_jax.cli.eval import add_eval_parser, run_eval  # argparse alone: loads nothing of JAX
-from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, StopSignals  # re-exported
+# the exit statuses are re-exported: callers read them from here
+from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, StopSignals, first_line
 
 # The rl extra (pyproject's [rl]) by import name: every command needs all of it, genesis_jax.amp
 # none of it. Checked by name before any command runs, since the first import that misses one
@@ -584,8 +585,7 @@ def _system_failure(err: BaseException) -> str:
     """One line for an error the system caused, naming the file where there is one."""
     if isinstance(err, OSError) and err.strerror:
         return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
+    return first_line(err)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

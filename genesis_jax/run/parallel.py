@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from genesis_jax.run.launch import check_port_free, exit_with_launcher, parse_coordinator_address
-from genesis_jax.run.signals import EXIT_PEER, TrainingInterrupted, handling_signals
+from genesis_jax.run.signals import EXIT_PEER, TrainingInterrupted, first_line, handling_signals
 
 DATA_AXIS = "data"
 
@@ -112,10 +112,9 @@ def initialize_distributed(
                 **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
             )
         except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
-            detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
             raise ConnectionError(
                 f"could not join the other processes through the coordinator at {coordinator_address} "
-                f"within {initialization_timeout} s: {detail}"
+                f"within {initialization_timeout} s: {first_line(err)}"
             ) from None
     atexit.register(_leave)
 

@@ -56,7 +56,7 @@ from genesis_jax.run.checkpoint import (
     replay_dropped,
 )
 from genesis_jax.run.config import budget_schedules, resume_flags, summary_config
-from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, halted_report
+from genesis_jax.run.signals import DivergenceError, StopSignals, TrainingInterrupted, first_line, halted_report
 from genesis_jax.run.writers import NAMED_WRITERS, MetricWriter
 
 
@@ -263,7 +263,7 @@ class Session:
         got to (`iterations`) and why (`error`); `stopped` is "failed"."""
         if not self.rows_run:
             return  # nothing new trained: the directory keeps the summary it had
-        detail = str(exc).strip().splitlines()[0][:300] if exc is not None and str(exc).strip() else ""
+        detail = first_line(exc) if exc is not None and str(exc).strip() else ""
         summary = {
             **(self._summary or {"config_changes": self.config_changes}),
             "stopped": "failed",

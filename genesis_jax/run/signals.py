@@ -22,6 +22,13 @@ EXIT_SYSTEM = 4  # the system failed the run: disk full or read-only, out of mem
 EXIT_PEER = 5  # of several processes: this one stopped because another failed (whose message says why)
 
 
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """The first line of `err`'s message (at most `limit` characters), or its type's name where it
+    has none: what a one-line refusal or a summary's `error` quotes of an error from elsewhere."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__
+
+
 class DivergenceError(RuntimeError):
     """Training stopped by the divergence guard; metrics and a checkpoint of the last good
     state were written first. `summary` is the run's summary at the stop."""

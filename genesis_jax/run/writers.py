@@ -19,6 +19,8 @@ import pathlib
 import time
 from typing import Callable, Protocol
 
+from genesis_jax.run.signals import first_line
+
 
 class MetricWriter(Protocol):
     """What a `Session` calls: `write` per chunk of rows, `write_summary` once, `close` at the end."""
@@ -131,8 +133,7 @@ class WandbWriter:
             )
         except (wandb.errors.UsageError, wandb.errors.CommError) as err:  # no key, a wrong one: one line
             raise ValueError(
-                f"--wandb could not start a W&B run: {str(err).strip().splitlines()[0]} (or set WANDB_MODE=offline "
-                "to log locally)"
+                f"--wandb could not start a W&B run: {first_line(err)} (or set WANDB_MODE=offline to log locally)"
             ) from None
 
     def write(self, rows: list[dict]) -> None:

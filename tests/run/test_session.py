@@ -20,6 +20,7 @@ from genesis_jax.amp.testing import FaultInjection
 from genesis_jax.run.run_dir import RunDirectoryError
 from genesis_jax.run.session import Session
 from genesis_jax.run.signals import DivergenceError, TrainingInterrupted
+from genesis_jax.run.writers import WandbWriter
 from tests.support.files import metric_rows
 from tests.support.helpers import mlp_loss, regression_problem
 from tests.support.processes import cpu_env, run_python
@@ -188,6 +189,20 @@ def test_weights_and_biases_without_a_login_is_one_sentence_not_a_traceback(tmp_
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("genesis-jax: error: --wandb could not start a W&B run: ") and "WANDB_MODE=offline" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("message", ["", "  \n", "no API key configured\nsee the docs"])
+def test_a_weights_and_biases_error_of_any_text_is_one_sentence(tmp_path, monkeypatch, message):
+    wandb = pytest.importorskip("wandb")
+
+    def refuse(**kwargs):
+        raise wandb.errors.CommError(message)
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ValueError) as err:  # an empty one raised IndexError from the message itself
+        WandbWriter(tmp_path, "update")
+    quoted = "no API key configured" if message.strip() else "CommError"
+    assert str(err.value) == f"--wandb could not start a W&B run: {quoted} (or set WANDB_MODE=offline to log locally)"
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--overwrite", "--checkpoint-every 2"])

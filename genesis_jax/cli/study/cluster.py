@@ -23,6 +23,7 @@ import tempfile
 import time
 
 from genesis_jax.cli.study import cells
+from genesis_jax.run.signals import first_line
 
 # --executor: where cells run. "inline" is this process, one cell after another.
 EXECUTORS = ("inline", "slurm", "submitit-local")
@@ -68,7 +69,7 @@ def make_executor(name: str, folder: pathlib.Path, options: dict):
     try:
         executor.update_parameters(**{**defaults, **options})
     except (ValueError, TypeError, NameError) as err:
-        raise ValueError(f"--executor-options for {name}: {str(err).splitlines()[0]}") from None
+        raise ValueError(f"--executor-options for {name}: {first_line(err)}") from None
     return executor
 
 
