@@ -121,10 +121,24 @@ def check_precision(name: str, loss_scaling: str | None = None) -> str:
 _FP16_FULL_REGISTRY: dict = {}
 
 
-def _warn_fp16_full() -> None:
-    text = "precision 'fp16-full' stores parameters and optimizer moments in float16; it is less stable than 'fp16'"
+def _warn_fp16_full(name: str = "fp16-full") -> None:
+    text = f"precision {name!r} stores parameters and optimizer moments in float16; it is less stable than 'fp16'"
     line, registry = _warn_fp16_full.__code__.co_firstlineno, _FP16_FULL_REGISTRY
     warnings.warn_explicit(f"{text} (float32 master weights)", UserWarning, __file__, line, __name__, registry)
+
+
+def _check_policy_dtypes(name: str, policy: jmp.Policy) -> None:
+    """Refuses a policy string asking for a dtype amp does not train in: float64 runs as float32
+    unless JAX's x64 mode is on (JAX truncates it, while the run would record float64)."""
+    kinds = {"params": policy.param_dtype, "compute": policy.compute_dtype, "output": policy.output_dtype}
+    allowed = {jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32)}
+    allowed |= {jnp.dtype(jnp.float64)} if jax.config.jax_enable_x64 else set()
+    for kind, dtype in kinds.items():
+        if jnp.dtype(dtype) not in allowed:
+            raise ValueError(
+                f"precision {name!r} asks for {kind}={jnp.dtype(dtype).name}, which JAX computes as float32 here "
+                f"(jax_enable_x64 is off): give float16, bfloat16 or float32; accepted: {_ACCEPTED}"
+            )
 
 
 def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
@@ -133,7 +147,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
     Args:
         name: fp32, bf16, fp16, fp16-full, auto, or a jmp policy string
             ("params=float32,compute=float16,output=float32").
-        loss_scaling: dynamic, static or none; None: dynamic for float16 compute, else none.
+        loss_scaling: dynamic, static or none; None: dynamic for float16 compute or params, else none.
 
     Returns:
         A `Precision`: the name, the `jmp.Policy` and the loss scaling.
@@ -160,12 +174,18 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         if key == "fp16-full":
             _warn_fp16_full()
     elif "=" in key:
+        key = "".join(key.split())  # "params=float32, compute=float16": spaces say nothing in a policy string
         try:
             policy = jmp.get_policy(key)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_ACCEPTED}") from None
+        _check_policy_dtypes(name, policy)
+        if jnp.dtype(policy.param_dtype) == jnp.float16:  # fp16-full spelled out
+            _warn_fp16_full(key)
     else:
         raise ValueError(f"unknown precision {name!r}; accepted: {_ACCEPTED}")
     if loss_scaling is None:  # float16 needs loss scaling: its range ends at 6e-8, bfloat16's at float32's
-        loss_scaling = "dynamic" if jnp.dtype(policy.compute_dtype) == jnp.float16 else "none"
+        # float16 params too: their gradients are float16 whatever the compute
+        half = jnp.dtype(jnp.float16) in (jnp.dtype(policy.compute_dtype), jnp.dtype(policy.param_dtype))
+        loss_scaling = "dynamic" if half else "none"
     return Precision(name=key, policy=policy, loss_scaling=loss_scaling)

@@ -33,6 +33,24 @@ def test_jmp_policy_string_and_override():
     assert get_precision("FP16").policy.compute_dtype == jnp.float16
 
 
+def test_a_policy_string_with_float16_params_is_scaled_and_warned_as_fp16_full_is():
+    # its gradients are float16 whatever the compute: unscaled, the small ones flushed to zero unsaid
+    for spelled in ("params=float16,compute=float32,output=float32", "p=f16,c=f16,o=f32"):
+        with pytest.warns(UserWarning, match=f"precision '{spelled}' stores parameters .* less stable"):
+            assert get_precision(spelled).loss_scaling == "dynamic"
+
+
+def test_a_policy_string_reads_past_spaces_and_refuses_a_dtype_jax_would_truncate():
+    p = get_precision("params=float32, compute=float16, output=float32")  # as an error message may wrap it
+    assert (p.name, p.compute_dtype, p.loss_scaling) == (
+        "params=float32,compute=float16,output=float32",
+        jnp.float16,
+        "dynamic",
+    )
+    with pytest.raises(ValueError, match=r"asks for params=float64, which JAX computes as float32 here"):
+        get_precision("params=float64,compute=float64,output=float64")  # ran in float32, recorded as float64
+
+
 def test_auto_says_what_it_chose(caplog):
     with caplog.at_level(logging.INFO, logger="genesis_jax"):
         p = get_precision("auto")
