@@ -26,6 +26,7 @@ from typing import Annotated, Sequence
 import genesis_jax
 from genesis_jax.algos import REGISTRY, get_algorithm  # imports nothing of the rl extra
 from genesis_jax.cli.eval import add_eval_parser, run_eval  # argparse alone: loads nothing of JAX
+
 # the exit statuses are re-exported: callers read them from here
 from genesis_jax.run.signals import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_SYSTEM, StopSignals, first_line
 
@@ -416,6 +417,18 @@ def cpu_precision_notice(precision, backend: str) -> str | None:
     )
 
 
+def output_dtype_notice(precision) -> str | None:
+    """One line for a policy string whose output dtype is not float32, which the trainers do not
+    use (their heads, losses and returns are float32 by the numerics rules). None otherwise."""
+    import jax.numpy as jnp
+
+    output = jnp.dtype(precision.policy.output_dtype)
+    if output == jnp.float32:
+        return None
+    unused = "the trainers' heads and losses are float32 whatever it says"
+    return f"note: {precision.name} asks for output={output.name}; {unused}"
+
+
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     import jax
 
@@ -425,10 +438,11 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     if config.precision.strip().lower() == "auto":  # the run records, and a resume compares, what auto picked
         config = dataclasses.replace(config, precision=config.train_precision().name)
         picked = f"note: --precision auto picked {config.precision} (backend {jax.default_backend()})"
-    notice = cpu_precision_notice(config.train_precision(), jax.default_backend())
+    precision = config.train_precision()
+    notices = [cpu_precision_notice(precision, jax.default_backend()), output_dtype_notice(precision)]
 
     def announce(notes: list[str]) -> None:  # once training is about to begin: past every refusal
-        for line in filter(None, [picked, notice, *notes] if not run.quiet and _primary() else []):
+        for line in filter(None, [picked, *notices, *notes] if not run.quiet and _primary() else []):
             print(line, file=sys.stderr)
 
     result = algorithm.train(config, **run.train_kwargs(), announce=announce)

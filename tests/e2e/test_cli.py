@@ -265,6 +265,32 @@ def test_train_prints_the_cpu_notice_once_unless_quiet(argv, printed, capsys, mo
     assert ran[0].precision == "fp16" and "trained" in captured.out
 
 
+@pytest.mark.parametrize(
+    ("precision", "says"),
+    [
+        ("p=f32,c=f16,o=f16", "output=float16"),
+        ("c=bf16", "output=bfloat16"),
+        ("p=f32,c=f16,o=f32", None),
+        ("fp16", None),
+    ],
+)
+def test_an_output_dtype_the_trainers_do_not_use_is_said(precision, says, capsys, monkeypatch):
+    from genesis_jax.algos import get_algorithm
+
+    def stand_in(config, announce=lambda notes: None, **kwargs):  # the training replaced: its start announced
+        announce([])
+        return type("R", (), {"line": "trained"})()
+
+    monkeypatch.setattr(get_algorithm("ppo"), "train", stand_in)
+    assert main(["train", "ppo", "--precision", precision, "--no-progress"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "the trainers' heads and losses" in line]
+    assert notes == (
+        [f"note: {precision} asks for {says}; the trainers' heads and losses are float32 whatever it says"]
+        if says
+        else []
+    )
+
+
 def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
     # The note waits for training to start: a refusal stays one line.
     assert main(["train", "ppo", "--precision", "fp16", "--devices", "2", "--no-progress"]) == 2
