@@ -53,9 +53,14 @@ def resolve_in_loop(config, algorithm: str, *, continuous: bool | None = None, i
         want, have = ("continuous", "discrete") if continuous else ("discrete", "continuous")
         raise ValueError(f"{algorithm} needs {want} actions; {config.env} has {have} ones: use {instead}")
     if spec.backend != "gymnax" and (config.num_seeds > 1 or config.devices > 1):
-        raise ValueError("num-seeds > 1 and devices > 1 need a JAX environment (env backend gymnax)")
+        given = f"num-seeds {config.num_seeds}" if config.num_seeds > 1 else f"devices {config.devices}"
+        raise ValueError(f"{given} needs a JAX environment (env backend gymnax); {config.env} runs on {spec.backend}")
     if spec.backend != "gymnasium" and (config.vectorization != "sync" or config.action_repeat != 1):
         raise ValueError(  # they would be ignored: say so rather than run without them
             f"vectorization and action-repeat act on gymnasium environments; {config.env} runs on {spec.backend}"
+        )
+    if config.env.startswith("ALE/") and config.action_repeat != 1:  # `make_env` would leave it out
+        raise ValueError(
+            f"{config.env} skips 4 frames per action itself (its Atari preprocessing): leave action-repeat at 1"
         )
     return spec

@@ -393,7 +393,7 @@ class EnvFields:
     vectorization: Literal["sync", "async"] = "sync"
     """gymnasium: sync (in this process) or async (a subprocess per environment)."""
     action_repeat: int = 1
-    """gymnasium: repeat each action this many steps."""
+    """gymnasium: repeat each action this many steps (not Atari, which skips 4 frames itself)."""
 
     FIELD_BOUNDS = {"num_envs": POSITIVE_INT, "action_repeat": POSITIVE_INT}
     RESUMABLE = ("vectorization",)

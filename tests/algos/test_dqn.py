@@ -149,7 +149,8 @@ def test_atari_frames_stay_uint8_in_the_buffer():
         (["--buffer-size", "64", "--batch-size", "128"], "buffer-size 64 is smaller than batch-size 128"),
         (["--env", "Breakout-MinAtar", "--buffer-size", "1000000000"], "of memory is available"),
         (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),
-        (["--env-backend", "gymnasium", "--num-seeds", "2"], "need a JAX environment (env backend gymnax)"),
+        (["--env-backend", "gymnasium", "--num-seeds", "2"], "num-seeds 2 needs a JAX environment"),
+        (["--env", "ALE/Pong-v5", "--action-repeat", "4"], "ALE/Pong-v5 skips 4 frames per action itself"),
         (["--action-repeat", "4"], "action-repeat act on gymnasium environments; CartPole-v1 runs on gymnax"),
     ],
 )
