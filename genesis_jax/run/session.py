@@ -180,6 +180,14 @@ class Session:
         unknown = [w for w in writers if isinstance(w, str) and w not in NAMED_WRITERS]
         if unknown:
             raise ValueError(f"unknown metric writer {unknown[0]!r}; choose from {', '.join(NAMED_WRITERS)}")
+        methods = ("write", "write_summary", "close")  # `MetricWriter`'s: one missing failed after the training
+        for w in writers:
+            missing = [m for m in methods if not isinstance(w, str) and not callable(getattr(w, m, None))]
+            if missing:
+                raise TypeError(
+                    f"metric writer {w!r:.60} has no {', '.join(missing)}: give a name ({', '.join(NAMED_WRITERS)}) "
+                    "or an object with write(rows), write_summary(summary) and close()"
+                )
         if any(isinstance(w, str) for w in writers) and out_dir is None:
             raise ValueError(f"metric writers {', '.join(map(str, writers))} need an output directory (--out)")
         # Every process checks the directory before any process writes to it.

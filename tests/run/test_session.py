@@ -226,6 +226,21 @@ def test_writers_need_a_run_directory_and_a_known_name():
         Session(None, name="x", num_rows=1, writers="tensorboard")
 
 
+class _RowsOnly:
+    def write(self, rows):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("writer", "missing"), [(42, "write, write_summary, close"), (_RowsOnly(), "write_summary, close")]
+)
+def test_a_writer_object_without_the_writer_methods_is_refused_before_the_run(tmp_path, writer, missing):
+    # it trained the whole run, then failed on close() with an AttributeError
+    with pytest.raises(TypeError, match=f"metric writer .* has no {missing}: give a name"):
+        Session(str(tmp_path / "run"), name="x", num_rows=1, writers=(writer,))
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_0_3_keywords_still_work_with_a_future_warning(tmp_path):
     old = dict(kind="toy", total=2, position_key="chunk", meta_key="chunk_done", unit_size=4)
     with pytest.warns(FutureWarning) as caught:
