@@ -311,11 +311,12 @@ def scaled_value_and_grad(
                 raise ValueError("policy= casts plain pytrees; give an NNX module its dtype= and param_dtype= instead")
             args = policy.cast_to_compute(args)
         unscaled = isinstance(scaler, NoOpLossScale) and (declared is None or declared.compute_dtype != jnp.float16)
-        if unscaled or (declared is not None and declared.is_half):  # at trace time: one more trace of the loss
-            # unscaled, its float16 matmuls beyond the forward's (traced only where the forward has some)
+        backward = None
+        if unscaled:  # its float16 matmuls beyond the forward's (traced only where the forward has some)
             loss_only = lambda *args: jnp.asarray(split_aux(loss_fn(*args, **kwargs), has_aux)[0], jnp.float32)  # noqa: E731
             backward = (nnx.grad if isinstance(args[argnums], nnx.Module) else jax.grad)(loss_only, argnums=argnums)
-            refuse_mismatched_compute(declared, backward if unscaled else None, loss_fn, *args, **kwargs)
+        if unscaled or (declared is not None and declared.is_half):  # at trace time: one more trace of the loss
+            refuse_mismatched_compute(declared, backward, loss_fn, *args, **kwargs)
         # an NNX module: its nnx.Param state is differentiated, as nnx.Optimizer(wrt=nnx.Param) expects
         value_and_grad = nnx.value_and_grad if isinstance(args[argnums], nnx.Module) else jax.value_and_grad
         (_, (loss, aux)), grads = value_and_grad(scaled, argnums=argnums, has_aux=True)(*args)

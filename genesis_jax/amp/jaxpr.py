@@ -111,8 +111,9 @@ def refuse_mismatched_compute(declared, backward, fn, *args, **kwargs) -> None:
     shown = ", ".join(f"{n} {kind}(s) in {d}" for kind, d, n in ops)
     float16 = lambda report: sum(report.dtypes(k).get("float16", 0) for k in ("matmul", "conv"))  # noqa: E731
     if backward is not None and float16(report) and float16(dtype_report(backward, *args)) > float16(report):
+        name = "none" if declared is None else declared.name
         raise ValueError(
-            f"loss_fn runs {shown}, and nothing scales the loss (precision {getattr(declared, 'name', 'none')!r}, "
+            f"loss_fn runs {shown}, and nothing scales the loss (precision {name!r}, "
             "no loss scaler): float16 gradients below 6e-8 flush to zero; give TrainState.create or amp.Optimizer "
             "precision='fp16' (its DynamicLossScale), or pass (amp.DynamicLossScale(), opt_state); "
             "amp.StaticLossScale(1.0) trains in float16 unscaled on purpose"

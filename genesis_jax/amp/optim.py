@@ -99,7 +99,7 @@ def find_skip_state(opt_state, required: bool = True) -> SkipNonFiniteState | No
             node = node[-1]
         else:
             break
-    else:
+    if isinstance(node, SkipNonFiniteState):
         return node
     is_skip = lambda n: isinstance(n, SkipNonFiniteState)  # noqa: E731
     if any(is_skip(n) for n in jax.tree.leaves(opt_state, is_leaf=is_skip)):
@@ -130,11 +130,13 @@ def _advance_schedules(opt_state):
 
 # optax's states that count a schedule's steps; `add_decayed_weights`' with a schedule (adamw's
 # `weight_decay=`) is not exported, so it is found where optax defines it.
+_SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState)
 try:
-    from optax.transforms._adding import WeightDecaySchedule
+    from optax.transforms._adding import WeightDecaySchedule as _WeightDecaySchedule
+
+    _SCHEDULE_STATES += (_WeightDecaySchedule,)
 except ImportError:  # another optax layout: that count is left where it is
-    WeightDecaySchedule = optax.ScaleByScheduleState  # already counted
-_SCHEDULE_STATES = (optax.ScaleByScheduleState, optax.InjectStatefulHyperparamsState, WeightDecaySchedule)
+    pass
 
 
 def step_or_skip(inner, grads, inner_state, params, take, *, strict: bool = False, **extra_args):

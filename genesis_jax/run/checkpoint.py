@@ -94,7 +94,7 @@ def _flat_spec(state_dict) -> dict[str, str]:
     for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
         key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
         # as `save` stores it (jnp.asarray): a Python number or a numpy int64 leaf is int32 without x64
-        dtype = jax.dtypes.canonicalize_dtype(leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf))
+        dtype = jax.dtypes.canonicalize_dtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype)
         spec[key] = f"{jnp.dtype(dtype).name}[{','.join(map(str, np.shape(leaf)))}]"
     return spec
 
