@@ -105,6 +105,7 @@ class TensorBoardWriter:
 class WandbWriter:
     """A Weights & Biases run (`pip install genesis-jax[wandb]`). `mode="offline"` (or
     WANDB_MODE=offline) writes to `dir` without a network; `wandb sync` uploads it later.
+    A resume of the run in `dir` continues its W&B run (its id is kept in dir/wandb/run-id).
 
     Args:
         dir: where wandb keeps its files (a run's directory).
@@ -127,14 +128,27 @@ class WandbWriter:
         except ImportError as err:
             raise ImportError("--wandb needs wandb: pip install 'genesis-jax[wandb]'") from err
         self.step_key = step_key
+        id_file = pathlib.Path(dir) / "wandb" / "run-id"  # written by this run's first session
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        resume = "allow" if run_id else None
         try:
             self._run = wandb.init(
-                project=project, dir=os.fspath(dir), config=config, mode=mode, name=name, reinit=True
+                project=project,
+                dir=os.fspath(dir),
+                config=config,
+                mode=mode,
+                name=name,
+                reinit=True,
+                id=run_id,
+                resume=resume,
             )
         except (wandb.errors.UsageError, wandb.errors.CommError) as err:  # no key, a wrong one: one line
             raise ValueError(
                 f"--wandb could not start a W&B run: {first_line(err)} (or set WANDB_MODE=offline to log locally)"
             ) from None
+        if run_id is None:
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(self._run.id)
 
     def write(self, rows: list[dict]) -> None:
         for row in rows:

@@ -169,14 +169,20 @@ def test_tensorboard_event_files_hold_the_loss_scale_of_every_row(tmp_path):
     assert "summary/final_loss" in scalars
 
 
-@pytest.mark.slow  # starts wandb's service: 23 s
+@pytest.mark.slow  # starts wandb's service twice
 def test_weights_and_biases_offline_writes_the_rows_without_a_network(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    train_regression(RegressionConfig(chunks=2), str(tmp_path / "wb"), writers=("wandb",))
-    logs = list((tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(logs) == 1 and b"loss_scale" in logs[0].read_bytes()
+    run = tmp_path / "wb"
+    with pytest.raises(TrainingInterrupted):
+        train_regression(RegressionConfig(chunks=4), str(run), writers=("wandb",), signal_at=3)
+    train_regression(RegressionConfig(chunks=4), str(run), writers=("wandb",), resume=True)
+    # the resume continues the first session's W&B run (it started another, unrelated one): the same id
+    run_id = (run / "wandb" / "run-id").read_text()
+    logs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 2 and all(log.parent.name.endswith(f"-{run_id}") for log in logs)
+    assert all(b"loss_scale" in log.read_bytes() for log in logs)
 
 
 @pytest.mark.slow  # a fresh process: wandb keeps its settings (an offline run's) for the rest of one
