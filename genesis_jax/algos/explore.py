@@ -45,9 +45,15 @@ class EpsilonGreedyFields:
     FIELD_BOUNDS |= {"total_steps": INT32_STEPS}  # QState.steps: past it, epsilon and learning-starts wrap
 
     @property
+    def steps_run(self) -> int:
+        """The environment steps (one seed's) the run takes: total-steps, less what does not fill a row."""
+        return self.total_steps
+
+    @property
     def epsilon_horizon(self) -> float:
-        """Environment steps (one seed's) over which epsilon falls: epsilon-fraction of total-steps, at least 1."""
-        return max(1.0, self.epsilon_fraction * self.total_steps)
+        """Environment steps (one seed's) over which epsilon falls: epsilon-fraction of the steps
+        that run (a total-steps rounded down to whole rows would leave epsilon short of its end), at least 1."""
+        return max(1.0, self.epsilon_fraction * self.steps_run)
 
     @property
     def epsilon_follows_budget(self) -> bool:

@@ -82,6 +82,11 @@ class OnPolicyFields:
     def num_updates(self) -> int:
         return self.total_steps // self.batch_size
 
+    @property
+    def steps_run(self) -> int:
+        """The environment steps (one seed's) the run takes: whole rollouts."""
+        return self.num_updates * self.batch_size
+
     def epochs(self, step, train_state, data, key):
         """update-epochs passes over `data` (leaves [batch-size, ...]), each in num-minibatches
         shuffled minibatches through `step(train_state, minibatch) -> (train_state, out)`: the

@@ -35,15 +35,29 @@ def test_at_default_settings_exploration_ends_within_the_run_whatever_its_length
     assert (start, end, config.epsilon_fraction) == ((1.0, 0.05, fraction) if algo == "dqn" else (1.0, 0.2, fraction))
     assert float(config.epsilon(run_steps(config))) == pytest.approx(end)  # the run's end: exploited
     assert float(config.epsilon(total // 2)) == pytest.approx(end)  # the run's midpoint: the fall is over
-    assert float(config.epsilon(fraction * total / 2)) == pytest.approx((start + end) / 2)  # half the fall
+    half = fraction * run_steps(config) / 2  # of the steps that run (10,000 PQN steps run as 8,192)
+    assert float(config.epsilon(half)) == pytest.approx((start + end) / 2)  # half the fall
     assert float(config.epsilon(0)) == pytest.approx(start)
+
+
+@pytest.mark.parametrize(("algo", "total"), [("dqn", 2_300), ("pqn", 3_000)])
+def test_a_fall_over_the_whole_run_ends_at_its_last_step_where_total_steps_is_not_whole_rows(algo, total):
+    # 2,300 DQN steps run as 4 rows of 500: epsilon ended at 0.17, not its end, over the 2,300 asked
+    args = ["--total-steps", str(total), "--epsilon-fraction", "1"]
+    small = ["--num-envs", "1", "--train-frequency", "1", "--steps-per-row", "500", "--learning-starts", "100"]
+    config = cli_config(algo, *args, *(small + ["--target-update-interval", "100"] if algo == "dqn" else []))
+    ran = run_steps(config)
+    assert ran < total and config.epsilon_horizon == ran
+    assert float(config.epsilon(ran)) == pytest.approx(config.epsilon_end)
+    assert float(config.epsilon(ran - 1)) > config.epsilon_end
 
 
 @pytest.mark.parametrize("algo", ["dqn", "pqn"])
 def test_the_fraction_given_sets_the_fall(algo):
     config = cli_config(algo, "--total-steps", "100000", "--epsilon-fraction", "0.8", "--epsilon-end", "0.1")
-    assert config.epsilon_horizon == 80_000
-    assert float(config.epsilon(40_000)) == pytest.approx(0.55) and float(config.epsilon(80_000)) == pytest.approx(0.1)
+    fall = 0.8 * run_steps(config)  # DQN runs all 100,000 steps, PQN 98,304 (48 rollouts of 2,048)
+    assert config.epsilon_horizon == pytest.approx(fall) and fall == pytest.approx(80_000 if algo == "dqn" else 78_643.2)
+    assert float(config.epsilon(fall / 2)) == pytest.approx(0.55) and float(config.epsilon(fall)) == pytest.approx(0.1)
 
 
 def test_dqns_deprecated_epsilon_steps_is_accepted_with_one_warning():

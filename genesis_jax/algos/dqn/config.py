@@ -74,7 +74,7 @@ class DQNConfig(DQNFields, Config):
             raise ValueError(
                 f"total-steps {self.total_steps} is less than one row (steps-per-row {self.steps_per_row})"
             )
-        run = self.total_steps // self.steps_per_row * self.steps_per_row  # whole rows: the steps that run
+        run = self.steps_run
         ran = "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
         if not self.learning_starts < run:  # at or past the end: not one gradient step
             raise ValueError(
@@ -98,6 +98,11 @@ class DQNConfig(DQNFields, Config):
             same = f"epsilon-fraction {share:.6g} is the same schedule" if share <= 1 else _NEVER
             text = "epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of total-steps over"
             warnings.warn(f"{text} which epsilon falls ({same})", FutureWarning, stacklevel=5)
+
+    @property
+    def steps_run(self) -> int:
+        """The environment steps (one seed's) the run takes: whole rows."""
+        return self.total_steps // self.steps_per_row * self.steps_per_row
 
     @property
     def epsilon_follows_budget(self) -> bool:
