@@ -176,3 +176,16 @@ def test_the_first_spellings_still_work_for_a_release_and_resume_their_runs():
     config.check_resume({"num_epochs": 2, "lam": 0.5})  # a run recorded under the old names, same values
     with pytest.raises(ValueError, match="resume with --gae-lambda 0.65"):
         PQNConfig().check_resume({"num_epochs": 4, "lam": 0.65})
+
+
+def test_a_first_spelling_given_with_todays_is_refused_not_one_dropped():
+    # --gae-lambda 0.9 --lam 0.65 ran at 0.65, the 0.9 gone without a word
+    from genesis_jax.algos.dqn import DQNConfig
+    from genesis_jax.algos.pqn import PQNConfig
+
+    with pytest.raises(ValueError, match=r"lam 0.65 and gae-lambda 0.9 \(given, or a preset's\) both set gae-lambda"):
+        PQNConfig(lam=0.65, gae_lambda=0.9)
+    with pytest.raises(ValueError, match="give steps-per-row alone"):
+        DQNConfig(row_steps=1000, steps_per_row=2000)
+    with pytest.warns(FutureWarning, match="lam is deprecated"):  # the same value twice, or today's at its default
+        assert PQNConfig(lam=0.65, gae_lambda=0.65).gae_lambda == 0.65
