@@ -132,7 +132,8 @@ def _checked(value, kind, bounds: Bounds | None):
         return (value, None) if isinstance(value, str) and value.strip() else (None, "a non-empty string")
     if kind is int:
         bounds = bounds or _INT32
-        return (int(value), None) if _is_int(value) and bounds.holds(value) else (None, bounds.text)
+        accepted = bounds.text if "integer" in bounds.text else f"an integer {bounds.text}"  # 1e4 is no int
+        return (int(value), None) if _is_int(value) and bounds.holds(value) else (None, accepted)
     if kind is float:
         number = isinstance(value, (float, np.floating)) or _is_int(value)
         if not number or not abs(value) <= FLOAT32_MAX:

@@ -158,6 +158,7 @@ def test_seeds_trained_together_must_stay_within_32_bits():
         ),  # fmt: skip
         (["train", "ppo", "--init-loss-scale", "1e-40"], "init-loss-scale must be finite and >= 2^-126"),
         (["train", "ppo", "--vf-coef", "-1"], "vf-coef must be >= 0, got -1.0"),
+        (["train", "dqn", "--learning-starts", "-5"], "learning-starts must be an integer >= 0, got -5"),
         (["train", "world-model", "--seed", str(2**64)], "seed must be an integer from 0 to 4294967295"),
         (["train", "world-model", "--eval-fraction", "1"], "eval-fraction must be in (0, 1), got 1.0"),
         (["train", "world-model", "--num-sequences", str(10**9)], "synthetic data of 1000000000 sequences x 32 steps"),
@@ -380,3 +381,11 @@ def test_a_refused_setting_leaves_no_run_directory(name, argv, tmp_path, capsys)
     assert main(["train", name, *argv, "--out", str(out), "--no-progress"]) == 2
     assert one_line(capsys).startswith("genesis-jax: error: ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [1e4, "1000"])
+def test_an_integer_field_given_another_type_is_said_to_take_an_integer(value):
+    from genesis_jax.algos.dqn import DQNConfig
+
+    with pytest.raises(ValueError, match=f"learning-starts must be an integer >= 0, got {value!r}"):
+        DQNConfig(learning_starts=value)  # "must be >= 0, got 10000.0" named the wrong fault
