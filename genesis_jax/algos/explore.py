@@ -107,6 +107,15 @@ class EpsilonGreedy:
         self.spec = spec = resolve_in_loop(c, self.name, continuous=False, instead="sac")
         network = c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
+        fields = {f.name: f.default for f in dataclasses.fields(c)}
+        unused = [f for f in ("hidden", "activation") if f in fields and getattr(c, f) != fields[f]]
+        if network != "mlp" and not net.get("layer_norm") and unused:  # the torso alone feeds the Q head
+            them, shape = ("them", "shape") if len(unused) > 1 else ("it", "shapes")
+            size = " (256 wide, 2 blocks)" if network == "resmlp" else ""
+            raise ValueError(
+                f"{' and '.join(unused)} {shape} {self.name}'s mlp network only; its {network} torso{size} does not "
+                f"use {them}: leave {them} out, or give network mlp"
+            )
         dtype = c.train_precision().compute_dtype
         self.net = QNetwork(spec.action_dim, spec.obs_shape, network, c.hidden, dtype=dtype, **net)
 

@@ -188,3 +188,19 @@ def test_the_steps_that_run_not_the_steps_asked_decide_whether_anything_learns()
     with pytest.raises(ValueError, match=never):
         DQNConfig(**tiny, total_steps=400, learning_starts=100, target_update_interval=1000)
     assert DQNConfig(**tiny, total_steps=400, learning_starts=100, target_update_interval=200).total_steps == 400
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--network", "resmlp", "--hidden", "512", "512"], "hidden shapes dqn's mlp network only; its resmlp torso"),
+        (["--env", "Breakout-MinAtar", "--activation", "tanh"], "activation shapes dqn's mlp network only; its cnn"),
+    ],
+)
+def test_network_settings_the_torso_does_not_use_are_refused(tmp_path, capsys, args, words):
+    # the run built a 256-wide resmlp (or MinAtar's CNN) and recorded hidden [512, 512] in its summary
+    out = tmp_path / "run"
+    assert main(["train", "dqn", *args, "--out", str(out), "--no-progress"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert words in line and line.endswith("or give network mlp")
+    assert not out.exists()
