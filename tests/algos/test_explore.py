@@ -56,7 +56,9 @@ def test_a_fall_over_the_whole_run_ends_at_its_last_step_where_total_steps_is_no
 def test_the_fraction_given_sets_the_fall(algo):
     config = cli_config(algo, "--total-steps", "100000", "--epsilon-fraction", "0.8", "--epsilon-end", "0.1")
     fall = 0.8 * run_steps(config)  # DQN runs all 100,000 steps, PQN 98,304 (48 rollouts of 2,048)
-    assert config.epsilon_horizon == pytest.approx(fall) and fall == pytest.approx(80_000 if algo == "dqn" else 78_643.2)
+    assert config.epsilon_horizon == pytest.approx(fall) and fall == pytest.approx(
+        80_000 if algo == "dqn" else 78_643.2
+    )
     assert float(config.epsilon(fall / 2)) == pytest.approx(0.55) and float(config.epsilon(fall)) == pytest.approx(0.1)
 
 
