@@ -19,8 +19,11 @@ class SACFields(ResMLPFields, ReplayFields, ActingFields):
     env: str = "Pendulum-v1"
     """A gymnax or gymnasium environment id with a continuous (Box) action space (Pendulum-v1, HalfCheetah-v5, ...)."""
     env_backend: Literal["gymnax", "gymnasium"] | None = None  # no envpool: its games have discrete actions
+    """None: gymnax where it has the id, else gymnasium (extra: gymnasium[mujoco])."""
     total_steps: int = 20_000
-    num_envs: int = 1  # one gradient iteration follows each step of all of them
+    num_envs: int = 1
+    """Environments stepped in parallel; one gradient iteration follows each step of all of them
+    (4 environments: a quarter of the gradient iterations per environment step of 1)."""
     buffer_size: int = 1_000_000
     """Transitions the replay buffer holds, per seed (capped at total-steps: a larger buffer would never fill)."""
     learning_starts: int = 1_000
