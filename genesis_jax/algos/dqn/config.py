@@ -1,5 +1,5 @@
-"""DQN configuration: defaults are PureJaxRL's (CleanRL's) CartPole settings; `minatar`
-gives the MinAtar ones."""
+"""DQN configuration: defaults are PureJaxRL's (CleanRL's) CartPole settings, but for the target
+(Double DQN: --no-double-q for theirs); `minatar` gives the MinAtar ones."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ class SACState(struct.PyTreeNode, CountsReplay):
 
 # SimBa's residual torso 1024 wide: where half precision can pay.
 BENCH = (BenchWorkload("sac-resmlp-1024", {"network": "resmlp", "width": 1024, "depth": 2, "total_steps": 20_000}),)
-# Its own defaults: CleanRL's and PureJaxRL's; and the same with 64-wide networks, the size a
+# Its own defaults; and the same with 64-wide networks, the size a
 # CPU study can train at 32 seeds (about 16x fewer FLOPs a step), for 10 000 steps: in a pilot
 # of 8 fp32 seeds it was at -404 after 5000 steps and -182 on average from 5200 on.
 STUDY = {
