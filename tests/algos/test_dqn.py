@@ -37,7 +37,9 @@ def test_tiny_run_counts_updates_fills_the_buffer_and_follows_the_schedule(tiny_
     config, rows, state = DQNConfig(**TINY), tiny_run.metrics, tiny_run.state
     iterations = np.arange(1, config.total_steps // config.train_frequency + 1)
     expected_updates = int(np.sum(iterations * config.train_frequency > config.learning_starts))
-    assert int(state.train_state.step) == expected_updates == rows[-1]["updates"] == 750
+    assert int(state.train_state.step) == expected_updates == sum(r["updates"] for r in rows) == 750
+    # each row's own: none before learning starts at step 500, then 50 (steps 502-600), then 100 a row
+    assert [r["updates"] for r in rows] == [0, 0, 50] + [100] * 7
     assert int(state.steps) == config.total_steps and len(rows) == config.total_steps // config.steps_per_row
     assert [r["buffer_size"] for r in rows] == [min(r["step"], config.buffer_size) for r in rows]
     expected_eps = [1.0 + min(r["step"] / 1_000, 1.0) * (0.05 - 1.0) for r in rows]  # half the run: 1000
@@ -114,7 +116,8 @@ def test_the_host_path_counts_as_the_gymnax_one_on_gymnasium_cartpole():
     result = train(config, progress=False)
     rows, state = result.metrics, result.state
     # 500 iterations of 2 steps; a gradient step in each past step 500: iterations 251 to 500.
-    assert int(state.train_state.step) == rows[-1]["updates"] == 250 and int(state.steps) == 1_000
+    assert int(state.train_state.step) == sum(r["updates"] for r in rows) == 250 and int(state.steps) == 1_000
+    assert [r["updates"] for r in rows] == [0, 0, 50, 100, 100]  # each row's own
     assert len(rows) == 5 and [r["buffer_size"] for r in rows] == [200, 400, 600, 800, 1_000]
     # Each of the 2 environments steps 500 times: CartPole's time limit ends at least one episode of each.
     assert result.summary["env_backend"] == "gymnasium" and sum(r["episodes"] for r in rows) >= 2

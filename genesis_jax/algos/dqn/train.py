@@ -138,7 +138,7 @@ class DQN(EpsilonGreedy, Algorithm):
         return s.replace(target_params=target), (learning & finite, loss, q, episodes.sum(), return_sum.sum())
 
     def update(self, s: DQNState, data):
-        rng, key = jax.random.split(s.rng)
+        before, (rng, key) = s.train_state.step, jax.random.split(s.rng)
         keys = jax.random.split(key, self.config.steps_per_row // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
         return s, {
@@ -147,7 +147,7 @@ class DQN(EpsilonGreedy, Algorithm):
             "epsilon": self.config.epsilon(s.steps),
             "episodes": episodes.sum(),
             "return_sum": return_sum.sum(),
-            "updates": s.train_state.step,
+            "updates": s.train_state.step - before,  # the row's, as SAC's
             "buffer_size": self.replay.size(s.buffer),
         }
 
