@@ -217,6 +217,7 @@ class Session:
         self.wall_start = time.perf_counter()
         self._last_save = 0
         self._saved = False  # whether this session saved a checkpoint
+        self._stopped_untouched = False  # stopped by a signal before its first row (`finish`)
         self._signals: StopSignals | None = None
         self._waiting = False  # a chunk is being waited for (`_fetched`)
         self.previous_summary: dict = {}  # on resume: the summary.json found in the directory
@@ -260,7 +261,9 @@ class Session:
                         self._write_failure(exc_type, exc)
                     # An old run set aside by --overwrite goes only once the new one saved a checkpoint; a run
                     # that failed before its first row takes the files it made with it (the same call runs again).
-                    self.run_dir.close(clean and self._saved, wrote=clean or self._saved or bool(self.rows_run))
+                    # So does a signal before the first row (a Ctrl-C while compiling): it wrote nothing either.
+                    wrote = (clean and not self._stopped_untouched) or self._saved or bool(self.rows_run)
+                    self.run_dir.close(clean and self._saved, wrote=wrote)
             finally:
                 if self._signals is not None:
                     self._signals.__exit__()
@@ -551,6 +554,7 @@ class Session:
         if self.unverified_checkpoint is not None:
             summary["unverified_checkpoint"] = self.unverified_checkpoint
         untouched = self.stopped not in (None, "diverged") and not self.rows_run
+        self._stopped_untouched = untouched
         config = summary_config(self.config) if self.config is not None else {}
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary
