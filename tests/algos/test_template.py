@@ -119,7 +119,8 @@ def test_a_reduction_not_known_is_refused_where_it_is_declared():
 @pytest.mark.parametrize("name", [n for n in REGISTRY if issubclass(get_algorithm(n).config_class, ActingFields)])
 def test_eval_episodes_is_bounded_as_evals_are_and_a_resume_may_change_it(name):
     config_class = get_algorithm(name).config_class
-    with pytest.raises(ValueError, match=f"eval-episodes must be an integer from 0 to {MAX_EPISODES}, got {MAX_EPISODES + 1}"):
+    refusal = f"eval-episodes must be an integer from 0 to {MAX_EPISODES}, got {MAX_EPISODES + 1}"
+    with pytest.raises(ValueError, match=refusal):
         config_class(eval_episodes=MAX_EPISODES + 1)
     assert config_class(eval_episodes=0).eval_episodes == 0
     assert "eval_episodes" in config_class.RESUMABLE_FIELDS  # played after training: not what it computes
