@@ -437,7 +437,7 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     picked = None
     if config.precision.strip().lower() == "auto":  # the run records, and a resume compares, what auto picked
         config = dataclasses.replace(config, precision=config.train_precision().name)
-        picked = f"note: --precision auto picked {config.precision} (backend {jax.default_backend()})"
+        picked = f"note: precision auto picked {config.precision} (backend {jax.default_backend()})"
     precision = config.train_precision()
     notices = [cpu_precision_notice(precision, jax.default_backend()), output_dtype_notice(precision)]
 

@@ -218,7 +218,7 @@ def test_precision_auto_is_recorded_and_compared_as_what_it_picked(tmp_path, cap
     out = tmp_path / "run"
     assert main(["train", "ppo", *tiny_argv("ppo", precision="auto"), "--out", str(out)]) == 0
     picked = get_precision("auto").name  # fp32 on a CPU
-    assert f"note: --precision auto picked {picked} (backend " in capsys.readouterr().err
+    assert f"note: precision auto picked {picked} (backend " in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["precision"] == picked
     assert main(["train", "ppo", *tiny_argv("ppo", precision=picked), "--out", str(out), "--resume"]) == 0
     auto, own = PPOConfig(precision="auto"), PPOConfig(precision=picked)
