@@ -352,9 +352,12 @@ class Algorithm:
             if how.removesuffix(PER_SEED) not in REDUCTIONS:
                 raise TypeError(f"{cls.__name__}.metrics reduces {metric!r} by {how!r}; accepted: {REDUCTIONS}")
 
-    def __init__(self, config, grad_transform: Callable | None = None):
+    def __init__(self, config, grad_transform: Callable | None = None, recorded: bool = False):
         self.config = config
         self.grad_transform = grad_transform
+        # A run recorded earlier (`load`, a resume) is built as it ran: settings refused since for a
+        # new run, because they never changed what it computed, are taken as recorded.
+        self.recorded = recorded
         self.faults = config.faults(config.seed)
         # Every setting is checked before a file is touched, in one order for every algorithm:
         # the config's own fields (its constructor), then the devices, then the algorithm's setup.
@@ -363,8 +366,10 @@ class Algorithm:
             raise ValueError(f"underflow-telemetry is not measured by {self.name}; it is by ppo and world-model")
         self.setup()
         if self.spec is not None:  # imported here: gymnax's import starts JAX's backends, which parsing must not
-            from genesis_jax.envs.in_loop import in_loop_env
+            from genesis_jax.envs.in_loop import in_loop_env, refuse_unapplied_settings
 
+            if not recorded:
+                refuse_unapplied_settings(self.spec, config)
             self.env = in_loop_env(self.spec, config.num_envs, config.seed, config.vectorization, config.action_repeat)
 
     # -- what an algorithm fills in -----------------------------------------------------
@@ -669,7 +674,7 @@ class Algorithm:
         start_distributed(config)  # before anything touches a device
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
-        algo = cls(config, grad_transform)  # bad input fails here, before anything is written
+        algo = cls(config, grad_transform, recorded=bool(run_options.get("resume")))  # bad input fails here
         try:
             return algo._train(out_dir, checkpoint_every, run_options)
         finally:

@@ -214,7 +214,7 @@ def load(
             raise ValueError(
                 f"seed-index must be from 0 to {num_seeds - 1} (the run has {num_seeds}), got {seed_index}"
             )
-        algo = algorithm(config)  # the run's networks and environment, as its run built them
+        algo = algorithm(config, recorded=True)  # the run's networks and environment, as its run built them
         try:
             keys = algo.seed_keys()
             init = algo.init if num_seeds == 1 else (lambda keys: jax.lax.map(algo.init, keys))

@@ -39,7 +39,7 @@ class EpsilonGreedyFields:
     epsilon_end: float = 0.05
     """Exploration's epsilon from epsilon-fraction of the run to its end."""
     epsilon_fraction: float = 0.5
-    """The fraction of total-steps over which epsilon falls linearly from start to end."""
+    """The fraction of the run's environment steps (total-steps in whole rows) over which epsilon falls linearly."""
 
     FIELD_BOUNDS = {n: UNIT_INTERVAL for n in ("epsilon_start", "epsilon_end", "epsilon_fraction")}
     FIELD_BOUNDS |= {"total_steps": INT32_STEPS}  # QState.steps: past it, epsilon and learning-starts wrap
@@ -61,7 +61,7 @@ class EpsilonGreedyFields:
         return True
 
     def budget_schedules(self) -> list[str]:  # what follows total-steps (`run.config.budget_schedules`)
-        return ["epsilon's fall (epsilon-fraction of total-steps)"] if self.epsilon_follows_budget else []
+        return ["epsilon's fall (epsilon-fraction of the steps that run)"] if self.epsilon_follows_budget else []
 
     def epsilon(self, steps):
         """Epsilon after `steps` environment steps (one seed's): linear, then flat at epsilon-end."""
@@ -109,7 +109,8 @@ class EpsilonGreedy:
         check_network(network, spec.obs_shape)
         fields = {f.name: f.default for f in dataclasses.fields(c)}
         unused = [f for f in ("hidden", "activation") if f in fields and getattr(c, f) != fields[f]]
-        if network != "mlp" and not net.get("layer_norm") and unused:  # the torso alone feeds the Q head
+        # the torso alone feeds the Q head; a recorded run (`load`, a resume) is built as it ran
+        if network != "mlp" and not net.get("layer_norm") and unused and not self.recorded:
             them, shape = ("them", "shape") if len(unused) > 1 else ("it", "shapes")
             size = " (256 wide, 2 blocks)" if network == "resmlp" else ""
             raise ValueError(

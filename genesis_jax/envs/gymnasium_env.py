@@ -80,12 +80,17 @@ def atari_preprocessing(env, frame_stack: int = 4):
     return gym.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), channels_last)
 
 
+def is_atari(env_id: str) -> bool:
+    """Whether gymnasium's `env_id` is an Atari game (ale-py's: ALE/Pong-v5, PongNoFrameskip-v4, ...)."""
+    return str(getattr(gym.envs.registry.get(env_id), "entry_point", "")).startswith("ale_py")
+
+
 def make_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None, episode_stats: bool = False):
     """One environment, as `GymnasiumVecEnv` makes each of its copies. Atari games start from
     the raw frames (frameskip 1, no sticky actions, as the NoFrameskip-v4 ids) and get
     `atari_preprocessing`, whose frame skip replaces `action_repeat`. `episode_stats`: a
     `RecordEpisodeStatistics` innermost, whose `info["episode"]` is the game's own return."""
-    atari = str(getattr(gym.envs.registry.get(env_id), "entry_point", "")).startswith("ale_py")
+    atari = is_atari(env_id)
     raw = {"frameskip": 1, "repeat_action_probability": 0.0} if atari else {}
     env = gym.make(env_id, render_mode=render_mode, **raw)
     env = gym.wrappers.RecordEpisodeStatistics(env) if episode_stats else env

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, io_callback_step, is_atari
 from genesis_jax.envs.gymnax_env import GymnaxVecEnv
 from genesis_jax.envs.registry import resolve_env
 from genesis_jax.envs.spec import EnvSpec
@@ -59,8 +59,13 @@ def resolve_in_loop(config, algorithm: str, *, continuous: bool | None = None, i
         raise ValueError(  # they would be ignored: say so rather than run without them
             f"vectorization and action-repeat act on gymnasium environments; {config.env} runs on {spec.backend}"
         )
-    if config.env.startswith("ALE/") and config.action_repeat != 1:  # `make_env` would leave it out
+    return spec
+
+
+def refuse_unapplied_settings(spec: EnvSpec, config) -> None:
+    """Refuses, for a new run, a setting its environment would not apply while the run records
+    it: action-repeat for an Atari game, whose preprocessing skips 4 frames per action itself."""
+    if spec.backend == "gymnasium" and config.action_repeat != 1 and is_atari(spec.env_id):
         raise ValueError(
             f"{config.env} skips 4 frames per action itself (its Atari preprocessing): leave action-repeat at 1"
         )
-    return spec

@@ -154,6 +154,7 @@ def test_atari_frames_stay_uint8_in_the_buffer():
         (["--train-frequency", "15"], "train-frequency 15 must be a multiple of num-envs 10"),
         (["--env-backend", "gymnasium", "--num-seeds", "2"], "num-seeds 2 needs a JAX environment"),
         (["--env", "ALE/Pong-v5", "--action-repeat", "4"], "ALE/Pong-v5 skips 4 frames per action itself"),
+        (["--env", "PongNoFrameskip-v4", "--action-repeat", "2"], "PongNoFrameskip-v4 skips 4 frames per action"),
         (["--action-repeat", "4"], "action-repeat act on gymnasium environments; CartPole-v1 runs on gymnax"),
     ],
 )
@@ -207,3 +208,17 @@ def test_network_settings_the_torso_does_not_use_are_refused(tmp_path, capsys, a
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert words in line and line.endswith("or give network mlp")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(network="resmlp", hidden=(32, 32)), dict(env="ALE/Pong-v5", action_repeat=4, num_envs=1, train_frequency=1)],
+)
+def test_a_run_recorded_with_a_setting_refused_since_is_still_built_as_it_ran(settings):
+    # 0.4.1 recorded these without applying them: its runs still load (eval) and resume
+    from genesis_jax.algos.dqn.train import DQN
+
+    config = DQNConfig(**settings)
+    with pytest.raises(ValueError, match="leave"):
+        DQN(config)  # a new run
+    DQN(config, recorded=True).close()
