@@ -101,6 +101,17 @@ _ACCEPTED = (
 )
 
 
+def recorded_spelling(name):
+    """How runs record a precision: a name lower-cased ("FP16" as "fp16"), a jmp policy string
+    lower-cased without spaces, anything else as given (for its check to refuse)."""
+    if not isinstance(name, str):
+        return name
+    key = name.strip().lower()
+    if "=" in key:
+        return "".join(key.split())
+    return key if key in PRECISION_NAMES else name
+
+
 def check_precision(name: str, loss_scaling: str | None = None) -> str:
     """`get_precision`'s checks without asking JAX for its backend ('auto' stays unresolved),
     so a config can make them before JAX has started.
@@ -165,7 +176,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"precision must be a non-empty string, got {name!r}; accepted: {_ACCEPTED}")
-    key = name.strip().lower()
+    key = recorded_spelling(name)
     if key == "auto":
         key = "fp16" if jax.default_backend() == "gpu" else "fp32"
         logger.info("precision 'auto' chose %s on backend %s", key, jax.default_backend())
@@ -173,8 +184,7 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         policy = jmp.get_policy(_NAMED_POLICIES[key])
         if key == "fp16-full":
             _warn_fp16_full()
-    elif "=" in key:
-        key = "".join(key.split())  # "params=float32, compute=float16": spaces say nothing in a policy string
+    elif "=" in key:  # "params=float32, compute=float16": spaces say nothing in a policy string
         try:
             policy = jmp.get_policy(key)
         except (ValueError, KeyError, TypeError) as err:

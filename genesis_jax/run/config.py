@@ -20,7 +20,7 @@ import optax
 from genesis_jax.amp._checks import refuse_unless
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import INT32_MAX, check_loss_scale_args
-from genesis_jax.amp.policy import PRECISION_NAMES, Precision, check_precision, get_precision
+from genesis_jax.amp.policy import Precision, check_precision, get_precision, recorded_spelling
 from genesis_jax.amp.state import TrainState
 from genesis_jax.amp.testing import FaultInjection
 
@@ -283,8 +283,7 @@ class MixedPrecisionConfig:
     def __post_init__(self):
         check_fields(self)  # every field's type and range, the subclass's too, before anything else
         name = "fp32" if self.precision is None else self.precision
-        key = name.strip().lower() if isinstance(name, str) else name  # "FP16" as "fp16": resumes compare it
-        object.__setattr__(self, "precision", key if key in PRECISION_NAMES else name)
+        object.__setattr__(self, "precision", recorded_spelling(name))  # "FP16" as "fp16": resumes compare it
         # Fail now on an unknown name or bad scaler, guard or fault settings; without touching
         # a device, which would start JAX before the CLI joins other processes.
         scaling = check_precision(self.precision, self.loss_scaling)

@@ -40,7 +40,7 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
     `config.RESUMABLE_FIELDS`, and of the run's `inputs` (a dataset's identity) against those
     it recorded (`meta["inputs"]`), each named as its command-line flag ("num-envs: 4 -> 8");
     refused (one sentence listing them) unless `allow`."""
-    from genesis_jax.amp.policy import PRECISION_NAMES, get_precision
+    from genesis_jax.amp.policy import get_precision, recorded_spelling
     from genesis_jax.run.checkpoint import CheckpointMismatchError
 
     # A field the checkpoint's version did not have yet is compared as its default: how that version ran;
@@ -50,11 +50,9 @@ def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = 
     saved = {**defaults, **(inputs or {}), **meta.get("config", {}), **meta.get("inputs", {})}
     settings = config.to_dict()
     for values in (saved, settings):  # 'auto' as what it picks here (the CLI records the pick; a run may hold 'auto')
-        name = str(values.get("precision")).strip().lower()
-        if name == "auto":
-            values["precision"] = get_precision("auto").name
-        elif name in PRECISION_NAMES:  # a run before names were kept as names may hold 'FP16'
-            values["precision"] = name
+        if "precision" in values:  # a run before names were kept as names may hold 'FP16'
+            name = recorded_spelling(values["precision"])
+            values["precision"] = get_precision("auto").name if name == "auto" else name
     current = {**settings, **(inputs or {})}
     names = sorted((set(saved) | set(current)) - set(config.RESUMABLE_FIELDS))
     # JSON turned the saved tuples into lists: compare both as JSON values.

@@ -41,11 +41,13 @@ def test_a_bad_argument_is_refused_in_one_sentence_naming_it(explicit, environ, 
 
 
 @pytest.mark.parametrize(
-    "given, kept", [(" FP16 ", "fp16"), ("Auto", "auto"), ("p=f32,c=f16,o=f32", "p=f32,c=f16,o=f32")]
+    "given, kept",
+    [(" FP16 ", "fp16"), ("Auto", "auto"), ("p=f32,c=f16,o=f32", "p=f32,c=f16,o=f32"), ("P=F32, C=F16", "p=f32,c=f16")],
 )
 def test_a_config_keeps_a_named_precision_as_its_name(given, kept):
     """ "FP16" was kept as written: its run recorded it so, and a resume with "fp16" was refused as
-    another precision. A jmp policy string stays as given."""
+    another precision. A jmp policy string is kept lower-cased without spaces (a resume with the
+    summary's spelling of a spaced string was refused)."""
     from genesis_jax.algos.ppo import PPOConfig
 
     assert PPOConfig(precision=given).precision == kept
