@@ -31,7 +31,7 @@ class DQNFields(EpsilonGreedyFields, ReplayFields, ActingFields):
     """Target update: target <- tau * online + (1 - tau) * target. 1: a copy (periodic); < 1: Polyak."""
     epsilon_steps: int | None = None
     """Deprecated (0.3's fixed schedule; goes in 0.5): environment steps over which epsilon falls,
-    whatever total-steps is. None: epsilon-fraction of total-steps."""
+    whatever total-steps is. None: epsilon-fraction of the steps that run."""
     double_q: bool = True
     """Double DQN: the online network picks the next action, the target network values it."""
     huber_delta: float | None = None
@@ -94,10 +94,11 @@ class DQNConfig(DQNFields, Config):
                     f"epsilon-steps {self.epsilon_steps} and epsilon-fraction {self.epsilon_fraction} (given, or a "
                     "preset's) both set epsilon's schedule: give epsilon-fraction alone (epsilon-steps is deprecated)"
                 )
-            share = self.epsilon_steps / self.total_steps
+            share = self.epsilon_steps / self.steps_run
             same = f"epsilon-fraction {share:.6g} is the same schedule" if share <= 1 else _NEVER
-            text = "epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of total-steps over"
-            warnings.warn(f"{text} which epsilon falls ({same})", FutureWarning, stacklevel=5)
+            text = "epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of the run"
+            text += f" (its steps in whole rows) over which epsilon falls ({same})"
+            warnings.warn(text, FutureWarning, stacklevel=5)
 
     @property
     def steps_run(self) -> int:
@@ -111,7 +112,7 @@ class DQNConfig(DQNFields, Config):
     @property
     def epsilon_horizon(self) -> float:
         """Environment steps over which epsilon falls: epsilon-steps where given (deprecated), else
-        epsilon-fraction of total-steps."""
+        epsilon-fraction of the steps that run."""
         return super().epsilon_horizon if self.epsilon_steps is None else float(self.epsilon_steps)
 
     def check_resume(self, saved: dict) -> None:
@@ -133,7 +134,7 @@ class DQNConfig(DQNFields, Config):
             raise ValueError(
                 f"this run's epsilon falls over its first {round(saved_steps)} environment steps, these settings "
                 f"over {round(self.epsilon_horizon)}: resume with --epsilon-steps {round(saved_steps)} to keep that "
-                f"schedule (or --epsilon-fraction {saved_steps / self.total_steps:.6g} --allow-config-change)"
+                f"schedule (or --epsilon-fraction {saved_steps / self.steps_run:.6g} --allow-config-change)"
             )
 
 
