@@ -218,8 +218,8 @@ class MixedPrecisionConfig:
     set up. Each field's text below is also its `--help` line."""
 
     precision: str | None = None
-    """fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string. Default on the command
-    line: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32."""
+    """fp32 | bf16 | fp16 | fp16-full | auto | a jmp policy string (None: fp32). Default on the
+    command line: $GENESIS_PRECISION, else $ENABLE_FP16_TRAINING, else fp32."""
     loss_scaling: Literal["dynamic", "static", "none"] | None = None
     """None: the precision's own (dynamic for fp16, none for fp32 and bf16)."""
     init_loss_scale: float = 2.0**16  # PyTorch GradScaler's defaults
