@@ -7,6 +7,7 @@ annotations, and a `check` per class for the relations between its fields."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 import re
@@ -279,6 +280,13 @@ class MixedPrecisionConfig:
         "underflow_telemetry",
     )
     RESUMABLE_FIELDS = RESUMABLE  # a subclass's: every class's `RESUMABLE` (`__init_subclass__`)
+
+    def __new__(cls, *args, **fields):  # before the dataclass's __init__, whose TypeError names no near field
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        for name in sorted(set(fields) - set(names)):
+            near = difflib.get_close_matches(name, names, 1)
+            raise TypeError(f"{cls.__name__} has no field {name!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+        return super().__new__(cls)
 
     def __post_init__(self):
         check_fields(self)  # every field's type and range, the subclass's too, before anything else

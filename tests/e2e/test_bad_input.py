@@ -389,3 +389,17 @@ def test_an_integer_field_given_another_type_is_said_to_take_an_integer(value):
 
     with pytest.raises(ValueError, match=f"learning-starts must be an integer >= 0, got {value!r}"):
         DQNConfig(learning_starts=value)  # "must be >= 0, got 10000.0" named the wrong fault
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "dqn", "sac", "pqn", "world-model"])
+def test_a_mistyped_config_field_in_python_names_the_field_it_resembles(algorithm):
+    # the dataclass's own TypeError named the typo alone; the CLI already suggested the flag
+    from genesis_jax.algos import get_algorithm
+
+    config_class = get_algorithm(algorithm).config_class
+    with pytest.raises(
+        TypeError, match=rf"^{config_class.__name__} has no field 'precison'; did you mean 'precision'\?"
+    ):
+        config_class(precison="fp16")
+    with pytest.raises(TypeError, match=rf"^{config_class.__name__} has no field 'no_such_setting'$"):
+        config_class(no_such_setting=1)
