@@ -142,11 +142,11 @@ class Config(MixedPrecisionConfig, ParallelConfig):
     RENAMED = {}
 
     def __post_init__(self):
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for old, new in self.RENAMED.items():  # the old spellings, read for a release
             if getattr(self, old) is not None:
                 flag, new_flag = old.replace("_", "-"), new.replace("_", "-")
-                if getattr(self, new) not in (defaults[new], getattr(self, old)):  # one would be dropped unsaid
+                # today's spelling given too (not its default, the class's): one would be dropped unsaid
+                if getattr(self, new) not in (getattr(type(self), new), getattr(self, old)):
                     raise ValueError(
                         f"{flag} {getattr(self, old)} and {new_flag} {getattr(self, new)} (given, or a preset's) "
                         f"both set {new_flag}: give {new_flag} alone ({flag} is deprecated)"

@@ -107,8 +107,7 @@ class EpsilonGreedy:
         self.spec = spec = resolve_in_loop(c, self.name, continuous=False, instead="sac")
         network = c.network or default_network(spec.obs_shape)
         check_network(network, spec.obs_shape)
-        fields = {f.name: f.default for f in dataclasses.fields(c)}
-        unused = [f for f in ("hidden", "activation") if f in fields and getattr(c, f) != fields[f]]
+        unused = [f for f in ("hidden", "activation") if hasattr(c, f) and getattr(c, f) != getattr(type(c), f)]
         # the torso alone feeds the Q head; a recorded run (`load`, a resume) is built as it ran
         if network != "mlp" and not net.get("layer_norm") and unused and not self.recorded:
             them, shape = ("them", "shape") if len(unused) > 1 else ("it", "shapes")

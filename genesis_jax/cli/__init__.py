@@ -435,7 +435,7 @@ def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
     algorithm = get_algorithm(workload)
     config = train_config(workload, parts)  # a multi-process run: `_run` joined the others before this
     picked = None
-    if config.precision.strip().lower() == "auto":  # the run records, and a resume compares, what auto picked
+    if config.precision == "auto":  # the run records, and a resume compares, what auto picked
         config = dataclasses.replace(config, precision=config.train_precision().name)
         picked = f"note: precision auto picked {config.precision} (backend {jax.default_backend()})"
     precision = config.train_precision()

@@ -217,7 +217,6 @@ class Session:
         self.wall_start = time.perf_counter()
         self._last_save = 0
         self._saved = False  # whether this session saved a checkpoint
-        self._stopped_untouched = False  # stopped by a signal before its first row (`finish`)
         self._signals: StopSignals | None = None
         self._waiting = False  # a chunk is being waited for (`_fetched`)
         self.previous_summary: dict = {}  # on resume: the summary.json found in the directory
@@ -289,6 +288,11 @@ class Session:
     @property
     def path(self):
         return None if self.run_dir is None else self.run_dir.path
+
+    @property
+    def _stopped_untouched(self) -> bool:
+        """Stopped by a signal before its first row: nothing new to save, the directory as it was."""
+        return self.stopped not in (None, "diverged") and not self.rows_run
 
     position = renamed_attribute("session", "position", "rows_done")  # the rows run so far
     checkpoint_key = renamed_attribute("session", "checkpoint_key", "row_key")  # the meta's row field, always `row_key`
@@ -553,8 +557,7 @@ class Session:
         summary = {**summary, "stopped": self.stopped, "config_changes": self.config_changes}
         if self.unverified_checkpoint is not None:
             summary["unverified_checkpoint"] = self.unverified_checkpoint
-        untouched = self.stopped not in (None, "diverged") and not self.rows_run
-        self._stopped_untouched = untouched
+        untouched = self._stopped_untouched
         config = summary_config(self.config) if self.config is not None else {}
         if self.run_dir is not None and self.primary and not untouched:
             self._summary = summary
