@@ -249,6 +249,8 @@ def metric_columns(metrics: dict, declared: dict, num_seeds: int, seconds: float
         if key.endswith("_per_seed"):  # each seed's own, cast as its metric is
             reduction, seeds = how_of(key.removesuffix("_per_seed")).removesuffix(PER_SEED), True
         cast = _CASTS[reduction]
+        if values.dtype == np.float32 and reduction in ("mean", "nanmean"):  # 0.05, not 0.05000000074505806
+            cast = lambda v, cast=cast: cast(float(str(np.float32(v))))  # noqa: E731  (float32's shortest digits)
         with np.errstate(invalid="ignore", divide="ignore"):
             if reduction == "nanmean":
                 have = ~np.isnan(values)

@@ -66,7 +66,7 @@ class EpsilonGreedyFields:
     def epsilon(self, steps):
         """Epsilon after `steps` environment steps (one seed's): linear, then flat at epsilon-end."""
         fall = jnp.minimum(steps / self.epsilon_horizon, 1.0)
-        return self.epsilon_start + fall * (self.epsilon_end - self.epsilon_start)
+        return (1.0 - fall) * self.epsilon_start + fall * self.epsilon_end  # exactly the start at 0, the end at 1
 
 
 def epsilon_greedy(explore_key, random_key, q_values, epsilon):

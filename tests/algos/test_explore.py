@@ -53,6 +53,14 @@ def test_a_fall_over_the_whole_run_ends_at_its_last_step_where_total_steps_is_no
 
 
 @pytest.mark.parametrize("algo", ["dqn", "pqn"])
+def test_epsilon_once_fallen_is_its_end_exactly_and_its_start_at_zero(algo):
+    # start + 1 * (end - start) in float32 was 0.050000012, which the rows wrote for epsilon-end 0.05
+    config = cli_config(algo, "--total-steps", "50000", "--epsilon-end", "0.05", "--epsilon-start", "0.9")
+    assert config.epsilon(jnp.int32(50_000)) == jnp.float32(0.05)
+    assert config.epsilon(jnp.int32(0)) == jnp.float32(0.9)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "pqn"])
 def test_the_fraction_given_sets_the_fall(algo):
     config = cli_config(algo, "--total-steps", "100000", "--epsilon-fraction", "0.8", "--epsilon-end", "0.1")
     fall = 0.8 * run_steps(config)  # DQN runs all 100,000 steps, PQN 98,304 (48 rollouts of 2,048)

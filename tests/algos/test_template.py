@@ -111,6 +111,15 @@ def test_each_metric_is_reduced_over_seeds_as_declared():
     assert not [k for k in one if k.endswith("_per_seed")]  # a 1-seed run's rows have no per-seed columns
 
 
+def test_a_float32_metric_is_written_with_float32s_own_digits_not_float64s():
+    # float(np.float32(0.05)) is 0.05000000074505806: a row said so, and `rows.epsilon == 0.05` found nothing
+    metrics = {"epsilon": np.float32([[0.05, 0.3]]), "recent_return": np.float32([[np.nan, 1 / 3]])}
+    columns = metric_columns(metrics, {"recent_return": "nanmean"}, num_seeds=1)
+    assert columns["epsilon"] == [0.05, 0.3] and columns["recent_return"] == [None, 0.33333334]
+    two = metric_columns({"epsilon": np.float32([[0.05], [0.25]])}, {}, num_seeds=2)
+    assert two["epsilon"] == [0.15]  # the seeds' mean, in float32's digits too
+
+
 def test_a_reduction_not_known_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="reduces 'loss' by 'median'"):
         type("Bad", (Toy,), {"metrics": {"loss": "median"}})
