@@ -124,6 +124,7 @@ class WandbWriter:
         name: str | None = None,
     ):
         try:
+            import pydantic  # wandb's settings are pydantic's
             import wandb
         except ImportError as err:
             raise ImportError("--wandb needs wandb: pip install 'genesis-jax[wandb]'") from err
@@ -146,6 +147,10 @@ class WandbWriter:
             raise ValueError(
                 f"--wandb could not start a W&B run: {first_line(err)} (or set WANDB_MODE=offline to log locally)"
             ) from None
+        except pydantic.ValidationError as err:  # a bad WANDB_ setting (WANDB_MODE=ofline): pydantic's 4 lines
+            bad = err.errors()[0]
+            setting = f"WANDB_{'_'.join(map(str, bad['loc'])).upper()}"
+            raise ValueError(f"--wandb could not start a W&B run: {setting}={bad['input']!r}: {bad['msg']}") from None
         if run_id is None:
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self._run.id)

@@ -211,6 +211,17 @@ def test_a_weights_and_biases_error_of_any_text_is_one_sentence(tmp_path, monkey
     assert str(err.value) == f"--wandb could not start a W&B run: {quoted} (or set WANDB_MODE=offline to log locally)"
 
 
+def test_a_weights_and_biases_setting_it_refuses_is_named_in_one_sentence(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    # WANDB_MODE=ofline: wandb.init raised pydantic's 4-line ValidationError, quoted whole (its settings are
+    # read once a process, so the test raises the error they raise, not through the environment)
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: wandb.Settings(mode="ofline"))
+    with pytest.raises(ValueError) as err:
+        WandbWriter(tmp_path, "update")
+    (line,) = str(err.value).splitlines()
+    assert line.startswith("--wandb could not start a W&B run: WANDB_MODE='ofline': Input should be 'online', 'offline'")
+
+
 @pytest.mark.parametrize("flag", ["--resume", "--overwrite", "--checkpoint-every 2"])
 def test_what_only_a_run_directory_does_is_refused_without_one(flag, capsys):
     # --checkpoint-every and --overwrite without --out once ran, exit 0, and saved nothing
