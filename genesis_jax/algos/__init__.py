@@ -33,7 +33,11 @@ def get_algorithm(name: str):
 
 @functools.cache
 def _load(name: str, module: str):
-    algorithm = importlib.import_module(module).ALGORITHM
+    algorithm = getattr(importlib.import_module(module), "ALGORITHM", None)
+    if not isinstance(algorithm, type):  # an AttributeError said nothing of what the template reads
+        raise TypeError(
+            f"algorithm {name!r}: module {module} must name its class: ALGORITHM = <its Algorithm subclass>"
+        )
     check_declarations(name, algorithm)
     return algorithm
 
@@ -42,8 +46,20 @@ def check_declarations(name: str, algorithm) -> None:
     """What the template and the tools around it read from an algorithm's class, checked once
     when it is first loaded: a TypeError naming the declaration that is wrong."""
 
+    from genesis_jax.algos.base import Algorithm  # here: the CLI imports this module without JAX
+
     def fail(what: str):
         raise TypeError(f"algorithm {name!r} ({algorithm.__module__}.{algorithm.__name__}): {what}")
+
+    if not issubclass(algorithm, Algorithm):
+        fail("it must subclass genesis_jax.algos.base.Algorithm")
+    # The template's own raise NotImplementedError, with no message, once the run is compiling.
+    for hook, signature in (
+        ("init", "init(self, key) -> state"),
+        ("update", "update(self, state, data) -> (state, metrics)"),
+    ):
+        if getattr(algorithm, hook) is getattr(Algorithm, hook):
+            fail(f"fill in `{signature}`")
 
     if getattr(algorithm, "name", None) != name:
         fail(f"its `name` must be the registry's {name!r}, got {getattr(algorithm, 'name', None)!r}")
@@ -63,3 +79,12 @@ def check_declarations(name: str, algorithm) -> None:
             fail(f"{what} sets {unknown[0]!r}, which is not a field of {config_class.__name__}")
     if algorithm.budget_field not in known:
         fail(f"`budget_field` {algorithm.budget_field!r} is not a field of {config_class.__name__}")
+    # Built now, not when a run starts: a default its annotation refuses (`lr: int = 0.8`) or a bad preset value.
+    for what, given, fix in [
+        ("its default config", {}, "that field's default or annotation"),
+        ("`presets.tiny`", presets.tiny, "the preset"),
+    ]:
+        try:
+            config_class(**given)
+        except (TypeError, ValueError) as err:
+            fail(f"{what} is refused ({err}): fix {fix}")
