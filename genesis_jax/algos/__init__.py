@@ -1,7 +1,8 @@
 """The algorithms, each on the template of `genesis_jax.algos.base`.
 
 `REGISTRY` maps a `genesis-jax train NAME` subcommand to the module whose `ALGORITHM` is
-the `Algorithm` subclass: registering a new algorithm is one line here. Everything else
+the `Algorithm` subclass: registering a new algorithm is one line here (another package's:
+an entry point of the group `genesis_jax.algorithms`, or `register`). Everything else
 (the CLI command, bench workloads, study tasks, the API reference page, the generic tests,
 the import contract that keeps algorithms apart) is derived from it. Modules load on first
 use, so the CLI starts without importing every algorithm.
@@ -10,6 +11,7 @@ use, so the CLI starts without importing every algorithm.
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 
 # name: the `genesis-jax train` help line; its module: genesis_jax.algos.<name, "_" for "-">.train
 _HELP = {
@@ -22,6 +24,32 @@ _HELP = {
 }
 # name: (module, help line)
 REGISTRY = {name: (f"genesis_jax.algos.{name.replace('-', '_')}.train", text) for name, text in _HELP.items()}
+PLUGINS = "genesis_jax.algorithms"  # the entry-point group of algorithms other packages register
+
+
+def register(name: str, module: str, help: str) -> None:
+    """Registers the algorithm of `module` (its `ALGORITHM`) as `name`, from another package:
+    a name another module holds is refused (a dict entry would replace ppo silently)."""
+    held = REGISTRY.get(name, (module,))[0]
+    if held != module:
+        raise ValueError(f"algorithm name {name!r} is taken by {held}: give {module}'s algorithm another name")
+    REGISTRY[name] = (module, help)
+
+
+def _register_plugins(entry_points) -> None:
+    """The algorithms installed packages declare (`[project.entry-points."genesis_jax.algorithms"]`,
+    `NAME = "module"`): `genesis-jax train NAME` without editing this file. One that clashes
+    is left out with a warning, so that a bad plugin never stops the other commands."""
+    import warnings
+
+    for point in entry_points:
+        try:
+            register(point.name, point.value, f"{point.value} (installed)")
+        except ValueError as err:
+            warnings.warn(f"{PLUGINS} entry point left out: {err}", stacklevel=2)
+
+
+_register_plugins(importlib.metadata.entry_points(group=PLUGINS))
 
 
 def get_algorithm(name: str):

@@ -183,3 +183,18 @@ def test_metrics_the_rows_cannot_hold_are_refused_before_the_run(declared, retur
     with pytest.raises(TypeError, match=re.escape(words)):
         Bad.train(ToyConfig(total_steps=4), str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_another_package_registers_by_entry_point_and_a_taken_name_is_refused(monkeypatch):
+    # The docs' registry line meant editing this package; an installed package's entry point registers instead.
+    from importlib.metadata import EntryPoint
+
+    monkeypatch.setattr(algos, "REGISTRY", dict(REGISTRY))
+    points = [EntryPoint(name, "tests.algos.toy_algorithm", algos.PLUGINS) for name in ("toy", "ppo")]
+    with pytest.warns(UserWarning, match="'ppo' is taken by genesis_jax.algos.ppo.train: give tests.algos.toy_al"):
+        algos._register_plugins(points)
+    assert algos.REGISTRY["toy"][0] == "tests.algos.toy_algorithm" and algos.get_algorithm("toy") is Toy
+    assert algos.REGISTRY["ppo"] == REGISTRY["ppo"]  # the built-in stays
+    algos.register("toy", "tests.algos.toy_algorithm", "again")  # the same module twice: harmless
+    with pytest.raises(ValueError, match="^algorithm name 'ppo' is taken by genesis_jax.algos.ppo.train: give"):
+        algos.register("ppo", "my_package.toy", "a toy")
