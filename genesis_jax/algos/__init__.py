@@ -1,7 +1,8 @@
 """The algorithms, each on the template of `genesis_jax.algos.base`.
 
 `REGISTRY` maps a `genesis-jax train NAME` subcommand to the module whose `ALGORITHM` is
-the `Algorithm` subclass: registering a new algorithm is one line here. Everything else
+the `Algorithm` subclass: registering a new algorithm is one line here (another package's:
+an entry point of the group `genesis_jax.algorithms`, or `register`). Everything else
 (the CLI command, bench workloads, study tasks, the API reference page, the generic tests,
 the import contract that keeps algorithms apart) is derived from it. Modules load on first
 use, so the CLI starts without importing every algorithm.
@@ -10,6 +11,7 @@ use, so the CLI starts without importing every algorithm.
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 
 # name: the `genesis-jax train` help line; its module: genesis_jax.algos.<name, "_" for "-">.train
 _HELP = {
@@ -22,6 +24,32 @@ _HELP = {
 }
 # name: (module, help line)
 REGISTRY = {name: (f"genesis_jax.algos.{name.replace('-', '_')}.train", text) for name, text in _HELP.items()}
+PLUGINS = "genesis_jax.algorithms"  # the entry-point group of algorithms other packages register
+
+
+def register(name: str, module: str, help: str) -> None:
+    """Registers the algorithm of `module` (its `ALGORITHM`) as `name`, from another package:
+    a name another module holds is refused (a dict entry would replace ppo silently)."""
+    held = REGISTRY.get(name, (module,))[0]
+    if held != module:
+        raise ValueError(f"algorithm name {name!r} is taken by {held}: give {module}'s algorithm another name")
+    REGISTRY[name] = (module, help)
+
+
+def _register_plugins(entry_points) -> None:
+    """The algorithms installed packages declare (`[project.entry-points."genesis_jax.algorithms"]`,
+    `NAME = "module"`): `genesis-jax train NAME` without editing this file. One that clashes
+    is left out with a warning, so that a bad plugin never stops the other commands."""
+    import warnings
+
+    for point in entry_points:
+        try:
+            register(point.name, point.value, f"{point.value} (installed)")
+        except ValueError as err:
+            warnings.warn(f"{PLUGINS} entry point left out: {err}", stacklevel=2)
+
+
+_register_plugins(importlib.metadata.entry_points(group=PLUGINS))
 
 
 def get_algorithm(name: str):
@@ -33,7 +61,11 @@ def get_algorithm(name: str):
 
 @functools.cache
 def _load(name: str, module: str):
-    algorithm = importlib.import_module(module).ALGORITHM
+    algorithm = getattr(importlib.import_module(module), "ALGORITHM", None)
+    if not isinstance(algorithm, type):  # an AttributeError said nothing of what the template reads
+        raise TypeError(
+            f"algorithm {name!r}: module {module} must name its class: ALGORITHM = <its Algorithm subclass>"
+        )
     check_declarations(name, algorithm)
     return algorithm
 
@@ -42,8 +74,20 @@ def check_declarations(name: str, algorithm) -> None:
     """What the template and the tools around it read from an algorithm's class, checked once
     when it is first loaded: a TypeError naming the declaration that is wrong."""
 
+    from genesis_jax.algos.base import Algorithm  # here: the CLI imports this module without JAX
+
     def fail(what: str):
         raise TypeError(f"algorithm {name!r} ({algorithm.__module__}.{algorithm.__name__}): {what}")
+
+    if not issubclass(algorithm, Algorithm):
+        fail("it must subclass genesis_jax.algos.base.Algorithm")
+    # The template's own raise NotImplementedError, with no message, once the run is compiling.
+    for hook, signature in (
+        ("init", "init(self, key) -> state"),
+        ("update", "update(self, state, data) -> (state, metrics)"),
+    ):
+        if getattr(algorithm, hook) is getattr(Algorithm, hook):
+            fail(f"fill in `{signature}`")
 
     if getattr(algorithm, "name", None) != name:
         fail(f"its `name` must be the registry's {name!r}, got {getattr(algorithm, 'name', None)!r}")
@@ -63,3 +107,12 @@ def check_declarations(name: str, algorithm) -> None:
             fail(f"{what} sets {unknown[0]!r}, which is not a field of {config_class.__name__}")
     if algorithm.budget_field not in known:
         fail(f"`budget_field` {algorithm.budget_field!r} is not a field of {config_class.__name__}")
+    # Built now, not when a run starts: a default its annotation refuses (`lr: int = 0.8`) or a bad preset value.
+    for what, given, fix in [
+        ("its default config", {}, "that field's default or annotation"),
+        ("`presets.tiny`", presets.tiny, "the preset"),
+    ]:
+        try:
+            config_class(**given)
+        except (TypeError, ValueError) as err:
+            fail(f"{what} is refused ({err}): fix {fix}")

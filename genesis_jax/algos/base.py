@@ -533,6 +533,7 @@ class Algorithm:
 
         def update(state, data):
             new, metrics = self.update(state, data)
+            self.check_metrics(metrics)
             before, after = self.optimizer_states(state), self.optimizer_states(new)
             return new, {
                 **metrics,
@@ -556,6 +557,28 @@ class Algorithm:
         if mesh is not None:
             out["out_shardings"] = (self.shardings(jax.eval_shape(lambda: state), mesh), replicated(mesh))
         return jax.jit(chunk, donate_argnums=0, **out).lower(state, self.data)
+
+    def check_metrics(self, metrics) -> None:
+        """Refuses, as `update` is traced (before the run starts), metrics the rows cannot be made
+        of: not a dict of numbers, a declared metric never returned (a typo would leave the real
+        one averaged), or `episodes` without `return_sum`. These failed deep in JAX, or after the
+        first chunk had run."""
+        where = f"{type(self).__name__}.update"
+        if not isinstance(metrics, dict):
+            raise TypeError(
+                f"{where} must return (state, metrics), metrics a dict of scalars; got {type(metrics).__name__}"
+            )
+        for key, value in metrics.items():
+            if jnp.shape(value) != ():
+                raise TypeError(f"{where}'s metric {key!r} has shape {jnp.shape(value)}: reduce it to one number a row")
+        # "underflow" is measured only where asked (`underflow-telemetry`)
+        needed = [k for k in self.metrics if k != "underflow"]
+        needed += ["return_sum"] if self.metrics.get("episodes", "").startswith("episodes") else []
+        for key in needed:
+            if key not in metrics:
+                raise TypeError(
+                    f"{where} returns no metric {key!r}, which `metrics` declares: return it, or fix the name"
+                )
 
     def initial_state(self):
         """The initial state, from one compiled program (a Flax init run eagerly compiles

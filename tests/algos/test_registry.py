@@ -24,7 +24,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, check_declarations, get_algorithm
-from genesis_jax.algos.base import MEASURED, Presets, StudyTask, chunk_size
+from genesis_jax.algos.base import MEASURED, Algorithm, Presets, StudyTask, chunk_size
 from genesis_jax.cli import main
 from genesis_jax.run.session import Session
 from tests.support import torture
@@ -60,10 +60,18 @@ def test_a_wrong_declaration_is_refused_when_registered():
         ({"presets": Presets(tiny={"hidden": (8,)}, study={"t": StudyTask({"no_such": 1}, 8, None, "")})}, "'no_such'"),
         ({"budget_field": "epochs"}, "`budget_field` 'epochs'"),
         ({"config_class": dict}, "`config_class` must be a dataclass"),
+        ({"update": Algorithm.update}, "fill in `update(self, state, data) -> (state, metrics)`"),
+        ({"init": Algorithm.init}, "fill in `init(self, key) -> state`"),
+        ({"presets": Presets(tiny={"hidden": (0,)})}, "`presets.tiny` is refused (hidden must be"),
     ]:
         broken = type("Broken", (toy,), change)
         with pytest.raises(TypeError, match=re.escape(words)):
             check_declarations("ppo", broken)
+    bad_default = dataclasses.make_dataclass("Bad", [("lr", int, 0.8)], bases=(toy.config_class,), frozen=True)
+    with pytest.raises(TypeError, match=re.escape("its default config is refused (lr must be an integer")):
+        check_declarations("ppo", type("Broken", (toy,), {"config_class": bad_default}))
+    with pytest.raises(TypeError, match=re.escape("module json must name its class: ALGORITHM = ")):
+        algos._load("ppo", "json")  # a module that forgot its ALGORITHM line
     with pytest.raises(TypeError, match=re.escape("Broken.presets must be a `Presets`, got dict")):
         type("Broken", (toy,), {"presets": {"tiny": {"hidden": (8,)}}})  # refused as the class is made
 

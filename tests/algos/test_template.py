@@ -2,9 +2,11 @@
 its config) the CLI, the Session, checkpoints and resume, seeds under vmap and bench rows."""
 
 import json
+import re
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -167,3 +169,41 @@ def test_train_from_a_dict_of_settings_is_refused_naming_the_config_class(name, 
     with pytest.raises(TypeError, match=f"^{name} trains from a {kind}, got a dict: pass {kind}\\(\\*\\*settings\\)$"):
         algorithm.train({"total_steps": 64}, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "declared, returned, words",
+    [
+        ({}, lambda m: m["loss"], "Bad.update must return (state, metrics), metrics a dict of scalars"),
+        ({}, lambda m: {"loss": jnp.stack([m["loss"]] * 2)}, "Bad.update's metric 'loss' has shape (2,)"),
+        ({"losss": "sum"}, lambda m: m, "Bad.update returns no metric 'losss', which `metrics` declares"),
+        ({"episodes": "episodes"}, lambda m: {**m, "episodes": 0}, "returns no metric 'return_sum'"),
+    ],
+)
+def test_metrics_the_rows_cannot_hold_are_refused_before_the_run(declared, returned, words, tmp_path):
+    # These failed deep in JAX's tracing, after the first chunk (a KeyError), or not at all (a typo averaged).
+    class Bad(Toy):
+        metrics = declared
+
+        def update(self, state, data):
+            state, metrics = super().update(state, data)
+            return state, returned(metrics)
+
+    with pytest.raises(TypeError, match=re.escape(words)):
+        Bad.train(ToyConfig(total_steps=4), str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_another_package_registers_by_entry_point_and_a_taken_name_is_refused(monkeypatch):
+    # The docs' registry line meant editing this package; an installed package's entry point registers instead.
+    from importlib.metadata import EntryPoint
+
+    monkeypatch.setattr(algos, "REGISTRY", dict(REGISTRY))
+    points = [EntryPoint(name, "tests.algos.toy_algorithm", algos.PLUGINS) for name in ("toy", "ppo")]
+    with pytest.warns(UserWarning, match="'ppo' is taken by genesis_jax.algos.ppo.train: give tests.algos.toy_al"):
+        algos._register_plugins(points)
+    assert algos.REGISTRY["toy"][0] == "tests.algos.toy_algorithm" and algos.get_algorithm("toy") is Toy
+    assert algos.REGISTRY["ppo"] == REGISTRY["ppo"]  # the built-in stays
+    algos.register("toy", "tests.algos.toy_algorithm", "again")  # the same module twice: harmless
+    with pytest.raises(ValueError, match="^algorithm name 'ppo' is taken by genesis_jax.algos.ppo.train: give"):
+        algos.register("ppo", "my_package.toy", "a toy")

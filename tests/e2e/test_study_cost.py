@@ -77,6 +77,26 @@ def test_dry_run_prints_cells_seeds_steps_and_an_estimate_and_writes_nothing(tmp
     assert lines[-1] == "--dry-run: nothing trained, nothing written"
 
 
+def test_a_task_with_no_measured_figure_is_listed_and_planned_unestimated(tmp_path, capsys, monkeypatch):
+    # A task an algorithm registered outside the package brings (`Presets.study`) has no figure in
+    # COSTS: `study --help` and the estimate once failed on it with a KeyError.
+    monkeypatch.setitem(TASKS, "mine:CartPole-v1", TASKS["CartPole-v1"])
+    assert main(["study", "--help"]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if "mine:" in line]
+    assert row == ["mine:CartPole-v1", "ppo", "500000", "steps", "-", "-"]
+    out = tmp_path / "study"
+    argv = ["study", "--out", str(out), "--tasks", "mine:CartPole-v1", "--precisions", "fp32,fp16", "--dry-run"]
+    assert main([*argv, "--num-seeds", "2", "--total-steps", "4096", "--no-cost"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (
+        "  mine:CartPole-v1: 2 cells x 2 seeds x 4096 steps: not estimated "
+        "(no measured figure for mine:CartPole-v1; --plan measures one here)"
+    )
+    assert lines[3].startswith(
+        f"estimated wall time: about {cost.duration(cost.STATISTICS_SECONDS)}, besides what is not estimated."
+    )
+
+
 def test_the_estimate_counts_kept_cells_as_nothing_and_prefers_the_pilot(tmp_path, capsys):
     out = tmp_path / "study"
     write_cell(out, "fp32")  # finished before: kept

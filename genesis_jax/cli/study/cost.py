@@ -105,9 +105,9 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
-def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
+def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float | None]:
     """What the cells `planned` ([(path, precision, config)], of one task) will train, with
-    their estimated seconds: (a line, the seconds)."""
+    their estimated seconds: (a line, the seconds; None for a task with no figure to go by)."""
     field = TASKS[task].budget_field
     steps, seeds = getattr(planned[0][2], field), planned[0][2].num_seeds
     todo = [(p, c) for path, p, c in planned if cells.read_summary(path) is None]
@@ -122,6 +122,8 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float]:
         seconds = sum(plan.estimate_seconds(pilot, c.num_seeds, [p]) for p, c in todo)
         device = ", ".join(sorted({s["device"] for s in pilot.values()}))
         return f"{what}: about {duration(seconds)} (from this --out's pilot, on {device})", seconds
+    if task not in COSTS:  # a task registered outside the package, say: its cost was never measured
+        return f"{what}: not estimated (no measured figure for {task}; --plan measures one here)", None
     figure, seed = COSTS[task], seed_seconds(task, steps)
     seconds = len(todo) * (figure.compile_seconds + seeds * seed)
     how = f"a cell {figure.compile_seconds:.0f} s compiling + {seeds} x {seed:.1f} s a seed, the task's 2-core figure"
@@ -146,7 +148,9 @@ def estimate_lines(out: pathlib.Path, cell_plan: dict, cost_path=None, statistic
     if statistics:
         seconds = STATISTICS_SECONDS * len(tasks)
         estimates.append(("then the statistics and plots", f"about {duration(seconds)} ({STATISTICS_SOURCE})", seconds))
-    total = f"estimated wall time: about {duration(sum(seconds for *_, seconds in estimates))}. An estimate: each "
+    known = duration(sum(seconds for *_, seconds in estimates if seconds is not None))
+    besides = ", besides what is not estimated" if any(seconds is None for *_, seconds in estimates) else ""
+    total = f"estimated wall time: about {known}{besides}. An estimate: each "
     total += "cell's compilation, then its seeds in proportion; a busy machine, float16 on a CPU or another device "
     total += "than the figures' changes it (docs/study.md#cost)"
     return [
@@ -161,7 +165,10 @@ def task_rows() -> list[tuple[str, ...]]:
     from) of every task, from the registry and `COSTS`."""
     rows = []
     for task, spec in TASKS.items():
-        unit, figure = spec.budget_field.replace("total_", ""), COSTS[task]
+        unit, figure = spec.budget_field.replace("total_", ""), COSTS.get(task)
+        if figure is None:  # a task registered outside the package: no figure to scale
+            rows.append((task, spec.algo, f"{spec.total_steps} {unit}", "-", "-", "not measured (--plan measures it)"))
+            continue
         seed = duration(seed_seconds(task, spec.total_steps))
         source = f"{figure.source}, at {figure.steps} {unit}"
         rows.append((task, spec.algo, f"{spec.total_steps} {unit}", duration(figure.compile_seconds), seed, source))
