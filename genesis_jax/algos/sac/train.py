@@ -59,25 +59,15 @@ STUDY = {
     f"sac:Pendulum-v1{suffix}": StudyTask({"env": "Pendulum-v1", **settings}, steps, -130.0, f"{GYMNAX_README}: R -130")
     for suffix, settings, steps in (("", {}, 20_000), ("-mlp64", {"hidden": (64, 64)}, 10_000))
 }
+# The generic tests' few-row run: a tiny network, no greedy evaluation.
+TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, total_steps=32, buffer_size=64)
+TINY |= dict(hidden=(16,), eval_episodes=0)
 
 
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
-    presets = Presets(
-        tiny=dict(
-            num_envs=8,
-            steps_per_row=8,
-            batch_size=8,
-            learning_starts=8,
-            hidden=(16,),
-            total_steps=32,
-            buffer_size=64,
-            eval_episodes=0,
-        ),
-        bench=BENCH,
-        study=STUDY,
-    )
+    presets = Presets(tiny=TINY, bench=BENCH, study=STUDY)
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
 
     def setup(self) -> None:
