@@ -61,19 +61,9 @@ BENCH = (BenchWorkload("dqn-cnn-minatar", {**minatar_settings("Breakout"), "tota
 STUDY = {"dqn:CartPole-v1": base.CARTPOLE, "dqn:Acrobot-v1": base.ACROBOT}
 STUDY |= base.minatar_tasks("dqn:{game}-MinAtar", minatar_settings, 5_000_000)
 
-# The generic tests' few-row run.
-TINY = dict(
-    total_steps=400,
-    num_envs=2,
-    eval_episodes=0,  # the generic tests' runs need no greedy evaluation
-    train_frequency=2,
-    steps_per_row=200,
-    learning_starts=100,
-    hidden=(16,),
-    buffer_size=400,
-    batch_size=16,
-    target_update_interval=2,
-)
+# The generic tests' few-row run: a tiny network, no greedy evaluation (the generic tests' runs need none).
+TINY = dict(total_steps=400, num_envs=2, train_frequency=2, steps_per_row=200, learning_starts=100, buffer_size=400)
+TINY |= dict(batch_size=16, target_update_interval=2, hidden=(16,), eval_episodes=0)
 
 
 class DQN(EpsilonGreedy, Algorithm):

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Presets, StudyTask
+from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Presets, StudyTask, mean_of_applied
 from genesis_jax.algos.sac.config import SACConfig
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import empty_like, grow
@@ -59,25 +59,15 @@ STUDY = {
     f"sac:Pendulum-v1{suffix}": StudyTask({"env": "Pendulum-v1", **settings}, steps, -130.0, f"{GYMNAX_README}: R -130")
     for suffix, settings, steps in (("", {}, 20_000), ("-mlp64", {"hidden": (64, 64)}, 10_000))
 }
+# The generic tests' few-row run: a tiny network, no greedy evaluation.
+TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, total_steps=32, buffer_size=64)
+TINY |= dict(hidden=(16,), eval_episodes=0)
 
 
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
-    presets = Presets(
-        tiny=dict(
-            num_envs=8,
-            steps_per_row=8,
-            batch_size=8,
-            learning_starts=8,
-            hidden=(16,),
-            total_steps=32,
-            buffer_size=64,
-            eval_episodes=0,
-        ),
-        bench=BENCH,
-        study=STUDY,
-    )
+    presets = Presets(tiny=TINY, bench=BENCH, study=STUDY)
     train_state_path = ("critic",)  # the template reads the scale there: the one all three share
 
     def setup(self) -> None:
@@ -190,10 +180,8 @@ class SAC(Algorithm):
     def update(self, state: SACState, data):
         """A metrics row: counts summed, losses averaged over the iterations that learned (then over seeds)."""
         state, m = jax.lax.scan(self.env_iteration, state, None, self.config.steps_per_row // self.config.num_envs)
-        return state, {
-            **{k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)},
-            **{k: jnp.sum(jnp.where(m["updates"] > 0, m[k], 0.0)) / jnp.sum(m["updates"]) for k in LOSSES},
-        }
+        counts = {k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)}
+        return state, counts | {k: mean_of_applied(m[k], m["updates"] > 0) for k in LOSSES}
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
         """Each optimizer's skips (the template's skipped_updates, total_updates and overflow_rate sum all three)."""

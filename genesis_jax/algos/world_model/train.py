@@ -86,12 +86,8 @@ def make_loss_fn(model: WorldModel, weight: float = 1.0):
         obs_mse = jnp.mean(jnp.square(pred_obs - batch["next_obs"]), axis=-1)
         reward_mse = jnp.square(pred_reward - batch["reward"])
         bce = optax.sigmoid_binary_cross_entropy(term_logit, batch["terminated"])
-        per_sample = obs_mse + reward_mse + bce
-        return weight * jnp.mean(per_sample), {
-            "obs_mse": jnp.mean(obs_mse),
-            "reward_mse": jnp.mean(reward_mse),
-            "bce": jnp.mean(bce),
-        }
+        terms = {"obs_mse": obs_mse, "reward_mse": reward_mse, "bce": bce}  # per sample; the aux holds their means
+        return weight * jnp.mean(obs_mse + reward_mse + bce), {k: jnp.mean(v) for k, v in terms.items()}
 
     return loss_fn
 
