@@ -92,7 +92,9 @@ def make_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None
     `RecordEpisodeStatistics` innermost, whose `info["episode"]` is the game's own return."""
     atari = is_atari(env_id)
     raw = {"frameskip": 1, "repeat_action_probability": 0.0} if atari else {}
-    env = gym.make(env_id, render_mode=render_mode, **raw)
+    if render_mode is not None:  # gym.make passes even None on: an env without the argument would fail
+        raw["render_mode"] = render_mode
+    env = gym.make(env_id, **raw)
     env = gym.wrappers.RecordEpisodeStatistics(env) if episode_stats else env
     if atari:
         return atari_preprocessing(env)
