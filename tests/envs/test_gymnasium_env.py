@@ -2,6 +2,7 @@
 them, named from the command line as `module:EnvId`, their actions in their own spaces."""
 
 import numpy as np
+import pytest
 
 from genesis_jax.envs import resolve_env
 from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, make_env
@@ -21,3 +22,19 @@ def test_discrete_actions_that_start_at_one_reach_the_environment_in_its_space()
     env.step(np.array([0, 1, 2]))  # the networks' actions 0..2 are the environment's 1..3
     assert [e.unwrapped.actions for e in env.envs.envs] == [[1], [2], [3]]
     env.close()
+
+
+def test_an_environment_of_ones_own_is_named_module_colon_id(tmp_path, monkeypatch):
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium\ngymnasium.register('Mine-v0', entry_point='tests.support.custom_envs:Probe')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = resolve_env("my_envs:Mine-v0")  # importing my_envs registers Mine-v0, as gymnasium.make does
+    assert (spec.env_id, spec.backend, spec.obs_shape, spec.action_dim) == ("my_envs:Mine-v0", "gymnasium", (3,), 2)
+    env = GymnasiumVecEnv(spec.env_id, num_envs=1)  # the id the run records makes it again
+    assert env.reset(seed=0).shape == (1, 3)
+    env.close()
+    with pytest.raises(ValueError, match=r"^no_such_envs:Mine-v0: cannot import no_such_envs to register Mine-v0"):
+        resolve_env("no_such_envs:Mine-v0")
+    with pytest.raises(ValueError, match=r"^my_envs:Yours-v0: importing my_envs registers no environment 'Yours-v0'"):
+        resolve_env("my_envs:Yours-v0")
