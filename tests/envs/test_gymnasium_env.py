@@ -4,7 +4,7 @@ them, named from the command line as `module:EnvId`, their actions in their own 
 import numpy as np
 import pytest
 
-from genesis_jax.envs import resolve_env
+from genesis_jax.envs import play, resolve_env
 from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, make_env
 from tests.support import custom_envs  # noqa: F401 (registers the environments)
 
@@ -38,3 +38,12 @@ def test_an_environment_of_ones_own_is_named_module_colon_id(tmp_path, monkeypat
         resolve_env("no_such_envs:Mine-v0")
     with pytest.raises(ValueError, match=r"^my_envs:Yours-v0: importing my_envs registers no environment 'Yours-v0'"):
         resolve_env("my_envs:Yours-v0")
+
+
+def test_eval_refuses_to_wait_for_ever_for_an_episode_nothing_ends(monkeypatch):
+    monkeypatch.setattr(play, "UNLIMITED_EPISODE_STEPS", 50)
+    spec, act = resolve_env("ProbeEndless-v0"), lambda args, key, obs: np.zeros(len(obs), int)
+    with pytest.raises(
+        ValueError, match=r"^ProbeEndless-v0: an episode ran 50 steps without ending, and it has no time"
+    ):
+        play.play_gymnasium(spec, act, None, episodes=1, seed=0)

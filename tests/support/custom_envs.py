@@ -36,6 +36,7 @@ IDS = {
     "Probe-v0": {},
     "ProbeFromOne-v0": {"action_space": gym.spaces.Discrete(3, start=1)},
     "ProbeUnbounded-v0": {"action_space": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)},
+    "ProbeEndless-v0": {"length": 2**62},  # no time limit either
 }
 for env_id, kwargs in IDS.items():
     if env_id not in gym.envs.registry:
