@@ -155,6 +155,11 @@ def gymnax_frames(env_id: str, states, rewards: np.ndarray, lengths: np.ndarray,
     return frames
 
 
+# The steps of a gymnasium episode that no time limit ends (a game of Atari's ends itself
+# within 27,000), after which `play_gymnasium` refuses to wait for it for ever.
+UNLIMITED_EPISODE_STEPS = 100_000
+
+
 def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int, action_repeat=1, video_frames=0):
     """`episodes` episodes of the gymnasium environment `spec`, one after another on the host
     (`act`: jitted, it is called once a step)."""
@@ -166,6 +171,7 @@ def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int,
     env = make_env(spec.env_id, action_repeat, "rgb_array" if video_frames else None, episode_stats=True)
     dtype, space = observation_dtype(spec), env.action_space
     returns, lengths, frames, steps, base_key = [], [], [], 0, jax.random.PRNGKey(seed)
+    unlimited = env.spec is None or env.spec.max_episode_steps is None
     try:
         obs, _ = env.reset(seed=seed)
         while len(returns) < episodes:
@@ -184,6 +190,11 @@ def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int,
                 lengths.append(steps - sum(lengths))
             if terminated or truncated:  # the learner's episode (a life, for Atari)
                 obs, _ = env.reset()
+            elif unlimited and steps - sum(lengths) >= UNLIMITED_EPISODE_STEPS:
+                raise ValueError(
+                    f"{spec.env_id}: an episode ran {UNLIMITED_EPISODE_STEPS} steps without ending, and it has no "
+                    "time limit: register it with one (gymnasium.register(..., max_episode_steps=N))"
+                )
         fps = int(env.metadata.get("render_fps") or 30)
     finally:
         env.close()

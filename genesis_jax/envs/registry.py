@@ -44,18 +44,35 @@ def gymnasium_ids() -> list[str]:
 
 
 def resolve_backend(env_id: str, backend: str | None = None) -> str:
-    """The backend that runs `env_id`: the asked one, else gymnax where it has the id, else gymnasium."""
+    """The backend that runs `env_id`: the asked one, else gymnax where it has the id, else gymnasium
+    (which alone has `module:EnvId` ids)."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown env backend {backend!r}; accepted: {', '.join(BACKENDS)}")
     require_packages(env_id, backend)
     if backend == "envpool":
         return backend  # its spec names a missing game
+    if ":" in env_id and backend in (None, "gymnasium"):
+        return _registered_by_module(env_id)
     for name, ids in (("gymnax", gymnax_ids), ("gymnasium", gymnasium_ids)):
         if backend in (None, name) and env_id in ids():
             return name
     if backend is not None:
         raise ValueError(f"{backend} has no environment {env_id!r}{_close_matches(env_id, backend)}")
     raise ValueError(f"unknown environment id {env_id!r}{_close_matches(env_id)}")
+
+
+def _registered_by_module(env_id: str) -> str:
+    """gymnasium's `module:EnvId` (as `gymnasium.make` reads it: importing `module` registers
+    EnvId), the way to name one's own environment on the command line: "gymnasium", or one line
+    saying what is missing."""
+    module, _, name = env_id.partition(":")
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise ValueError(f"{env_id}: cannot import {module} to register {name} ({error})") from None
+    if name not in gymnasium_ids():
+        raise ValueError(f"{env_id}: importing {module} registers no environment {name!r} (gymnasium.register)")
+    return "gymnasium"
 
 
 def _close_matches(env_id: str, backend: str | None = None) -> str:

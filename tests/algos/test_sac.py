@@ -137,6 +137,16 @@ def test_a_discrete_environment_is_refused_in_one_line_before_anything_compiles(
     assert not out.exists()
 
 
+def test_an_environment_with_infinite_action_bounds_is_refused_before_anything_compiles(monkeypatch):
+    from tests.support import custom_envs  # noqa: F401 (registers ProbeUnbounded-v0)
+
+    monkeypatch.setattr(Algorithm, "compile_chunk", lambda *args, **kwargs: pytest.fail("compiled"))
+    with pytest.raises(
+        ValueError, match=r"^sac squashes its actions into the action bounds; ProbeUnbounded-v0 has infinite"
+    ):
+        SAC(SACConfig(env="ProbeUnbounded-v0"))  # tanh times an infinite scale: NaN actions
+
+
 @pytest.mark.slow  # gymnasium stepped from the compiled loop: 15 s
 def test_the_host_path_trains_on_gymnasium_environments():
     config = SACConfig(**{**TINY, "num_envs": 2}, env="Pendulum-v1", env_backend="gymnasium", total_steps=400)

@@ -253,3 +253,10 @@ def test_collecting_from_a_host_environment_that_computes_with_jax():
     data = trajectories.collect_dataset("phys2d/CartPole-v1", 2, 3, 0, "gymnasium")
     assert data["obs"].shape == (2, 4, 4) and np.isfinite(data["obs"]).all()
     assert data["meta"]["source"] == "gymnasium:phys2d/CartPole-v1(random policy, seed=0)"
+
+
+def test_a_random_policy_refuses_infinite_action_bounds_in_one_line():
+    from tests.support import custom_envs  # noqa: F401 (registers ProbeUnbounded-v0)
+
+    with pytest.raises(ValueError, match=r"^a random policy draws .* bounds; ProbeUnbounded-v0 has infinite ones$"):
+        trajectories.collect_dataset("ProbeUnbounded-v0", 2, 3)  # NaN actions, collected as data

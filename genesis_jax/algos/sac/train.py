@@ -73,6 +73,10 @@ class SAC(Algorithm):
     def setup(self) -> None:
         c = self.config
         spec = resolve_in_loop(c, "sac", continuous=True, instead="dqn or pqn")  # before anything is written
+        if not np.isfinite(spec.action_low + spec.action_high).all():  # tanh * inf: NaN actions
+            raise ValueError(
+                f"sac squashes its actions into the action bounds; {c.env} has infinite ones: make them finite"
+            )
         self.spec, self.steps_per_row = spec, c.steps_per_row
         dtype = c.train_precision().compute_dtype
         self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)

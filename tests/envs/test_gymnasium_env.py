@@ -1,0 +1,49 @@
+"""A user's own gymnasium environments (tests/support/custom_envs.py): made as gymnasium makes
+them, named from the command line as `module:EnvId`, their actions in their own spaces."""
+
+import numpy as np
+import pytest
+
+from genesis_jax.envs import play, resolve_env
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, make_env
+from tests.support import custom_envs  # noqa: F401 (registers the environments)
+
+
+def test_an_environment_without_a_render_mode_argument_is_made():
+    env = make_env("Probe-v0")  # gymnasium.make("Probe-v0") makes it: so must this
+    assert env.reset(seed=0)[0].shape == (3,)
+
+
+def test_discrete_actions_that_start_at_one_reach_the_environment_in_its_space():
+    spec = resolve_env("ProbeFromOne-v0")
+    assert spec.action_dim == 3 and not spec.continuous
+    env = GymnasiumVecEnv("ProbeFromOne-v0", num_envs=3)
+    env.reset(seed=0)
+    env.step(np.array([0, 1, 2]))  # the networks' actions 0..2 are the environment's 1..3
+    assert [e.unwrapped.actions for e in env.envs.envs] == [[1], [2], [3]]
+    env.close()
+
+
+def test_an_environment_of_ones_own_is_named_module_colon_id(tmp_path, monkeypatch):
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium\ngymnasium.register('Mine-v0', entry_point='tests.support.custom_envs:Probe')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = resolve_env("my_envs:Mine-v0")  # importing my_envs registers Mine-v0, as gymnasium.make does
+    assert (spec.env_id, spec.backend, spec.obs_shape, spec.action_dim) == ("my_envs:Mine-v0", "gymnasium", (3,), 2)
+    env = GymnasiumVecEnv(spec.env_id, num_envs=1)  # the id the run records makes it again
+    assert env.reset(seed=0).shape == (1, 3)
+    env.close()
+    with pytest.raises(ValueError, match=r"^no_such_envs:Mine-v0: cannot import no_such_envs to register Mine-v0"):
+        resolve_env("no_such_envs:Mine-v0")
+    with pytest.raises(ValueError, match=r"^my_envs:Yours-v0: importing my_envs registers no environment 'Yours-v0'"):
+        resolve_env("my_envs:Yours-v0")
+
+
+def test_eval_refuses_to_wait_for_ever_for_an_episode_nothing_ends(monkeypatch):
+    monkeypatch.setattr(play, "UNLIMITED_EPISODE_STEPS", 50)
+    spec, act = resolve_env("ProbeEndless-v0"), lambda args, key, obs: np.zeros(len(obs), int)
+    with pytest.raises(
+        ValueError, match=r"^ProbeEndless-v0: an episode ran 50 steps without ending, and it has no time"
+    ):
+        play.play_gymnasium(spec, act, None, episodes=1, seed=0)
