@@ -432,11 +432,23 @@ def init_world_model(obs_dim=8, action_dim=2, width=64, depth=2, seed=0):
 
 
 def max_diffs(a, b) -> tuple[float, float]:
-    """(max abs diff, max rel diff) over all leaves of two matching pytrees."""
+    """(max abs diff, max rel diff) over all leaves of two pytrees of the same keys and shapes.
+
+    A comparison that could pass without comparing is refused: different keys or shapes (zip
+    would drop a leaf, broadcasting would hide a shape), or no leaves. A NaN on either side is
+    an infinite difference: max() would skip it (max(0.0, nan) is 0.0).
+    """
+    paths = [[jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(t)] for t in (a, b)]
+    if paths[0] != paths[1]:
+        raise ValueError(f"the two pytrees differ: leaves {paths[0]} and {paths[1]}")
+    if not paths[0]:
+        raise ValueError("the two pytrees have no leaves: nothing to compare")
     abs_d, rel_d = 0.0, 0.0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        d = np.abs(x - y)
+        if x.shape != y.shape:
+            raise ValueError(f"shapes differ: {x.shape} and {y.shape}")
+        d = np.where(np.isnan(x) | np.isnan(y), np.inf, np.abs(x - y))
         abs_d = max(abs_d, float(d.max(initial=0.0)))
-        rel_d = max(rel_d, float((d / np.maximum(np.abs(y), 1e-12)).max(initial=0.0)))
+        rel_d = max(rel_d, float((d / np.fmax(np.abs(y), 1e-12)).max(initial=0.0)))  # fmax: a NaN y is inf too
     return abs_d, rel_d
