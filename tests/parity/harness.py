@@ -179,19 +179,15 @@ def overflow_sequence(num_steps: int = 10_000, seed: int = 0) -> np.ndarray:
     return flags
 
 
-def torch_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+def torch_scaler_trajectory(flags, **settings):
     """(scale, growth tracker) after each step of a real GradScaler fed real gradients,
-    with inf or NaN written into them where `flags` says a step is not finite."""
+    with inf or NaN written into them where `flags` says a step is not finite. `settings`
+    (init_scale, growth_factor, backoff_factor, growth_interval) left out are GradScaler's
+    own defaults, so that a run without them compares the two libraries' defaults."""
     torch = _torch()
     param = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([param], lr=1e-3)
-    scaler = torch.amp.GradScaler(
-        "cpu",
-        init_scale=init_scale,
-        growth_factor=growth_factor,
-        backoff_factor=backoff_factor,
-        growth_interval=growth_interval,
-    )
+    scaler = torch.amp.GradScaler("cpu", **settings)
     out = np.zeros((len(flags), 2), np.float64)
     for i, finite in enumerate(flags):
         opt.zero_grad()
@@ -204,8 +200,9 @@ def torch_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backof
     return out
 
 
-def jax_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scaler = DynamicLossScale(init_scale, growth_factor, backoff_factor, growth_interval)
+def jax_scaler_trajectory(flags, **settings):
+    """`torch_scaler_trajectory` with `DynamicLossScale(**settings)`: left out, its own defaults."""
+    scaler = DynamicLossScale(**settings)
 
     def step(s, finite):
         s = s.adjust(finite)

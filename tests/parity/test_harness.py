@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from genesis_jax.amp.loss_scale import DynamicLossScale
 from tests.parity import harness as parity
 
 
@@ -18,3 +19,11 @@ def test_max_diffs_counts_nan_and_refuses_what_it_cannot_compare():
         parity.max_diffs({**ones, "b": np.zeros(2)}, ones)
     with pytest.raises(ValueError, match="shapes"):
         parity.max_diffs({"a": np.ones((1, 3))}, ones)
+
+
+def test_scaler_trajectory_without_settings_is_the_library_default(monkeypatch):
+    # The parity test's "defaults" case must compare DynamicLossScale's defaults with GradScaler's,
+    # not two copies of numbers written in the harness: a changed default shows in the trajectory.
+    flags = np.ones(6, bool)
+    monkeypatch.setattr(DynamicLossScale.__init__, "__defaults__", (2.0**16, 2.0, 0.5, 3, None))
+    assert parity.jax_scaler_trajectory(flags)[:, 0].max() > 2.0**16
