@@ -13,7 +13,7 @@ import sys
 
 from _report import description
 
-from genesis_jax.cli.mismatch import mismatch_grid, plot_heatmaps, table
+from genesis_jax.cli.mismatch import grid_configs, mismatch_grid, plot_heatmaps, table
 from genesis_jax.run import probes
 
 
@@ -24,10 +24,17 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, envs = pathlib.Path(args.out), args.envs.split(",")
+    try:  # every env's grid is checked before the first cell trains, not after the envs before it
+        for env in envs:
+            grid_configs(env, args.total_steps, seed=args.seed)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; it takes a directory for mismatch.md, .json and .png")
+        out.mkdir(parents=True, exist_ok=True)
+    except (ValueError, OSError) as err:
+        p.error(str(err))
     cells = []
-    for env in args.envs.split(","):
+    for env in envs:
         cells += mismatch_grid(env, args.total_steps, seed=args.seed)
     header = [
         f"Mismatch grid, {args.total_steps} steps per cell, seed {args.seed}, device {probes.device_name()}; "

@@ -21,23 +21,36 @@ GRID_PRECISIONS = ("fp32", "bf16", "fp16")
 METRICS = ("mismatch_kl_v1", "mismatch_kl_v2", "mismatch_max_dp", "final_return")
 
 
+def grid_configs(env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, **ppo_settings) -> list:
+    """The grid's PPO configs, (learner, rollout) in row order: a ValueError for a setting, a
+    precision or an environment PPO refuses, before any cell trains."""
+    from genesis_jax.algos.ppo import PPOConfig
+    from genesis_jax.envs.in_loop import resolve_in_loop
+
+    if not precisions:
+        raise ValueError("no precisions: the grid would have no cells")
+    settings = dict(env=env, total_steps=total_steps, seed=seed, **ppo_settings)
+    configs = [PPOConfig(precision=lr, rollout_precision=ro, **settings) for lr in precisions for ro in precisions]
+    resolve_in_loop(configs[0], "ppo")  # the env id (PPOConfig takes any string): refused here, not mid-grid
+    return configs
+
+
 def mismatch_grid(
     env: str, total_steps: int, precisions=GRID_PRECISIONS, seed: int = 0, log=sys.stderr, **ppo_settings
 ) -> list[dict]:
     """One PPO run per (rollout, learner) pair; returns a row per cell."""
-    from genesis_jax.algos.ppo import PPOConfig, train
+    from genesis_jax.algos.ppo import train
 
-    cells, settings = [], dict(env=env, total_steps=total_steps, seed=seed, **ppo_settings)
-    for learner in precisions:
-        for rollout in precisions:
-            s = train(PPOConfig(precision=learner, rollout_precision=rollout, **settings), progress=False).summary
-            cells.append({"env": env, "rollout": rollout, "learner": learner, **{k: s[k] for k in METRICS}})
-            print(
-                f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
-                f"max_dp={s['mismatch_max_dp']:.3g} return={s['final_return']:.1f}",
-                file=log,
-                flush=True,
-            )
+    cells, pairs = [], [(learner, rollout) for learner in precisions for rollout in precisions]
+    for (learner, rollout), config in zip(pairs, grid_configs(env, total_steps, precisions, seed, **ppo_settings)):
+        s = train(config, progress=False).summary
+        cells.append({"env": env, "rollout": rollout, "learner": learner, **{k: s[k] for k in METRICS}})
+        print(
+            f"{env} rollout={rollout} learner={learner}: kl_v2={s['mismatch_kl_v2']:.3g} "
+            f"max_dp={s['mismatch_max_dp']:.3g} return={s['final_return']:.1f}",
+            file=log,
+            flush=True,
+        )
     return cells
 
 

@@ -3,12 +3,14 @@ grid's helpers."""
 
 import contextlib
 import csv
+import importlib.util
+import pathlib
 
 import numpy as np
 import pytest
 
 from genesis_jax.cli import main
-from genesis_jax.cli.mismatch import grid_matrix
+from genesis_jax.cli.mismatch import grid_matrix, mismatch_grid
 from tests.support.xla import optimized_compiles
 
 # Each cell is a compile, and the fixture is this suite's longest setup: the quick grid's
@@ -102,3 +104,27 @@ def test_a_training_runs_directory_is_refused_as_the_benchmarks_out(tmp_path, ca
     said = f"{tmp_path} holds a training run (checkpoints): give the benchmark its own --out"
     assert line == f"genesis-jax: error: {said}"
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_mismatch_grid_refuses_bad_input_before_any_cell_trains(monkeypatch, tmp_path, capsys):
+    # A typo in the second env once failed after the first env's nine cells had trained, writing nothing.
+    experiments = pathlib.Path(__file__).resolve().parents[2] / "experiments"
+    monkeypatch.syspath_prepend(str(experiments))  # the script's `_report`
+    spec = importlib.util.spec_from_file_location("mismatch_script", experiments / "mismatch.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    trained = lambda *args, **kwargs: pytest.fail("a cell trained")
+    monkeypatch.setattr(script, "mismatch_grid", trained)
+    monkeypatch.setattr("genesis_jax.algos.ppo.train", trained)
+    (tmp_path / "file").write_text("")
+    for argv, said in [
+        (["--envs", "CartPole-v1,Pendulm-v1"], "did you mean Pendulum-v1"),
+        (["--total-steps", "100"], "less than one rollout"),
+        (["--out", str(tmp_path / "file")], "is a file"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            script.main(["--out", str(tmp_path / "out"), *argv])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        mismatch_grid("CartPole-v1", 2048, precisions=("fp32", "fp8"))

@@ -179,19 +179,15 @@ def overflow_sequence(num_steps: int = 10_000, seed: int = 0) -> np.ndarray:
     return flags
 
 
-def torch_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+def torch_scaler_trajectory(flags, **settings):
     """(scale, growth tracker) after each step of a real GradScaler fed real gradients,
-    with inf or NaN written into them where `flags` says a step is not finite."""
+    with inf or NaN written into them where `flags` says a step is not finite. `settings`
+    (init_scale, growth_factor, backoff_factor, growth_interval) left out are GradScaler's
+    own defaults, so that a run without them compares the two libraries' defaults."""
     torch = _torch()
     param = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([param], lr=1e-3)
-    scaler = torch.amp.GradScaler(
-        "cpu",
-        init_scale=init_scale,
-        growth_factor=growth_factor,
-        backoff_factor=backoff_factor,
-        growth_interval=growth_interval,
-    )
+    scaler = torch.amp.GradScaler("cpu", **settings)
     out = np.zeros((len(flags), 2), np.float64)
     for i, finite in enumerate(flags):
         opt.zero_grad()
@@ -204,8 +200,9 @@ def torch_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backof
     return out
 
 
-def jax_scaler_trajectory(flags, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scaler = DynamicLossScale(init_scale, growth_factor, backoff_factor, growth_interval)
+def jax_scaler_trajectory(flags, **settings):
+    """`torch_scaler_trajectory` with `DynamicLossScale(**settings)`: left out, its own defaults."""
+    scaler = DynamicLossScale(**settings)
 
     def step(s, finite):
         s = s.adjust(finite)
@@ -432,11 +429,23 @@ def init_world_model(obs_dim=8, action_dim=2, width=64, depth=2, seed=0):
 
 
 def max_diffs(a, b) -> tuple[float, float]:
-    """(max abs diff, max rel diff) over all leaves of two matching pytrees."""
+    """(max abs diff, max rel diff) over all leaves of two pytrees of the same keys and shapes.
+
+    A comparison that could pass without comparing is refused: different keys or shapes (zip
+    would drop a leaf, broadcasting would hide a shape), or no leaves. A NaN on either side is
+    an infinite difference: max() would skip it (max(0.0, nan) is 0.0).
+    """
+    paths = [[jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(t)] for t in (a, b)]
+    if paths[0] != paths[1]:
+        raise ValueError(f"the two pytrees differ: leaves {paths[0]} and {paths[1]}")
+    if not paths[0]:
+        raise ValueError("the two pytrees have no leaves: nothing to compare")
     abs_d, rel_d = 0.0, 0.0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        d = np.abs(x - y)
+        if x.shape != y.shape:
+            raise ValueError(f"shapes differ: {x.shape} and {y.shape}")
+        d = np.where(np.isnan(x) | np.isnan(y), np.inf, np.abs(x - y))
         abs_d = max(abs_d, float(d.max(initial=0.0)))
-        rel_d = max(rel_d, float((d / np.maximum(np.abs(y), 1e-12)).max(initial=0.0)))
+        rel_d = max(rel_d, float((d / np.fmax(np.abs(y), 1e-12)).max(initial=0.0)))  # fmax: a NaN y is inf too
     return abs_d, rel_d
