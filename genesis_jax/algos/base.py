@@ -477,8 +477,10 @@ class Algorithm:
             results = f"no update was applied (all {s['total_updates']} skipped: gradients not finite)"
         else:
             results = " ".join(f"{k}={s[k]:{fmt}}" for k, fmt in _RESULTS if s.get(k) is not None)
+        rollout = s.get("rollout_precision", s["precision"])  # PPO's, where it acts in another precision
+        precision = s["precision"] + ("" if rollout == s["precision"] else f", rollout {rollout}")
         return (
-            f"{self.display_name}{env} [{s['precision']}] {results} steps/s={s['steps_per_second']:.0f} "
+            f"{self.display_name}{env} [{precision}] {results} steps/s={s['steps_per_second']:.0f} "
             f"compile={s['compile_seconds']:.1f}s loss_scale={s['loss_scale']:g} "
             f"skipped={s['skipped_updates']}/{s['total_updates']}"
         )

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from genesis_jax.algos import get_algorithm
 from genesis_jax.algos.ppo import PPOConfig, train
 from genesis_jax.cli import main
 from tests.support.processes import run_python
@@ -168,3 +169,12 @@ def test_an_update_whose_every_step_was_skipped_logs_no_loss_rather_than_zero():
         {"loss": [[np.nan, 1.0], [2.0, 3.0]], "grad_norm": [[np.nan, 4.0], [6.0, 8.0]]}, PPO.metrics, 2
     )
     assert columns == {"loss": [2.0, 2.0], "grad_norm": [6.0, 6.0]}
+
+
+@pytest.mark.parametrize(("rollout", "shown"), [("bf16", "[fp32, rollout bf16]"), ("fp32", "[fp32]")])
+def test_the_result_line_names_a_rollout_precision_other_than_the_learners(rollout, shown):
+    # `--precision fp32 --rollout-precision bf16` printed "PPO CartPole-v1 [fp32]": the run acted in bf16
+    ppo = get_algorithm("ppo")
+    summary = dict(env="CartPole-v1", precision="fp32", rollout_precision=rollout, final_return=9.0)
+    summary |= dict(steps_per_second=1.0, compile_seconds=1.0, loss_scale=1.0, skipped_updates=0, total_updates=4)
+    assert ppo.describe(object.__new__(ppo), summary).startswith(f"PPO CartPole-v1 {shown} final_return=9.0 ")
