@@ -123,6 +123,11 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
         raise ValueError(f"{env_id} has a {type(obs_space).__name__} observation space; only Box is supported")
     shape = tuple(obs_space.shape) or (1,)
     shape = shape if len(shape) == 3 and obs_space.dtype == np.uint8 else (math.prod(shape),)  # images stay images
+    if len(shape) == 3 and shape[0] <= 4 < min(shape[1:]):  # (4, 84, 84) read as 4 rows of 84 channels: silently
+        raise ValueError(
+            f"{env_id}'s image observations {shape} look channels-first; the networks read (height, width, channels): "
+            "move the channels last (np.moveaxis(obs, 0, -1) in a gymnasium.wrappers.TransformObservation)"
+        )
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, "gymnasium", shape, int(act_space.n), False)
     if isinstance(act_space, gym.spaces.Box):

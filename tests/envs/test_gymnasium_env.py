@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from genesis_jax.envs import play, resolve_env
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, make_env
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, gymnasium_spec, make_env
 from tests.support import custom_envs  # noqa: F401 (registers the environments)
 
 
@@ -47,3 +47,10 @@ def test_eval_refuses_to_wait_for_ever_for_an_episode_nothing_ends(monkeypatch):
         ValueError, match=r"^ProbeEndless-v0: an episode ran 50 steps without ending, and it has no time"
     ):
         play.play_gymnasium(spec, act, None, episodes=1, seed=0)
+
+
+def test_channels_first_images_are_refused_as_such_and_small_channels_last_ones_kept():
+    # gymnasium's FrameStackObservation stacks first: (4, 84, 84) trained as 4 rows of 84 channels
+    with pytest.raises(ValueError, match=r"\(4, 84, 84\) look channels-first; .* move the channels last"):
+        gymnasium_spec("ProbeChannelsFirst-v0")
+    assert gymnasium_spec("ProbeSmallImage-v0").obs_shape == (3, 3, 5)

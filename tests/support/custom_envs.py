@@ -37,6 +37,8 @@ IDS = {
     "ProbeFromOne-v0": {"action_space": gym.spaces.Discrete(3, start=1)},
     "ProbeUnbounded-v0": {"action_space": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)},
     "ProbeEndless-v0": {"length": 2**62},  # no time limit either
+    "ProbeChannelsFirst-v0": {"observation_space": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)},  # FrameStack's
+    "ProbeSmallImage-v0": {"observation_space": gym.spaces.Box(0, 255, (3, 3, 5), np.uint8)},  # 3 x 3, 5 channels
 }
 for env_id, kwargs in IDS.items():
     if env_id not in gym.envs.registry:
