@@ -4,6 +4,7 @@ grid's helpers."""
 import contextlib
 import csv
 import importlib.util
+import json
 import pathlib
 
 import numpy as np
@@ -128,3 +129,25 @@ def test_the_mismatch_grid_refuses_bad_input_before_any_cell_trains(monkeypatch,
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         mismatch_grid("CartPole-v1", 2048, precisions=("fp32", "fp8"))
+
+
+def test_the_mismatch_grid_keeps_each_envs_table_as_it_finishes_and_runs_a_repeated_env_once(monkeypatch, tmp_path):
+    experiments = pathlib.Path(__file__).resolve().parents[2] / "experiments"
+    monkeypatch.syspath_prepend(str(experiments))
+    spec = importlib.util.spec_from_file_location("mismatch_script", experiments / "mismatch.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ran = []
+
+    def grid(env, *args, **kwargs):  # CartPole's cells, then a failure in the next env's grid
+        ran.append(env)
+        if env != "CartPole-v1":
+            raise RuntimeError("a later cell failed")
+        cell = dict(mismatch_kl_v1=0.0, mismatch_kl_v2=0.0, mismatch_max_dp=0.0, final_return=9.0)
+        return [{"env": env, "rollout": r, "learner": lr, **cell} for lr in ("fp32", "bf16") for r in ("fp32", "bf16")]
+
+    monkeypatch.setattr(script, "mismatch_grid", grid)
+    with pytest.raises(RuntimeError, match="a later cell failed"):  # the results were written at the end alone
+        script.main(["--out", str(tmp_path), "--envs", "CartPole-v1,CartPole-v1,Pendulum-v1", "--total-steps", "2048"])
+    assert ran == ["CartPole-v1", "Pendulum-v1"]  # CartPole's grid ran twice, and the table kept the last
+    assert len(json.loads((tmp_path / "mismatch.json").read_text())) == 4 and (tmp_path / "mismatch.md").is_file()
