@@ -539,7 +539,7 @@ class Algorithm:
             before, after = self.optimizer_states(state), self.optimizer_states(new)
             return new, {
                 **metrics,
-                "loss_scale": at_path(new, self.train_state_path).scaler.loss_scale,
+                "loss_scale": self.train_state_of(new).scaler.loss_scale,
                 "skipped": sum(a.skipped - b.skipped for a, b in zip(after, before)),
                 "halted": jnp.any(jnp.stack([a.halted for a in after])),
             }
@@ -582,6 +582,20 @@ class Algorithm:
                     f"{where} returns no metric {key!r}, which `metrics` declares: return it, or fix the name"
                 )
 
+    def train_state_of(self, state) -> TrainState:
+        """The `TrainState` at `train_state_path` in `state`; a TypeError naming the path where
+        it names none (an AttributeError deep in the compiled chunk's trace said nothing of it)."""
+        try:
+            found = at_path(state, self.train_state_path)
+        except AttributeError:
+            found = None
+        if not isinstance(found, TrainState):
+            raise TypeError(
+                f"{type(self).__name__}.train_state_path {self.train_state_path} names no amp.TrainState of its "
+                f"state ({type(state).__name__}): give the attribute names that lead to the one whose scale rows report"
+            )
+        return found
+
     def initial_state(self):
         """The initial state, from one compiled program (a Flax init run eagerly compiles
         dozens of small ops one by one: seconds). Seeds go through `lax.map`, not `vmap`: a
@@ -603,7 +617,7 @@ class Algorithm:
     def common_summary(self, rows, state, session: Session, compile_seconds: float) -> dict:
         """The fields every algorithm's summary has: precision, speed, memory, overflow counts;
         where it acts, its environment, steps, `final_return` and `eval_return`; the telemetry's means."""
-        ts = at_path(state, self.train_state_path)
+        ts = self.train_state_of(state)
         steps_per_seed = np.atleast_1d(np.asarray(ts.step))  # the faults are injected into this one's steps
         optimizers = self.optimizer_states(state)
         total_updates = sum(int(np.sum(np.asarray(o.step))) for o in optimizers)
@@ -759,5 +773,5 @@ class Algorithm:
             if not session.rows_run:  # nothing ran here: what the run measured when it ran stays
                 summary.update({k: v for k, v in session.previous_summary.items() if k in MEASURED and v is not None})
             plot = lambda rows, path: self.plot(rows, path, summary)  # noqa: E731
-            summary = session.finish(summary, at_path(state, self.train_state_path), plot=plot)
+            summary = session.finish(summary, self.train_state_of(state), plot=plot)
         return RunResult(summary, state, session.rows, self.train_state_path, self.describe(summary))

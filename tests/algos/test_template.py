@@ -194,6 +194,15 @@ def test_metrics_the_rows_cannot_hold_are_refused_before_the_run(declared, retur
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("path", [("ts",), ()])
+def test_a_train_state_path_that_names_no_train_state_is_refused_before_the_run(path, tmp_path):
+    # ("ts",) failed as an AttributeError deep in the compiled chunk's trace
+    bad = type("Bad", (Toy,), {"train_state_path": path})
+    with pytest.raises(TypeError, match=re.escape(f"Bad.train_state_path {path} names no amp.TrainState of its state")):
+        bad.train(ToyConfig(total_steps=4), str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_another_package_registers_by_entry_point_and_a_taken_name_is_refused(monkeypatch):
     # The docs' registry line meant editing this package; an installed package's entry point registers instead.
     from importlib.metadata import EntryPoint
