@@ -1,5 +1,5 @@
 """mkdocs hook: the parts of the pages that the algorithm registry writes, so that a new
-algorithm (one line in `genesis_jax.algos.REGISTRY`) appears in the docs by itself.
+algorithm (a line of `genesis_jax.algos._HELP`) appears in the docs by itself.
 
 A page holds `<!-- registry: KIND -->`, which becomes: `commands`, a table row per
 `genesis-jax train NAME`; `reference`, a section per algorithm with its `train`, its config

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; it takes a directory for mismatch.md, .json and .png")
         out.mkdir(parents=True, exist_ok=True)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, ImportError) as err:  # ImportError: an Atari env without ale-py, say
         p.error(str(err))
     cells = []
     header = [

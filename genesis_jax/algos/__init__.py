@@ -1,8 +1,8 @@
 """The algorithms, each on the template of `genesis_jax.algos.base`.
 
 `REGISTRY` maps a `genesis-jax train NAME` subcommand to the module whose `ALGORITHM` is
-the `Algorithm` subclass: registering a new algorithm is one line here (another package's:
-an entry point of the group `genesis_jax.algorithms`, or `register`). Everything else
+the `Algorithm` subclass: registering one of this package is a line of `_HELP`; another
+package's is an entry point of the group `genesis_jax.algorithms` (or `register`). Everything else
 (the CLI command, bench workloads, study tasks, the API reference page, the generic tests,
 the import contract that keeps algorithms apart) is derived from it. Modules load on first
 use, so the CLI starts without importing every algorithm.
@@ -28,8 +28,8 @@ PLUGINS = "genesis_jax.algorithms"  # the entry-point group of algorithms other 
 
 
 def register(name: str, module: str, help: str) -> None:
-    """Registers the algorithm of `module` (its `ALGORITHM`) as `name`, from another package:
-    a name another module holds is refused (a dict entry would replace ppo silently)."""
+    """Registers the algorithm of `module` (its `ALGORITHM`, or "module:Class") as `name`, from
+    another package: a name another module holds is refused (a dict entry would replace ppo silently)."""
     held = REGISTRY.get(name, (module,))[0]
     if held != module:
         raise ValueError(f"algorithm name {name!r} is taken by {held}: give {module}'s algorithm another name")
@@ -38,8 +38,9 @@ def register(name: str, module: str, help: str) -> None:
 
 def _register_plugins(entry_points) -> None:
     """The algorithms installed packages declare (`[project.entry-points."genesis_jax.algorithms"]`,
-    `NAME = "module"`): `genesis-jax train NAME` without editing this file. One that clashes
-    is left out with a warning, so that a bad plugin never stops the other commands."""
+    `NAME = "module"` or `"module:Class"`): `genesis-jax train NAME` without editing this file.
+    One that clashes is left out with a warning, as `loadable` leaves out one that fails to
+    load: a bad plugin never stops the other commands."""
     import warnings
 
     for point in entry_points:
@@ -59,9 +60,27 @@ def get_algorithm(name: str):
     return _load(name, REGISTRY[name][0])
 
 
+def loadable() -> dict:
+    """Every registered algorithm's class by name, for the tools that go through them all
+    (bench, study, eval): another package's that fails to load is left out with a warning,
+    so that it stops only its own commands (a built-in's failure raises)."""
+    import warnings
+
+    classes = {}
+    for name, (module, _) in REGISTRY.items():
+        try:
+            classes[name] = get_algorithm(name)
+        except (ImportError, TypeError, ValueError) as err:
+            if module.startswith(f"{__name__}."):
+                raise
+            warnings.warn(f"algorithm {name!r} ({module}) left out: {err}", stacklevel=2)
+    return classes
+
+
 @functools.cache
 def _load(name: str, module: str):
-    algorithm = getattr(importlib.import_module(module), "ALGORITHM", None)
+    module, _, attr = module.partition(":")  # an entry point's "module:Class", or a module's ALGORITHM
+    algorithm = getattr(importlib.import_module(module), attr or "ALGORITHM", None)
     if not isinstance(algorithm, type):  # an AttributeError said nothing of what the template reads
         raise TypeError(
             f"algorithm {name!r}: module {module} must name its class: ALGORITHM = <its Algorithm subclass>"

@@ -31,8 +31,8 @@ divergence guard's stop, metric writers, the progress bar); seeds trained togeth
 memory, overflow counts); the opt-in underflow telemetry (`underflow`); its `genesis-jax
 train NAME` command, bench rows, study tasks, its API reference page and the generic tests.
 Its `score` (the summary field the bench reports as how well it learned) follows: `final_return`
-where it acts, else `eval_loss`; a checkpoint's step is its row. Registering it (one line in
-`genesis_jax.algos.REGISTRY`) checks the declarations.
+where it acts, else `eval_loss`; a checkpoint's step is its row. Registering it (a line of
+`genesis_jax.algos._HELP`, or another package's entry point) checks the declarations.
 
 Why this shape: PureJaxRL's `make_train(config) -> train(rng)` compiles the whole run as one
 program, which leaves no place for checkpoints, progress or signals; Rejax's `Algorithm`

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.algos import REGISTRY, get_algorithm, loadable
 from genesis_jax.envs.play import MAX_EPISODES
 from genesis_jax.envs.spec import EnvSpec
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
@@ -42,7 +42,7 @@ _ONE_PROCESS = dict(devices=1, coordinator_address=None, num_processes=None, pro
 
 def acting_algorithms() -> list[str]:
     """The registered algorithms that act, implement `act` (whose runs `load` and `genesis-jax eval` take)."""
-    return [name for name in REGISTRY if get_algorithm(name).act is not None]
+    return [name for name, algorithm in loadable().items() if algorithm.act is not None]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

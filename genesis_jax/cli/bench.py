@@ -33,7 +33,7 @@ import timeit
 
 import numpy as np
 
-from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.algos import get_algorithm, loadable
 from genesis_jax.algos.base import ActingFields
 from genesis_jax.run import plots, probes
 
@@ -55,8 +55,8 @@ def workloads(quick: bool) -> list[Workload]:
     pay, few enough to finish in minutes on one GPU."""
     chosen = [
         Workload(w.name, name, w.settings, w.vmap_seeds, w.seconds)
-        for name in REGISTRY
-        for w in get_algorithm(name).presets.bench
+        for name, algorithm in loadable().items()
+        for w in algorithm.presets.bench
         if w.quick == quick
     ]
     names = [w.name for w in chosen]

@@ -126,7 +126,8 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
     if len(shape) == 3 and shape[0] <= 4 < min(shape[1:]):  # (4, 84, 84) read as 4 rows of 84 channels: silently
         raise ValueError(
             f"{env_id}'s image observations {shape} look channels-first; the networks read (height, width, channels): "
-            "move the channels last (np.moveaxis(obs, 0, -1) in a gymnasium.wrappers.TransformObservation)"
+            "move the channels last: gymnasium.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), "
+            f"gymnasium.spaces.Box(0, 255, {(*shape[1:], shape[0])}, np.uint8))"
         )
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, "gymnasium", shape, int(act_space.n), False)

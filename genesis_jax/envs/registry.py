@@ -69,7 +69,9 @@ def _registered_by_module(env_id: str) -> str:
     try:
         importlib.import_module(module)
     except ImportError as error:
-        raise ValueError(f"{env_id}: cannot import {module} to register {name} ({error})") from None
+        raise ValueError(
+            f"{env_id}: cannot import {module} to register {name} ({error}): install it, or put it on PYTHONPATH"
+        ) from None
     if name not in gymnasium_ids():
         raise ValueError(f"{env_id}: importing {module} registers no environment {name!r} (gymnasium.register)")
     return "gymnasium"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,3 +20,9 @@ class EnvSpec:
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int | None = None  # the time limit, where known: bounds truncations
+
+    @property
+    def bounded_actions(self) -> bool:
+        """Whether continuous actions have finite bounds (what squashing into them or drawing
+        uniformly within them needs: tanh or a uniform draw times an infinite width is NaN)."""
+        return all(math.isfinite(b) for b in (*(self.action_low or ()), *(self.action_high or ())))

@@ -124,7 +124,7 @@ class WandbWriter:
         name: str | None = None,
     ):
         try:
-            import pydantic  # wandb's settings are pydantic's
+            import pydantic  # wandb's settings are pydantic's (a dependency of wandb since 0.19)
             import wandb
         except ImportError as err:
             raise ImportError("--wandb needs wandb: pip install 'genesis-jax[wandb]'") from err
@@ -150,7 +150,8 @@ class WandbWriter:
         except pydantic.ValidationError as err:  # a bad WANDB_ setting (WANDB_MODE=ofline): pydantic's 4 lines
             bad = err.errors()[0]
             setting = f"WANDB_{'_'.join(map(str, bad['loc'])).upper()}"
-            raise ValueError(f"--wandb could not start a W&B run: {setting}={bad['input']!r}: {bad['msg']}") from None
+            value = bad.get("input", os.environ.get(setting))  # pydantic 1's errors have no input
+            raise ValueError(f"--wandb could not start a W&B run: {setting}={value!r}: {bad['msg']}") from None
         if run_id is None:
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self._run.id)

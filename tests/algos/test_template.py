@@ -194,6 +194,28 @@ def test_metrics_the_rows_cannot_hold_are_refused_before_the_run(declared, retur
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_an_installed_plugin_that_fails_to_load_is_left_out_of_the_tools_that_go_through_them_all(
+    monkeypatch, tmp_path
+):
+    # One such plugin stopped bench and study for every algorithm, study saying to install rliable.
+    import importlib.metadata
+
+    info = tmp_path / "plugins-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugins\nVersion: 1.0\n")
+    entry_points = "toy = tests.algos.toy_algorithm:Toy\nbroken = no_such_package.algo\n"
+    (info / "entry_points.txt").write_text(f"[{algos.PLUGINS}]\n{entry_points}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(algos, "REGISTRY", dict(REGISTRY))
+    algos._register_plugins(importlib.metadata.entry_points(group=algos.PLUGINS))  # an installed package's
+    assert algos.REGISTRY["toy"][0] == "tests.algos.toy_algorithm:Toy"  # "module:Class", as entry points name one
+    with pytest.warns(UserWarning, match=r"algorithm 'broken' \(no_such_package.algo\) left out: No module named"):
+        classes = algos.loadable()
+    assert classes["toy"] is Toy and "broken" not in classes and set(REGISTRY) < set(classes)
+    with pytest.raises(ModuleNotFoundError):  # its own command still says why
+        algos.get_algorithm("broken")
+
+
 @pytest.mark.parametrize("path", [("ts",), ()])
 def test_a_train_state_path_that_names_no_train_state_is_refused_before_the_run(path, tmp_path):
     # ("ts",) failed as an AttributeError deep in the compiled chunk's trace

@@ -1,6 +1,7 @@
 """A user's own gymnasium environments (tests/support/custom_envs.py): made as gymnasium makes
 them, named from the command line as `module:EnvId`, their actions in their own spaces."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -51,6 +52,15 @@ def test_eval_refuses_to_wait_for_ever_for_an_episode_nothing_ends(monkeypatch):
 
 def test_channels_first_images_are_refused_as_such_and_small_channels_last_ones_kept():
     # gymnasium's FrameStackObservation stacks first: (4, 84, 84) trained as 4 rows of 84 channels
-    with pytest.raises(ValueError, match=r"\(4, 84, 84\) look channels-first; .* move the channels last"):
+    with pytest.raises(ValueError, match=r"\(4, 84, 84\) look channels-first; .* move the channels last") as err:
         gymnasium_spec("ProbeChannelsFirst-v0")
+    assert str(err.value).endswith("np.moveaxis(obs, 0, -1), gymnasium.spaces.Box(0, 255, (84, 84, 4), np.uint8))")
+    # the fix as the message gives it is taken
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    moved = lambda: gym.wrappers.TransformObservation(  # noqa: E731
+        custom_envs.Probe(space), lambda obs: np.moveaxis(obs, 0, -1), gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    )
+    if "ProbeMovedChannels-v0" not in gym.envs.registry:
+        gym.register("ProbeMovedChannels-v0", entry_point=moved)
+    assert gymnasium_spec("ProbeMovedChannels-v0").obs_shape == (84, 84, 4)
     assert gymnasium_spec("ProbeSmallImage-v0").obs_shape == (3, 3, 5)

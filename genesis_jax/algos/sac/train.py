@@ -73,7 +73,7 @@ class SAC(Algorithm):
     def setup(self) -> None:
         c = self.config
         spec = resolve_in_loop(c, "sac", continuous=True, instead="dqn or pqn")  # before anything is written
-        if not np.isfinite(spec.action_low + spec.action_high).all():  # tanh * inf: NaN actions
+        if not spec.bounded_actions:  # tanh * inf: NaN actions
             raise ValueError(
                 f"sac squashes its actions into the action bounds; {c.env} has infinite ones: make them finite"
             )

@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from genesis_jax.algos import REGISTRY, get_algorithm
+from genesis_jax.algos import get_algorithm, loadable
 from genesis_jax.run.progress import count
 from genesis_jax.run.run_dir import jsonable
 from genesis_jax.run.signals import DivergenceError
@@ -38,8 +38,7 @@ class Task:
 def _registered_tasks() -> dict[str, Task]:
     """Every registered algorithm's study tasks (`Presets.study`)."""
     tasks = {}
-    for name in REGISTRY:
-        algorithm = get_algorithm(name)
+    for name, algorithm in loadable().items():
         for task, t in algorithm.presets.study.items():
             if task in tasks:
                 raise ValueError(f"study task {task!r} is named by {tasks[task].algo} and {name}")
