@@ -615,6 +615,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """The `genesis-jax` command: its exit status. Called without `argv` (the command itself,
     or `python -m genesis_jax.cli`), the process ends here (`_exit_now`)."""
+    if argv is None:  # the command's own process: its plots go to files (the study's through pyplot), never a window
+        os.environ.setdefault("MPLBACKEND", "Agg")
     with _one_line_warnings():
         status = _command(sys.argv[1:] if argv is None else list(argv))
     if argv is None:
