@@ -615,6 +615,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """The `genesis-jax` command: its exit status. Called without `argv` (the command itself,
     or `python -m genesis_jax.cli`), the process ends here (`_exit_now`)."""
+    if argv is None:  # the command's own process: its plots go to files (the study's through pyplot), never a window
+        os.environ.setdefault("MPLBACKEND", "Agg")
     with _one_line_warnings():
         status = _command(sys.argv[1:] if argv is None else list(argv))
     if argv is None:
@@ -700,26 +702,58 @@ def _run(argv: list[str]) -> int:
         )
     if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
         return _run_launch(args)
-    # Of several processes, only process 0 logs, prints and shows progress (Session sees to
-    # the bar); the others report errors alone.
-    worker = not _primary()
-    logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s")  # on stderr
-    # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
-    # backends it did not find: their warnings and errors still show (process 0's). absl first,
-    # so that its logger is absl's own (absl-py: a requirement of optax's).
-    import absl.logging  # noqa: F401
+    with _settings_kept():
+        # Of several processes, only process 0 logs, prints and shows progress (Session sees to
+        # the bar); the others report errors alone.
+        worker = not _primary()
+        logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s")  # stderr
+        # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
+        # backends it did not find: their warnings and errors still show (process 0's). absl first,
+        # so that its logger is absl's own (absl-py: a requirement of optax's).
+        import absl.logging  # noqa: F401
 
-    for noisy in ("absl", "jax"):
-        logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
-    from genesis_jax.run.compile_cache import enable_compile_cache
+        for noisy in ("absl", "jax"):
+            logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
+        from genesis_jax.run.compile_cache import enable_compile_cache
 
-    enable_compile_cache(
-        not getattr(args, "no_compile_cache", False) and getattr(args, "run", RunOptions()).compile_cache
-    )
-    if args.command == "train":
-        return _run_train(args.workload, args.parts, args.run)
-    runs = {"demo": _run_demo, "bench": _run_bench, "study": _run_study, "collect": _run_collect, "eval": run_eval}
-    return runs[args.command](args)
+        enable_compile_cache(
+            not getattr(args, "no_compile_cache", False) and getattr(args, "run", RunOptions()).compile_cache
+        )
+        if args.command == "train":
+            return _run_train(args.workload, args.parts, args.run)
+        runs = {"demo": _run_demo, "bench": _run_bench, "study": _run_study, "collect": _run_collect, "eval": run_eval}
+        return runs[args.command](args)
+
+
+# JAX's options `enable_compile_cache` sets: a command's own, put back when it returns.
+_CACHE_OPTIONS = (
+    "jax_enable_compilation_cache",
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+)
+
+
+@contextlib.contextmanager
+def _settings_kept():
+    """The logging and JAX settings a command sets for its run (the root logger's handler and
+    level, absl's and JAX's levels, the compile cache) are put back when it returns: a command
+    run inside another program (`main(argv)`: a test, a notebook) left it logging every
+    library's INFO lines and keeping every program it compiled after in the user's cache folder.
+    (JAX loads here: every command past this point loads it anyway.)"""
+    import jax
+
+    root = logging.getLogger()
+    handlers, levels = list(root.handlers), [(log, log.level) for log in map(logging.getLogger, ("", "absl", "jax"))]
+    options = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:  # basicConfig's (absl's, through Orbax)
+            root.removeHandler(handler)
+        for log, level in levels:
+            log.setLevel(level)
+        for name, value in options.items():
+            jax.config.update(name, value)
 
 
 def _said(err: BaseException) -> tuple[str, int] | None:

@@ -15,16 +15,29 @@ def progress_bar(total: int, initial: int = 0, enabled: bool = True, unit: str =
     """A tqdm bar of `total` units. Counts in the thousands read as 20.0k; small ones stay
     whole numbers ("3/5 epoch", not tqdm's scaled "3.00/5.00"). Where stderr is a file or a
     pipe (a log, a batch job), a line a report instead: a bar's redraws there are one long line."""
-    if not enabled:  # shows nothing; not tqdm.auto's, which in a notebook without ipywidgets warns
-        from tqdm import tqdm as plain
-
-        return plain(disable=True)
+    if not enabled:
+        return NoBar()
     if not sys.stderr.isatty() and "ipykernel" not in sys.modules:  # a notebook's stderr is no tty either
         return ReportLines(total, initial, unit)
     from tqdm.auto import tqdm
 
     scaled = total >= 1000
     return tqdm(total=total, initial=initial, unit=unit, unit_scale=scaled, dynamic_ncols=True, file=sys.stderr)
+
+
+class NoBar:
+    """A bar that shows nothing. Not tqdm's `disable=True`: its first bar started tqdm's monitor
+    thread, left running in the program after every run, `progress=False` ones included (and not
+    tqdm.auto's, which in a notebook without ipywidgets warns)."""
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class ReportLines:

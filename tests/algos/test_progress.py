@@ -43,3 +43,21 @@ def test_world_model_bar_shows_whole_epochs(capsys):
     train_world_model(WorldModelConfig(precision="fp32", epochs=2, num_sequences=64, batch_size=256), progress=True)
     err = capsys.readouterr().err
     assert "2/2" in err and "2.00/2.00" not in err
+
+
+def test_a_run_without_progress_leaves_no_thread_running(monkeypatch):
+    # tqdm's disabled bar started tqdm's monitor thread, left running in the program after the run.
+    import threading
+
+    import jax.numpy as jnp
+    import tqdm
+
+    from genesis_jax.run.session import Session
+
+    monkeypatch.setattr(tqdm.tqdm, "monitor", None)  # one an earlier bar started is not this run's
+    before = set(threading.enumerate())
+    with Session(None, name="toy", num_rows=2, progress=False) as session:
+        step, to_rows = lambda w: (w * 0.5, {"loss": w}), lambda m, done: [{"update": done + 1}]
+        w = session.run(session.restore(jnp.float32(8.0)), step, to_rows)
+        session.finish({})
+    assert float(w) == 2.0 and set(threading.enumerate()) == before and tqdm.tqdm.monitor is None

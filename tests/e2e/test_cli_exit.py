@@ -1,7 +1,8 @@
 """The command's end (`genesis_jax.cli._exit_now`): run as `genesis-jax` (or `python -m
 genesis_jax.cli`), it skips Python's teardown of the loaded modules, yet exits with the
 command's status, its output whole and its atexit handlers run; a process with another
-thread still working ends as usual, after that thread."""
+thread still working ends as usual, after that thread. Run inside another program (`main(argv)`),
+it leaves that program's logging and compile cache as they were."""
 
 import json
 
@@ -45,3 +46,31 @@ def test_a_deprecated_spelling_is_said_in_one_line(capsys):
         warnings.simplefilter("always")
         warnings.warn("epsilon-steps is deprecated and goes in 0.5", FutureWarning, stacklevel=1)
     assert capsys.readouterr().err == "genesis-jax: warning: epsilon-steps is deprecated and goes in 0.5\n"
+
+
+def test_a_command_inside_a_program_leaves_its_logging_and_compile_cache(tmp_path):
+    # `main(argv)` in a test or a notebook: the command's log handler and levels and its compile
+    # cache were its run's; they left the program logging every library's INFO lines and keeping
+    # every program it compiled after in the user's cache folder.
+    import logging
+
+    import jax
+
+    from genesis_jax.cli import main
+
+    root, absl = logging.getLogger(), logging.getLogger("absl")
+    kept_handlers, kept_levels = root.handlers[:], (root.level, absl.level)
+    kept_min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    root.handlers[:] = []  # a program that has not configured logging (pytest's capture set aside)
+    root.setLevel(logging.WARNING)
+    absl.setLevel(logging.DEBUG)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 5.0)
+    try:
+        assert main(["eval", str(tmp_path / "no-run")]) == 2  # past the point where a command sets them
+        assert (root.handlers, root.level, absl.level) == ([], logging.WARNING, logging.DEBUG)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 5.0
+    finally:
+        root.handlers[:] = kept_handlers
+        root.setLevel(kept_levels[0])
+        absl.setLevel(kept_levels[1])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", kept_min_time)

@@ -11,6 +11,7 @@ from rliable import library as rly
 from rliable import metrics
 
 from genesis_jax.cli.study import stats
+from tests.support.processes import cpu_env, run_python
 
 # A fixed score matrix per precision: 6 seeds x 2 tasks (normalised scores).
 SCORES = {
@@ -161,3 +162,12 @@ def test_the_study_command_reports_and_resumes_without_redoing_cells(tmp_path, c
     assert main([*argv, "--num-seeds", "4"]) == 2
     assert "--num-seeds: 3 -> 4" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (out / "cells").rglob("*.json*")} == before
+
+
+def test_importing_the_study_leaves_the_programs_matplotlib_backend():
+    # The report's import switched the process to Agg: a notebook importing the study (its inline
+    # backend) showed none of its own plots after. Only the command's own process picks Agg.
+    code = "import matplotlib; import genesis_jax.cli.study; print(matplotlib.get_backend())"
+    done = run_python(["-c", code], env=cpu_env(MPLBACKEND="svg"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "svg", done.stdout

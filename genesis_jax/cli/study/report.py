@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import pathlib
 
-import matplotlib
+# pyplot in the backend the process has (rliable's plots draw through it), each figure closed once
+# saved: a `matplotlib.use("Agg")` here switched a notebook importing the study to Agg, and its
+# own plots stopped showing. The command's process picks Agg itself (`genesis_jax.cli.main`).
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from genesis_jax.cli.study import stats  # noqa: E402
-from genesis_jax.cli.study.cells import BASELINE, SPEED_POINTS, TASKS, threshold_times  # noqa: E402
+from genesis_jax.cli.study import stats
+from genesis_jax.cli.study.cells import BASELINE, SPEED_POINTS, TASKS, threshold_times
 
 
 def _fmt(e: stats.Estimate, digits: int = 2) -> str:
