@@ -161,9 +161,8 @@ class RunDirectory:
                 f.seek(0)
                 holder = f.read().strip() or "unknown"
                 f.close()
-                raise RunDirectoryError(
-                    f"output directory {self.path} is in use by another run (pid {holder})"
-                ) from None
+                who = "in this process" if holder == str(os.getpid()) else f"(pid {holder})"  # its own pid misled
+                raise RunDirectoryError(f"output directory {self.path} is in use by another run {who}") from None
             # The holder before us may have removed the file while we waited for it: lock anew.
             if lock_path.exists() and os.stat(lock_path).st_ino == os.fstat(f.fileno()).st_ino:
                 break

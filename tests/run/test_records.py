@@ -554,3 +554,14 @@ def test_a_second_sigterm_a_second_later_ends_the_process_as_an_unhandled_one_wo
     time.sleep(StopSignals.SAME_STOP_SECONDS + 0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == -signal.SIGTERM and proc.stdout.read() == "again\n"
+
+
+def test_a_directory_in_use_by_a_run_of_the_same_process_says_so_not_its_own_pid(tmp_path):
+    from genesis_jax.run.run_dir import RunDirectory
+
+    first = RunDirectory(tmp_path / "run").open()
+    try:
+        with pytest.raises(RunDirectoryError, match=r"is in use by another run in this process$"):
+            RunDirectory(tmp_path / "run", overwrite=True).open()
+    finally:
+        first.close(succeeded=True)
