@@ -194,6 +194,18 @@ def test_the_steps_that_run_not_the_steps_asked_decide_whether_anything_learns()
     assert DQNConfig(**tiny, total_steps=400, learning_starts=100, target_update_interval=200).total_steps == 400
 
 
+def test_a_batch_the_buffer_never_holds_is_refused_as_no_gradient_step():
+    """The first gradient step waits for batch-size transitions too: a batch of 300 in a run of
+    200 steps (learning-starts 0) took none, and the run exited 0 with a return."""
+    tiny = dict(steps_per_row=200, num_envs=2, train_frequency=2, buffer_size=400, learning_starts=0)
+    with pytest.raises(ValueError, match="^batch-size 300 is more transitions than the run collects \\(200\\)"):
+        DQNConfig(**tiny, batch_size=300, total_steps=200, target_update_interval=2)
+    late = "^target-update-interval 300 puts no target update between the first gradient step \\(once the buffer"
+    with pytest.raises(ValueError, match=late):  # learning starts at 350 steps: the target's update at 300 precedes it
+        DQNConfig(**tiny, batch_size=350, total_steps=400, target_update_interval=300)
+    assert DQNConfig(**tiny, batch_size=300, total_steps=400, target_update_interval=400).batch_size == 300
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

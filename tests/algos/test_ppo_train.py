@@ -130,6 +130,11 @@ def test_continuous_actions_run():
         (["train", "ppo", "--precision", "fp8"], "unknown precision 'fp8'"),
         (["train", "ppo", "--total-steps", "0"], "total-steps must be a positive integer"),
         (["train", "ppo", "--num-minibatches", "3"], "not divisible into 3 minibatches"),
+        # minibatches of 1 transition: each advantage normalised to 0, the policy loss 0 every step, unsaid
+        (
+            ["train", "ppo", "--num-envs", "1", "--num-steps", "8", "--num-minibatches", "8", "--total-steps", "64"],
+            "is 1 transition each",
+        ),
         (["train", "ppo", "--env-backend", "gymnax", "--env", "LunarLander-v3"], "gymnax has no environment"),
     ],
 )

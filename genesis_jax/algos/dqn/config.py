@@ -81,11 +81,21 @@ class DQNConfig(DQNFields, Config):
                 f"learning-starts must lie in [0, {run}){ran} for any gradient step to be taken, "
                 f"got {self.learning_starts}"
             )
-        interval = self.target_update_interval  # updates at its multiples: the first after learning starts
-        if (self.learning_starts // interval + 1) * interval > run:  # the target would stay as initialised
+        # The first gradient step also waits for a batch in the buffer: a larger batch-size took none, unsaid.
+        if self.batch_size > run:
             raise ValueError(
-                f"target-update-interval {interval} puts no target update between learning-starts "
-                f"{self.learning_starts} and the end ({run}){ran}: the target network would never learn"
+                f"batch-size {self.batch_size} is more transitions than the run collects ({run}){ran}: the buffer "
+                "would never hold a batch, and no gradient step would be taken"
+            )
+        first = max(self.learning_starts + 1, self.batch_size)  # the first step a gradient step may follow
+        start = f"learning-starts {self.learning_starts}"
+        if first > self.learning_starts + 1:
+            start = f"the first gradient step (once the buffer holds batch-size {self.batch_size})"
+        interval = self.target_update_interval  # updates at its multiples: the first from the first gradient step
+        if -(-first // interval) * interval > run:  # the target would stay as initialised
+            raise ValueError(
+                f"target-update-interval {interval} puts no target update between {start} "
+                f"and the end ({run}){ran}: the target network would never learn"
             )
         self.validate_parallel("batch-size", self.batch_size)
         if self.epsilon_steps is not None:

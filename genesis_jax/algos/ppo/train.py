@@ -89,6 +89,14 @@ class PPO(Algorithm):
         self.spec = spec = resolve_in_loop(c, "ppo")
         check_network(c.network, spec.obs_shape)
         self.steps_per_row, self.mesh = c.batch_size, c.mesh()
+        # A lone transition's advantage, normalised over its minibatch, is 0: the policy loss was 0, unsaid (a
+        # recorded run loads as it ran).
+        if c.minibatch_size == 1 and not self.recorded:
+            raise ValueError(
+                f"num-envs x num-steps = {c.batch_size} in {c.num_minibatches} minibatches is 1 transition each: "
+                "PPO normalises advantages per minibatch, which makes a lone one 0, so the policy would not learn; "
+                "give fewer num-minibatches"
+            )
         self.rollout_net = make_network(c, spec, c.rollout_precision_resolved())
         self.loss_fn = self.loss_of(c.train_precision())
         # A bound on a rollout's truncations: one per environment per time limit's worth of steps.
