@@ -752,13 +752,13 @@ class Algorithm:
                 per_chunk = _largest_divisor_at_most(remaining, per_chunk)
             if remaining and session.progress:  # past every refusal: a note never joins a one-line error
                 session.note("compiling the training program (the bar starts when it is done) ...")
-            note = self.budget_note()
+            notes = [note for note in (self.budget_note(), self.config.unused_scaling_note()) if note]
 
             def on_start():  # just before the first step (not if a signal came while compiling), before the bar
                 self.row_time = time.perf_counter()
                 if announce is not None:
-                    announce([note] if note else [])
-                elif note:
+                    announce(notes)
+                for note in notes if announce is None else ():
                     session.note(note)
 
             start = time.perf_counter()

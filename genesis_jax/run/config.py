@@ -326,6 +326,19 @@ class MixedPrecisionConfig:
     def train_precision(self) -> Precision:
         return get_precision(self.precision, self.loss_scaling)
 
+    def unused_scaling_note(self) -> str | None:
+        """One line where a loss-scale setting other than its default changes nothing: the run
+        scales no loss, or its static scale neither grows nor has a floor. None otherwise."""
+        scaling = check_precision(self.precision, self.loss_scaling)
+        unused = {"none": ("init_loss_scale", "growth_interval", "min_loss_scale")}.get(scaling, ())
+        unused = ("growth_interval", "min_loss_scale") if scaling == "static" else unused
+        given = [f"--{f.replace('_', '-')}" for f in unused if getattr(self, f) != getattr(type(self), f)]
+        if not given:
+            return None
+        why = f"{self.precision}{' with loss-scaling none' * (self.loss_scaling == 'none')} scales no loss"
+        why = "a static loss scale neither grows nor has a floor" if scaling == "static" else why
+        return f"note: {', '.join(given)} change{'s' * (len(given) == 1)} nothing here: {why}"
+
     def divergence_guard(self):
         return DivergenceGuard(self.guard_min_scale, self.max_consecutive_skips)
 

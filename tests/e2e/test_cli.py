@@ -301,12 +301,14 @@ def test_a_refused_half_precision_run_on_a_cpu_prints_only_its_error(capsys):
 def test_the_compile_and_a_rounded_budget_are_said_before_the_bar_starts(tmp_path, capsys):
     argv = ["train", "ppo", "--precision", "fp32", "--total-steps", "1000", "--num-envs", "4", "--num-steps", "128"]
     argv += ["--eval-episodes", "0"]  # no greedy evaluation after training: not what is said before the bar
+    argv += ["--init-loss-scale", "1024"]  # fp32 scales no loss: said, with the budget
     assert main([*argv, "--update-epochs", "1", "--num-minibatches", "1", "--out", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     note = "note: --total-steps 1,000 runs as 1 update of 512 steps: 512 steps\n"
+    unused = "note: --init-loss-scale changes nothing here: fp32 scales no loss\n"
     compiling = "compiling the training program (the bar starts when it is done) ...\n"
-    assert err.count(note) == 1 and err.count(compiling) == 1
-    assert err.index(compiling) < err.index(note) < err.index("512/512")  # each on its own line, the bar after
+    assert err.count(note) == 1 and err.count(compiling) == 1 and err.count(unused) == 1
+    assert err.index(compiling) < err.index(note) < err.index(unused) < err.index("512/512")  # the bar after
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_steps"] == 512
 
@@ -321,3 +323,28 @@ def test_a_budget_of_whole_rows_gets_no_note(tmp_path):
         "1,025 runs as 2 updates of 512 steps: 1,024 steps"
         in ppo(ppo.config_class(total_steps=1025, num_envs=4, num_steps=128)).budget_note()
     )
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (
+            {"precision": "bf16", "init_loss_scale": 1024.0, "min_loss_scale": 2.0},
+            "--init-loss-scale, --min-loss-scale change nothing here: bf16 scales no loss",
+        ),
+        (
+            {"precision": "fp16", "loss_scaling": "none", "growth_interval": 5},
+            "--growth-interval changes nothing here: fp16 with loss-scaling none scales no loss",
+        ),
+        (
+            {"precision": "fp16", "loss_scaling": "static", "init_loss_scale": 8.0, "min_loss_scale": 1.0},
+            "--min-loss-scale changes nothing here: a static loss scale neither grows nor has a floor",
+        ),
+        ({"precision": "fp16", "growth_interval": 5, "min_loss_scale": 1.0}, None),  # dynamic: every one applies
+        ({"precision": "fp32"}, None),  # the defaults: nothing given, nothing said
+    ],
+)
+def test_loss_scale_settings_that_change_nothing_are_said(settings, said):
+    from genesis_jax.algos.ppo import PPOConfig
+
+    assert PPOConfig(**settings).unused_scaling_note() == (said and f"note: {said}")

@@ -60,12 +60,13 @@ class SACConfig(SACFields, Config):
     FIELD_MULTIPLES = {"steps_per_row": "num_envs", "total_steps": "steps_per_row"}  # rows of whole vector steps
 
     def check(self):
-        last_due = self.total_steps - self.num_envs  # the last vector step a gradient step can follow
-        if not self.batch_size <= self.learning_starts <= last_due:
+        # At total-steps, one gradient step follows the run's last vector step: no action ever comes of it.
+        last_acted_on = self.total_steps - self.num_envs
+        if not self.batch_size <= self.learning_starts <= last_acted_on:
             raise ValueError(
                 f"learning-starts must lie between batch-size {self.batch_size} and total-steps less one vector "
-                f"step ({self.total_steps} - {self.num_envs}) for any gradient step to be taken, "
-                f"got {self.learning_starts}"
+                f"step ({self.total_steps} - {self.num_envs}) for a gradient step to be taken before the run's last "
+                f"vector step, got {self.learning_starts}"
             )
         self.validate_parallel("batch-size", self.batch_size)
 
