@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import onpolicy
-from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, minatar_tasks
+from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, mean_of_applied, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.run.parallel import constrain
@@ -53,7 +53,7 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 
 class PQN(EpsilonGreedy, Algorithm):
     name, config_class = "pqn", PQNConfig
-    metrics = {"episodes": "episodes per seed"}
+    metrics = {"episodes": "episodes per seed", "loss": "nanmean"}
     presets = Presets(tiny=onpolicy.TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
@@ -91,10 +91,12 @@ class PQN(EpsilonGreedy, Algorithm):
 
         def learn(ts, minibatch):
             ts, m = self.train_step(ts, self.loss_fn, constrain(minibatch, c.mesh()))
-            return ts, (m["loss"], m["aux"])
+            return ts, (m["loss"], m["aux"], m["grads_finite"])
 
-        ts, (loss, q) = c.epochs(learn, s.train_state, flat, shuffle_key)
-        metrics = {"loss": loss.mean(), "q": q.mean(), "episodes": ended.sum(), "return_sum": return_sum.sum()}
+        ts, (loss, q, finite) = c.epochs(learn, s.train_state, flat, shuffle_key)
+        # The loss of the steps applied, as PPO's: a skipped step's (its loss what made it skip) is not the row's.
+        metrics = {"loss": mean_of_applied(loss, finite), "q": q.mean(), "episodes": ended.sum()}
+        metrics["return_sum"] = return_sum.sum()
         return s.replace(train_state=ts), {**metrics, "epsilon": c.epsilon(s.steps)}
 
 
