@@ -758,7 +758,8 @@ class Algorithm:
                 self.row_time = time.perf_counter()
                 if announce is not None:
                     announce(notes)
-                for note in notes if announce is None else ():
+                    return
+                for note in notes:
                     session.note(note)
 
             start = time.perf_counter()
