@@ -50,7 +50,10 @@ PILOT_SEEDS = 8  # --pilot-seeds' default
 # The one-sided level of the upper confidence bound on the pilot's SD the seeds are sized from.
 SD_LEVEL = 0.8
 # The variance of a 25% CVaR estimate over the mean's (the normal's, asymptotically: 2.03;
-# the IQM's is 1.19): the seeds the mean needs, times this, give the tail the same precision.
+# the IQM's is 1.19): the seeds the mean needs, times this, give the tail the same precision
+# only for independent normal scores. On paired differences the ratio grows with the seeds'
+# correlation (2.7 at 0.5), and on the committed studies' skewed scores it was 1.6-16, so the
+# tail is often underpowered at the planned seeds (docs/study.md, "The plan").
 TAIL_FACTOR = 2.03
 # The compute precision whose pilot cell stands in for each study precision's time.
 TIME_LIKE = {"fp32": "fp32", "bf16": "fp16", "fp16": "fp16", "fp16-unscaled": "fp16"}
