@@ -3,7 +3,7 @@
 What is stored, per leaf of the example transition:
 
 - bool and uint8 leaves (MinAtar's 0/1 frames, Atari's pixels, done flags) as uint8;
-- floating leaves (continuous observations, rewards) as `storage_dtype`: float32 by default;
+- floating leaves (continuous observations, float images, rewards) as `storage_dtype`: float32 by default;
   float16 or bfloat16 halves their memory (the compute dtype of a mixed-precision run; the
   values are rounded once, on the way in);
 - integer leaves (discrete actions) as int32.

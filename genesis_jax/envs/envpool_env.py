@@ -28,7 +28,7 @@ def envpool_spec(env_id: str) -> EnvSpec:
         raise ValueError(f"envpool has no Atari game {env_id!r} (the backend takes ALE/<Game>-v5 ids)")
     spec = envpool.make_spec(name, **ATARI_OPTIONS)
     stack, height, width = spec.observation_space.shape
-    return EnvSpec(env_id, "envpool", (height, width, stack), int(spec.action_space.n), False)
+    return EnvSpec(env_id, "envpool", (height, width, stack), int(spec.action_space.n), False, obs_dtype="uint8")
 
 
 def _channels_last(obs):

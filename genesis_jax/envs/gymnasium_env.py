@@ -121,26 +121,30 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
     env.close()
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(f"{env_id} has a {type(obs_space).__name__} observation space; only Box is supported")
-    shape = tuple(obs_space.shape) or (1,)
-    shape = shape if len(shape) == 3 and obs_space.dtype == np.uint8 else (math.prod(shape),)  # images stay images
-    if len(shape) == 3 and shape[0] <= 4 < min(shape[1:]):  # (4, 84, 84) read as 4 rows of 84 channels: silently
+    shape, pixels = tuple(obs_space.shape) or (1,), obs_space.dtype == np.uint8
+    # Images stay images: uint8 pixels, or floats (kept float32: as uint8 they would be quantised, 0.5 read as 0).
+    image = len(shape) == 3 and (pixels or np.issubdtype(obs_space.dtype, np.floating))
+    shape = shape if image else (math.prod(shape),)
+    if image and shape[0] <= 4 < min(shape[1:]):  # (4, 84, 84) read as 4 rows of 84 channels: silently
+        bounds = "0, 255" if pixels else f"{float(obs_space.low.min())}, {float(obs_space.high.max())}"
         raise ValueError(
             f"{env_id}'s image observations {shape} look channels-first; the networks read (height, width, channels): "
             "move the channels last: gymnasium.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), "
-            f"gymnasium.spaces.Box(0, 255, {(*shape[1:], shape[0])}, np.uint8))"
+            f"gymnasium.spaces.Box({bounds}, {(*shape[1:], shape[0])}, np.{obs_space.dtype.name}))"
         )
+    obs = dict(obs_dtype="uint8" if image and pixels else "float32")
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, "gymnasium", shape, int(act_space.n), False)
+        return EnvSpec(env_id, "gymnasium", shape, int(act_space.n), False, **obs)
     if isinstance(act_space, gym.spaces.Box):
         low, high = (tuple(map(float, bound.reshape(-1))) for bound in (act_space.low, act_space.high))
-        return EnvSpec(env_id, "gymnasium", shape, len(low), True, low, high)
+        return EnvSpec(env_id, "gymnasium", shape, len(low), True, low, high, **obs)
     raise ValueError(f"{env_id} has a {type(act_space).__name__} action space; only Discrete and Box are supported")
 
 
 def observation_dtype(spec: EnvSpec):
-    """The dtype of `GymnasiumVecEnv`'s observations for `spec`: uint8 for image frames (Atari's
-    (84, 84, 4)), float32 for everything else."""
-    return np.dtype(np.uint8 if len(spec.obs_shape) == 3 else np.float32)
+    """The dtype of `GymnasiumVecEnv`'s observations for `spec`: uint8 for pixel frames (Atari's
+    (84, 84, 4)), float32 for everything else (float images included)."""
+    return np.dtype(spec.obs_dtype)
 
 
 class GymnasiumVecEnv:
@@ -149,7 +153,7 @@ class GymnasiumVecEnv:
     Autoreset is same-step, so `step` returns the next episode's first observation and,
     separately, the finished episode's last one (`final_obs`) for bootstrapping.
     Observations are [num_envs, *spec.obs_shape]: uint8 images stay uint8 (a quarter of
-    the bytes to move), everything else is float32.
+    the bytes to move), everything else is float32 (float images too).
     """
 
     def __init__(self, env_id: str, num_envs: int, vectorization: str = "sync", action_repeat: int = 1):

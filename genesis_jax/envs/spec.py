@@ -10,7 +10,8 @@ import math
 class EnvSpec:
     """Spaces of an environment: observations of shape `obs_shape` (a vector's, or an image's
     (height, width, channels)), `action_dim` actions (discrete) or action dimensions
-    (continuous, within `action_low` and `action_high`)."""
+    (continuous, within `action_low` and `action_high`). Observations arrive as `obs_dtype`:
+    uint8 for pixel frames (kept a byte each: the CNN scales them), float32 otherwise."""
 
     env_id: str
     backend: str
@@ -20,6 +21,7 @@ class EnvSpec:
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int | None = None  # the time limit, where known: bounds truncations
+    obs_dtype: str = "float32"
 
     @property
     def bounded_actions(self) -> bool:

@@ -234,3 +234,18 @@ def test_a_run_recorded_with_a_setting_refused_since_is_still_built_as_it_ran(se
     with pytest.raises(ValueError, match="leave"):
         DQN(config)  # a new run
     DQN(config, recorded=True).close()
+
+
+def test_float_image_frames_train_the_cnn_and_stay_float32_in_the_buffer():
+    # Each pixel is 0.5: stored as uint8 (as pixels are) it would read 0.
+    config = DQNConfig(
+        env="tests.support.custom_envs:ProbeFloatImage-v0", network="cnn", num_envs=2, total_steps=128,
+        steps_per_row=64, train_frequency=2, learning_starts=64, buffer_size=128, batch_size=8,
+        target_update_interval=32,
+    )  # fmt: skip
+    result = train(config, progress=False)
+    obs, state = result.state.buffer.experience["obs"], result.state
+    assert obs.dtype == jnp.float32 and obs.shape[-3:] == (10, 10, 3) and bool(jnp.all(obs == 0.5))
+    assert state.obs.dtype == jnp.float32 and bool(jnp.all(state.obs == 0.5))
+    assert result.summary["buffer_dtypes"]["obs"] == "float32" and int(state.train_state.step) == (128 - 64) // 2
+    assert "conv_0" in str(jax.tree_util.tree_structure(state.train_state.params))  # the CNN, not a flattening MLP

@@ -123,6 +123,17 @@ def test_continuous_actions_run():
     assert np.isfinite(result.summary["final_return"]) and result.summary["total_updates"] == 2 * 16
 
 
+def test_float_image_observations_train_the_cnn_from_the_command_line(tmp_path):
+    # Box(0.0, 1.0, (10, 10, 3), float32) observations: once flattened, so that --network cnn was refused;
+    # 2 updates of 2 minibatch steps
+    env, out = "tests.support.custom_envs:ProbeFloatImage-v0", tmp_path / "run"
+    tiny = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
+    argv = ["train", "ppo", "--env", env, "--network", "cnn", *tiny, "--total-steps", "64", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["env"] == env and summary["total_updates"] == 2 * 2 and np.isfinite(summary["final_return"])
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [

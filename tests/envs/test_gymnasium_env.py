@@ -2,11 +2,13 @@
 them, named from the command line as `module:EnvId`, their actions in their own spaces."""
 
 import gymnasium as gym
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from genesis_jax.envs import play, resolve_env
-from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, gymnasium_spec, make_env
+from genesis_jax.envs.gymnasium_env import GymnasiumVecEnv, gymnasium_spec, io_callback_step, make_env
 from tests.support import custom_envs  # noqa: F401 (registers the environments)
 
 
@@ -64,3 +66,20 @@ def test_channels_first_images_are_refused_as_such_and_small_channels_last_ones_
         gym.register("ProbeMovedChannels-v0", entry_point=moved)
     assert gymnasium_spec("ProbeMovedChannels-v0").obs_shape == (84, 84, 4)
     assert gymnasium_spec("ProbeSmallImage-v0").obs_shape == (3, 3, 5)
+
+
+def test_float_images_stay_images_in_float32_with_their_values_and_uint8_ones_stay_uint8():
+    for env_id in ("ProbeFloatImage-v0", "ProbeFloat64Image-v0"):
+        spec = gymnasium_spec(env_id)
+        assert (spec.obs_shape, spec.obs_dtype) == ((10, 10, 3), "float32")  # not flattened, not quantised
+        env = GymnasiumVecEnv(env_id, num_envs=2)
+        obs = env.reset(seed=0)
+        assert obs.shape == (2, 10, 10, 3) and obs.dtype == np.float32 and np.all(obs == 0.5)
+        obs, _, _, _, _, final_obs = jax.jit(io_callback_step(env))(None, (), jnp.zeros(2, int))
+        assert obs.dtype == final_obs.dtype == jnp.float32 and bool(jnp.all(obs == 0.5))
+        env.close()
+    assert gymnasium_spec("ProbeSmallImage-v0").obs_dtype == "uint8"
+    assert gymnasium_spec("Probe-v0").obs_dtype == "float32"
+    with pytest.raises(ValueError, match=r"\(3, 84, 84\) look channels-first") as err:
+        gymnasium_spec("ProbeFloatChannelsFirst-v0")
+    assert str(err.value).endswith("gymnasium.spaces.Box(0.0, 1.0, (84, 84, 3), np.float32))")

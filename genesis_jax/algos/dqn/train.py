@@ -82,7 +82,7 @@ class DQN(EpsilonGreedy, Algorithm):
         self.setup_q(activation=c.activation)
         self.steps_per_row, spec = c.steps_per_row, self.spec
         minatar = spec.backend == "gymnax" and len(spec.obs_shape) == 3  # gymnax's frames: MinAtar's 0/1, as bool
-        obs = jnp.zeros(spec.obs_shape, bool if minatar else observation_dtype(spec))  # else Atari's uint8, or float32
+        obs = jnp.zeros(spec.obs_shape, bool if minatar else observation_dtype(spec))  # else uint8 pixels, or float32
         example = dict(obs=obs, action=jnp.int32(0), reward=jnp.float32(0), terminated=jnp.bool_(0), next_obs=obs)
         storage = c.train_precision().compute_dtype if c.replay_dtype == "compute" else jnp.float32
         self.replay = self.make_replay(example, c.buffer_size, c.batch_size, storage_dtype=storage)
