@@ -126,7 +126,8 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
     image = len(shape) == 3 and (pixels or np.issubdtype(obs_space.dtype, np.floating))
     shape = shape if image else (math.prod(shape),)
     if image and shape[0] <= 4 < min(shape[1:]):  # (4, 84, 84) read as 4 rows of 84 channels: silently
-        bounds = "0, 255" if pixels else f"{float(obs_space.low.min())}, {float(obs_space.high.max())}"
+        low, high = (float(obs_space.low.min()), float(obs_space.high.max())) if not pixels else (0, 255)
+        bounds = ", ".join(f"{b}" if np.isfinite(b) else f"{'-' * (b < 0)}np.inf" for b in (low, high))  # Python
         raise ValueError(
             f"{env_id}'s image observations {shape} look channels-first; the networks read (height, width, channels): "
             "move the channels last: gymnasium.wrappers.TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), "
