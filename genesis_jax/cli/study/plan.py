@@ -149,7 +149,8 @@ def plan_lines(plans: dict[str, dict], steps: dict[str, int], device: str) -> li
         f"Seeds per cell for an equivalence verdict within +-{stats.MARGIN:g} at {stats.CONFIDENCE:.0%} "
         f"confidence (two-sided: z = 1.96) with {POWER:.0%} power (TOST on the paired differences fp16 - fp32: "
         f"the {SD_LEVEL:.0%} chi-square upper bound of their SD in the pilot, times {TAIL_FACTOR:g} for the "
-        f"CVaR's variance; docs/study.md), and the wall time of every precision's cell at those seeds on {device}:",
+        "CVaR's variance, the factor of independent normal scores: on paired, skewed scores the CVaR's power can be "
+        f"far lower; docs/study.md), and the wall time of every precision's cell at those seeds on {device}:",
         "",
         "| task | steps per seed | pilot seeds | SD final | SD AUC | SD of differences final (upper bound) "
         "| SD of differences AUC (upper bound) | seeds (final) | seeds (AUC) | seeds per cell | estimated wall time |",
