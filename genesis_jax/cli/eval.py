@@ -7,10 +7,11 @@ import argparse
 import json
 
 DESCRIPTION = (
-    "Loads the newest checkpoint of a run of an algorithm that acts (ppo, dqn, sac, pqn), plays --episodes whole "
-    "episodes (the environment's own time limit) greedily in the run's precision, deterministic from --seed, and "
-    "prints their mean return +/- std, min and max. A stopped or unfinished run's newest checkpoint plays (the line "
-    "says so); a directory without a checkpoint, a corrupted one or another workload's run is refused in one line."
+    "Loads the newest checkpoint of a run of an algorithm that acts (ppo, dqn, sac, pqn, or an installed one with "
+    "`act`), plays --episodes whole episodes (the environment's own time limit) greedily in the run's precision, "
+    "deterministic from --seed, and prints their mean return +/- std, min and max. A stopped or unfinished run's "
+    "newest checkpoint plays (the line says so); a directory without a checkpoint, a corrupted one or another "
+    "workload's run is refused in one line."
 )
 
 
