@@ -740,7 +740,9 @@ def _settings_kept():
     run inside another program (`main(argv)`: a test, a notebook) left it logging every
     library's INFO lines and keeping every program it compiled after in the user's cache folder.
     (JAX loads here: every command past this point loads it anyway.)"""
+    import absl.logging  # noqa: F401  (before getLogger("absl"): absl's logger must be its own class)
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
     root = logging.getLogger()
     handlers, levels = list(root.handlers), [(log, log.level) for log in map(logging.getLogger, ("", "absl", "jax"))]
@@ -754,6 +756,7 @@ def _settings_kept():
             log.setLevel(level)
         for name, value in options.items():
             jax.config.update(name, value)
+        compilation_cache.reset_cache()  # JAX set its cache up once: without this it went on writing there
 
 
 def _said(err: BaseException) -> tuple[str, int] | None:

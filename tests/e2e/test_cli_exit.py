@@ -6,7 +6,9 @@ it leaves that program's logging and compile cache as they were."""
 
 import json
 
-from tests.support.processes import run_python
+import pytest
+
+from tests.support.processes import cpu_env, run_python
 
 DEMO = ["-m", "genesis_jax.cli", "demo", "--steps", "3"]
 
@@ -74,3 +76,33 @@ def test_a_command_inside_a_program_leaves_its_logging_and_compile_cache(tmp_pat
         root.setLevel(kept_levels[0])
         absl.setLevel(kept_levels[1])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", kept_min_time)
+
+
+@pytest.mark.slow  # a fresh process: JAX sets its persistent cache up once a process
+def test_a_command_inside_a_program_leaves_no_compile_cache_behind(tmp_path):
+    # Putting the cache's options back did not undo JAX's cache object: the program's own later
+    # compiles went on being written to the command's folder.
+    env = {k: v for k, v in cpu_env().items() if k != "JAX_COMPILATION_CACHE_DIR"} | {"XDG_CACHE_HOME": str(tmp_path)}
+    script = (
+        "import pathlib, jax, jax.numpy as jnp\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)  # the program caches all it may\n"
+        "from genesis_jax.cli import main\n"
+        "assert main(['demo', '--steps', '2']) == 0\n"
+        f"cache = pathlib.Path({str(tmp_path)!r}) / 'genesis-jax' / 'xla'\n"
+        "before = len(list(cache.iterdir()))\n"
+        "jax.jit(lambda x: jnp.sin(x) * 3.25)(jnp.ones(7)).block_until_ready()  # the program's own\n"
+        "print(before, len(list(cache.iterdir())))\n"
+    )
+    done = run_python(["-c", script], env=env)
+    assert done.returncode == 0, done.stderr
+    before, after = map(int, done.stdout.split()[-2:])
+    assert before > 0 and after == before  # the command cached its programs; the program's own is not there
+
+
+@pytest.mark.slow  # a fresh process: which class absl's logger is is decided once, as absl is imported
+def test_absls_logger_stays_absls_own_after_a_command():
+    # getLogger("absl") before absl's import made it a plain Logger: log_first_n then counted every
+    # call site as one (Orbax's warnings among them), in the run and in the program after it.
+    script = "import logging\nfrom genesis_jax.cli import main\nmain(['eval', '/no/such/run'])\n"
+    done = run_python(["-c", script + "print(type(logging.getLogger('absl')).__name__)"])
+    assert done.returncode == 0 and done.stdout.split()[-1] == "ABSLLogger", done.stderr
