@@ -37,8 +37,8 @@ MINATAR_CNN = (((16, 3, 1),), 128)
 
 
 def default_network(obs_shape: Sequence[int]) -> str:
-    """`cnn` for image observations (height x width x channels), `mlp` for anything else."""
-    return "cnn" if len(obs_shape) == 3 else "mlp"
+    """`cnn` for image observations (height x width x channels) the CNN can take, `mlp` for anything else."""
+    return "cnn" if len(obs_shape) == 3 and min(obs_shape[:2]) >= MINATAR_CNN[0][0][1] else "mlp"
 
 
 def cnn_layout_for(obs_shape: Sequence[int]):
@@ -144,6 +144,9 @@ def check_network(network: str | None, obs_shape: Sequence[int]) -> None:
         raise ValueError(
             f"network {network!r} needs image observations (height, width, channels), got shape {tuple(obs_shape)}"
         )
+    kernel = MINATAR_CNN[0][0][1]  # its smallest: a smaller image convolved to nothing, and the net saw no input
+    if network == "cnn" and min(obs_shape[:2]) < kernel:
+        raise ValueError(f"network 'cnn' needs images of at least {kernel} x {kernel}, got shape {tuple(obs_shape)}")
 
 
 def make_torso(

@@ -13,7 +13,7 @@ import pytest
 
 from genesis_jax.nets import ActorCritic
 from genesis_jax.nets.conv import conv2d
-from genesis_jax.nets.torsos import ResidualBlock, default_network, make_torso
+from genesis_jax.nets.torsos import ResidualBlock, check_network, default_network, make_torso
 
 TORSOS = {"mlp": (7,), "resmlp": (7,), "cnn": (10, 10, 4), "impala": (24, 24, 3)}
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -119,3 +119,11 @@ def test_default_network_follows_the_observation_shape():
         make_torso("impala", (4,))
     with pytest.raises(ValueError, match="unknown network 'transformer'"):
         make_torso("transformer", (4,))
+
+
+def test_an_image_smaller_than_the_cnns_kernel_is_no_cnns_input():
+    # (2, 3, 50) went to the 3 x 3 CNN by default: convolved to nothing, the net saw none of its input
+    assert default_network((2, 3, 50)) == "mlp" and default_network((3, 3, 5)) == "cnn"
+    with pytest.raises(ValueError, match=r"^network 'cnn' needs images of at least 3 x 3, got shape \(2, 3, 50\)$"):
+        check_network("cnn", (2, 3, 50))
+    check_network("cnn", (3, 3, 5))  # one 3 x 3 window: taken
