@@ -255,6 +255,14 @@ def test_collecting_from_a_host_environment_that_computes_with_jax():
     assert data["meta"]["source"] == "gymnasium:phys2d/CartPole-v1(random policy, seed=0)"
 
 
+@pytest.mark.parametrize("env_id", ["tests.support.custom_envs:ProbeFloatImage-v0", "Breakout-MinAtar"])
+def test_a_dataset_of_image_observations_is_refused_before_anything_is_collected(env_id):
+    # It wrote obs [sequences, steps + 1, height, width, channels], which no world model takes (a
+    # float image's were flattened to features until float images stayed images)
+    with pytest.raises(ValueError, match=r"^a dataset holds vector observations \(the world model's\); .* are images"):
+        trajectories.collect_dataset(env_id, 2, 3)
+
+
 def test_a_random_policy_refuses_infinite_action_bounds_in_one_line():
     from tests.support import custom_envs  # noqa: F401 (registers ProbeUnbounded-v0)
 
