@@ -173,8 +173,9 @@ class GymnasiumVecEnv:
     def step(self, action):
         action = np.asarray(action)
         if self.spec.continuous:
-            shape = (self.num_envs, *self.envs.single_action_space.shape)
-            action = np.clip(action, self.spec.action_low, self.spec.action_high).reshape(shape)
+            space = self.envs.single_action_space  # clipped to float bounds, float64: back to the space's dtype
+            clipped = np.clip(action, self.spec.action_low, self.spec.action_high)
+            action = clipped.reshape((self.num_envs, *space.shape)).astype(space.dtype)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         obs = self._shaped(obs)
         final_obs = obs.copy()

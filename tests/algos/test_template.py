@@ -238,3 +238,14 @@ def test_another_package_registers_by_entry_point_and_a_taken_name_is_refused(mo
     algos.register("toy", "tests.algos.toy_algorithm", "again")  # the same module twice: harmless
     with pytest.raises(ValueError, match="^algorithm name 'ppo' is taken by genesis_jax.algos.ppo.train: give"):
         algos.register("ppo", "my_package.toy", "a toy")
+
+
+@pytest.mark.parametrize("score", ["return", "loss"])
+def test_a_study_task_the_study_cannot_score_is_refused_before_its_cells_train(score, registered, monkeypatch):
+    # The toy's cells trained, then the report failed with a KeyError ('epochs') on their summaries.
+    from genesis_jax.cli.study import cells
+
+    monkeypatch.setitem(cells.TASKS, "toy:fit", cells.Task("toy", {}, 32, None, "none", score=score))
+    with pytest.raises(ValueError, match=r"^study task 'toy:fit' is scored by .*, which toy does not report: leave"):
+        cells.check_cell("toy:fit", cells.cell_config("toy:fit", "fp32", 1, 0, 32))
+    cells.check_cell("pqn:CartPole-v1", cells.cell_config("pqn:CartPole-v1", "fp32", 1, 0, 4096))  # one that acts

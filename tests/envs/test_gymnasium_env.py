@@ -27,6 +27,15 @@ def test_discrete_actions_that_start_at_one_reach_the_environment_in_its_space()
     env.close()
 
 
+def test_continuous_actions_reach_the_environment_in_its_space_dtype_and_bounds():
+    env = GymnasiumVecEnv("ProbeBox-v0", num_envs=2)
+    env.reset(seed=0)
+    env.step(np.array([[0.5, -3.0], [9.0, 1.0]], np.float32))  # clipped to the float bounds: float32 still
+    sent = [e.unwrapped.actions[0] for e in env.envs.envs]
+    assert all(a.dtype == np.float32 for a in sent) and np.array_equal(sent, [[0.5, -2.0], [2.0, 1.0]])
+    env.close()
+
+
 def test_an_environment_of_ones_own_is_named_module_colon_id(tmp_path, monkeypatch):
     (tmp_path / "my_envs.py").write_text(
         "import gymnasium\ngymnasium.register('Mine-v0', entry_point='tests.support.custom_envs:Probe')\n"

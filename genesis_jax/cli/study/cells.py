@@ -120,7 +120,28 @@ def check_cell(task: str, config) -> None:
     """Every check `train` makes on `config` before it writes anything: the algorithm built
     from it (its devices, then its setup: data, environments, the int32 step counters), then
     released. A study makes them on every cell before it creates its directory."""
-    get_algorithm(TASKS[task].algo)(config).close()
+    spec = TASKS[task]
+    algorithm = get_algorithm(spec.algo)(config)
+    algorithm.close()
+    # What the report reads of a cell: an acting algorithm's episode returns, or the world model's eval
+    # loss by epoch against its data's noise floor; another's cells trained, then failed to be scored.
+    if spec.score == "return":
+        scorable, scored_by = (
+            algorithm.spec is not None and "episodes" in algorithm.metrics,
+            "the episode returns of an algorithm that acts",
+        )
+    else:
+        needs = ("loss_fn", "data", "noise_floor")
+        scorable = algorithm.row_key == "epoch" and "eval_loss" in algorithm.metrics
+        scorable, scored_by = (
+            scorable and all(hasattr(algorithm, a) for a in needs),
+            "the world model's eval loss by epoch, against a noise floor",
+        )
+    if not scorable:
+        raise ValueError(
+            f"study task {task!r} is scored by {scored_by}, which {spec.algo} does not report: "
+            f"leave it out of its presets.study (bench takes any algorithm)"
+        )
 
 
 def cell_dir(out: pathlib.Path, task: str, precision: str) -> pathlib.Path:
