@@ -197,13 +197,17 @@ def test_the_steps_that_run_not_the_steps_asked_decide_whether_anything_learns()
 def test_a_batch_the_buffer_never_holds_is_refused_as_no_gradient_step():
     """The first gradient step waits for batch-size transitions too: a batch of 300 in a run of
     200 steps (learning-starts 0) took none, and the run exited 0 with a return."""
-    tiny = dict(steps_per_row=200, num_envs=2, train_frequency=2, buffer_size=400, learning_starts=0)
+    tiny = dict(steps_per_row=200, num_envs=2, train_frequency=2, buffer_size=400, learning_starts=0, hidden=(8,))
+    never = DQNConfig(**tiny, batch_size=300, total_steps=200, target_update_interval=2)
     with pytest.raises(ValueError, match="^batch-size 300 is more transitions than the run collects \\(200\\)"):
-        DQNConfig(**tiny, batch_size=300, total_steps=200, target_update_interval=2)
+        DQN(never)
     late = "^target-update-interval 300 puts no target update between the first gradient step \\(once the buffer"
+    stale = DQNConfig(**tiny, batch_size=350, total_steps=400, target_update_interval=300)
     with pytest.raises(ValueError, match=late):  # learning starts at 350 steps: the target's update at 300 precedes it
-        DQNConfig(**tiny, batch_size=350, total_steps=400, target_update_interval=300)
-    assert DQNConfig(**tiny, batch_size=300, total_steps=400, target_update_interval=400).batch_size == 300
+        DQN(stale)
+    DQN(DQNConfig(**tiny, batch_size=300, total_steps=400, target_update_interval=400)).close()
+    for recorded in (never, stale):  # a run 0.4.2 wrote with them loads (eval) and resumes as it ran
+        DQN(recorded, recorded=True).close()
 
 
 @pytest.mark.parametrize(

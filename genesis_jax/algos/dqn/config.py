@@ -81,21 +81,11 @@ class DQNConfig(DQNFields, Config):
                 f"learning-starts must lie in [0, {run}){ran} for any gradient step to be taken, "
                 f"got {self.learning_starts}"
             )
-        # The first gradient step also waits for a batch in the buffer: a larger batch-size took none, unsaid.
-        if self.batch_size > run:
+        interval = self.target_update_interval  # updates at its multiples: the first after learning starts
+        if (self.learning_starts // interval + 1) * interval > run:  # the target would stay as initialised
             raise ValueError(
-                f"batch-size {self.batch_size} is more transitions than the run collects ({run}){ran}: the buffer "
-                "would never hold a batch, and no gradient step would be taken"
-            )
-        first = max(self.learning_starts + 1, self.batch_size)  # the first step a gradient step may follow
-        start = f"learning-starts {self.learning_starts}"
-        if first > self.learning_starts + 1:
-            start = f"the first gradient step (once the buffer holds batch-size {self.batch_size})"
-        interval = self.target_update_interval  # updates at its multiples: the first from the first gradient step
-        if -(-first // interval) * interval > run:  # the target would stay as initialised
-            raise ValueError(
-                f"target-update-interval {interval} puts no target update between {start} "
-                f"and the end ({run}){ran}: the target network would never learn"
+                f"target-update-interval {interval} puts no target update between learning-starts "
+                f"{self.learning_starts} and the end ({run}){ran}: the target network would never learn"
             )
         self.validate_parallel("batch-size", self.batch_size)
         if self.epsilon_steps is not None:
@@ -109,6 +99,25 @@ class DQNConfig(DQNFields, Config):
             text = "epsilon-steps is deprecated and goes in 0.5: write epsilon-fraction, the share of the run"
             text += f" (its steps in whole rows) over which epsilon falls ({same})"
             warnings.warn(text, FutureWarning, stacklevel=5)
+
+    def refuse_unlearned(self) -> None:
+        """A new run's (`DQN.setup`; a recorded run loads as it ran): the first gradient step also
+        waits for a batch in the buffer, so a larger batch-size took none, and a target update
+        before that step left the target network as initialised, unsaid."""
+        run = self.steps_run
+        ran = "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
+        if self.batch_size > run:
+            raise ValueError(
+                f"batch-size {self.batch_size} is more transitions than the run collects ({run}){ran}: the buffer "
+                "would never hold a batch, and no gradient step would be taken"
+            )
+        first, interval = max(self.learning_starts + 1, self.batch_size), self.target_update_interval
+        if -(-first // interval) * interval > run:  # no multiple of the interval from the first gradient step on
+            raise ValueError(
+                f"target-update-interval {interval} puts no target update between the first gradient step (once "
+                f"the buffer holds batch-size {self.batch_size}) and the end ({run}){ran}: the target network would "
+                "never learn"
+            )
 
     @property
     def steps_run(self) -> int:

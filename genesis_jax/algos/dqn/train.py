@@ -79,6 +79,8 @@ class DQN(EpsilonGreedy, Algorithm):
 
     def setup(self) -> None:
         c = self.config
+        if not self.recorded:
+            c.refuse_unlearned()
         self.setup_q(activation=c.activation)
         self.steps_per_row, spec = c.steps_per_row, self.spec
         minatar = spec.backend == "gymnax" and len(spec.obs_shape) == 3  # gymnax's frames: MinAtar's 0/1, as bool
