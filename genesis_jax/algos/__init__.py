@@ -70,7 +70,7 @@ def loadable() -> dict:
     for name, (module, _) in REGISTRY.items():
         try:
             classes[name] = get_algorithm(name)
-        except (ImportError, TypeError, ValueError) as err:
+        except Exception as err:  # whatever another package's import raises
             if module.startswith(f"{__name__}."):
                 raise
             warnings.warn(f"algorithm {name!r} ({module}) left out: {err}", stacklevel=2)
@@ -79,12 +79,16 @@ def loadable() -> dict:
 
 @functools.cache
 def _load(name: str, module: str):
-    module, _, attr = module.partition(":")  # an entry point's "module:Class", or a module's ALGORITHM
-    algorithm = getattr(importlib.import_module(module), attr or "ALGORITHM", None)
+    # An entry point's "module:Class" (as importlib.metadata reads it: "module:Outer.Inner [extra]"
+    # too), or a module whose ALGORITHM names the class.
+    point = importlib.metadata.EntryPoint(name, module, PLUGINS)
+    attr = point.attr or "ALGORITHM"
+    algorithm = functools.reduce(
+        lambda obj, part: getattr(obj, part, None), attr.split("."), importlib.import_module(point.module)
+    )
     if not isinstance(algorithm, type):  # an AttributeError said nothing of what the template reads
-        raise TypeError(
-            f"algorithm {name!r}: module {module} must name its class: ALGORITHM = <its Algorithm subclass>"
-        )
+        what = "name its class: ALGORITHM = <its Algorithm subclass>" if not point.attr else f"have a class {attr}"
+        raise TypeError(f"algorithm {name!r}: module {point.module} must {what}")
     check_declarations(name, algorithm)
     return algorithm
 

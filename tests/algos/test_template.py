@@ -203,15 +203,22 @@ def test_an_installed_plugin_that_fails_to_load_is_left_out_of_the_tools_that_go
     info = tmp_path / "plugins-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugins\nVersion: 1.0\n")
-    entry_points = "toy = tests.algos.toy_algorithm:Toy\nbroken = no_such_package.algo\n"
+    entry_points = "toy = tests.algos.toy_algorithm:Toy [extra]\nbroken = no_such_package.algo\n"
+    entry_points += "raising = raising_plugin\nnameless = tests.algos.toy_algorithm:NoSuch\n"
     (info / "entry_points.txt").write_text(f"[{algos.PLUGINS}]\n{entry_points}")
+    (tmp_path / "raising_plugin.py").write_text("import os\n\nos.no_such_function()\n")  # an AttributeError
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(algos, "REGISTRY", dict(REGISTRY))
     algos._register_plugins(importlib.metadata.entry_points(group=algos.PLUGINS))  # an installed package's
-    assert algos.REGISTRY["toy"][0] == "tests.algos.toy_algorithm:Toy"  # "module:Class", as entry points name one
-    with pytest.warns(UserWarning, match=r"algorithm 'broken' \(no_such_package.algo\) left out: No module named"):
+    assert algos.REGISTRY["toy"][0] == "tests.algos.toy_algorithm:Toy [extra]"  # "module:Class", as entry points name
+    with pytest.warns(UserWarning) as warned:
         classes = algos.loadable()
-    assert classes["toy"] is Toy and "broken" not in classes and set(REGISTRY) < set(classes)
+    said = sorted(str(w.message) for w in warned)
+    assert said[0].startswith("algorithm 'broken' (no_such_package.algo) left out: No module named")
+    assert said[1].endswith("module tests.algos.toy_algorithm must have a class NoSuch")
+    assert said[2].startswith("algorithm 'raising' (raising_plugin) left out: module 'os' has no attribute")
+    assert classes["toy"] is Toy and not {"broken", "raising", "nameless"} & set(classes)
+    assert set(REGISTRY) < set(classes)
     with pytest.raises(ModuleNotFoundError):  # its own command still says why
         algos.get_algorithm("broken")
 
