@@ -142,6 +142,14 @@ def gymnasium_spec(env_id: str) -> EnvSpec:
     raise ValueError(f"{env_id} has a {type(act_space).__name__} action space; only Discrete and Box are supported")
 
 
+def in_action_space(action, spec: EnvSpec, space, shape) -> np.ndarray:
+    """Continuous `action` clipped to the bounds, as `shape` in `space`'s own dtype: the clip
+    made float64, which `space.contains` refuses; an integer Box's rounded (3.99 is 4, not 3)."""
+    clipped = np.clip(action, spec.action_low, spec.action_high)
+    clipped = np.rint(clipped) if np.issubdtype(space.dtype, np.integer) else clipped
+    return clipped.reshape(shape).astype(space.dtype)
+
+
 def observation_dtype(spec: EnvSpec):
     """The dtype of `GymnasiumVecEnv`'s observations for `spec`: uint8 for pixel frames (Atari's
     (84, 84, 4)), float32 for everything else (float images included)."""
@@ -173,9 +181,8 @@ class GymnasiumVecEnv:
     def step(self, action):
         action = np.asarray(action)
         if self.spec.continuous:
-            space = self.envs.single_action_space  # clipped to float bounds, float64: back to the space's dtype
-            clipped = np.clip(action, self.spec.action_low, self.spec.action_high)
-            action = clipped.reshape((self.num_envs, *space.shape)).astype(space.dtype)
+            space = self.envs.single_action_space
+            action = in_action_space(action, self.spec, space, (self.num_envs, *space.shape))
         obs, reward, terminated, truncated, info = self.envs.step(action)
         obs = self._shaped(obs)
         final_obs = obs.copy()

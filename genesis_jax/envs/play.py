@@ -163,7 +163,7 @@ UNLIMITED_EPISODE_STEPS = 100_000
 def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int, action_repeat=1, video_frames=0):
     """`episodes` episodes of the gymnasium environment `spec`, one after another on the host
     (`act`: jitted, it is called once a step)."""
-    from genesis_jax.envs.gymnasium_env import make_env, observation_dtype
+    from genesis_jax.envs.gymnasium_env import in_action_space, make_env, observation_dtype
 
     if video_frames:
         offscreen_pygame()
@@ -180,7 +180,7 @@ def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int,
             batch = np.asarray(obs, dtype).reshape(1, *spec.obs_shape)
             action = np.asarray(act(args, jax.random.fold_in(base_key, steps), batch))[0]
             if spec.continuous:
-                action = np.clip(action, spec.action_low, spec.action_high).reshape(space.shape).astype(space.dtype)
+                action = in_action_space(action, spec, space, space.shape)
             else:
                 action = int(action)
             obs, _, terminated, truncated, info = env.step(action)

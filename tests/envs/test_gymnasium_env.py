@@ -34,6 +34,11 @@ def test_continuous_actions_reach_the_environment_in_its_space_dtype_and_bounds(
     sent = [e.unwrapped.actions[0] for e in env.envs.envs]
     assert all(a.dtype == np.float32 for a in sent) and np.array_equal(sent, [[0.5, -2.0], [2.0, 1.0]])
     env.close()
+    ints = GymnasiumVecEnv("ProbeIntBox-v0", num_envs=2)  # an integer Box: rounded, not truncated (3.99 was 3)
+    ints.reset(seed=0)
+    ints.step(np.array([[3.99, 0.6], [-0.4, 2.5]], np.float32))
+    assert np.array_equal([e.unwrapped.actions[0] for e in ints.envs.envs], [[4, 1], [0, 2]])
+    ints.close()
 
 
 def test_an_environment_of_ones_own_is_named_module_colon_id(tmp_path, monkeypatch):

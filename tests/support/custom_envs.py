@@ -36,6 +36,7 @@ IDS = {
     "Probe-v0": {},
     "ProbeFromOne-v0": {"action_space": gym.spaces.Discrete(3, start=1)},
     "ProbeBox-v0": {"action_space": gym.spaces.Box(-2.0, 2.0, (2,), np.float32)},  # contains() refuses float64
+    "ProbeIntBox-v0": {"action_space": gym.spaces.Box(0, 4, (2,), np.int64)},
     "ProbeUnbounded-v0": {"action_space": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)},
     "ProbeEndless-v0": {"length": 2**62},  # no time limit either
     "ProbeChannelsFirst-v0": {"observation_space": gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)},  # FrameStack's
