@@ -256,3 +256,9 @@ def test_a_study_task_the_study_cannot_score_is_refused_before_its_cells_train(s
     with pytest.raises(ValueError, match=r"^study task 'toy:fit' is scored by .*, which toy does not report: leave"):
         cells.check_cell("toy:fit", cells.cell_config("toy:fit", "fp32", 1, 0, 32))
     cells.check_cell("pqn:CartPole-v1", cells.cell_config("pqn:CartPole-v1", "fp32", 1, 0, 4096))  # one that acts
+    # ... and one that acts where no random return is measured: a gymnasium env, or none the task names
+    envs = {"ppo:probe": {"env": "tests.support.custom_envs:Probe-v0", "num_envs": 2}, "ppo:default": {}}
+    for name, settings in envs.items():
+        monkeypatch.setitem(cells.TASKS, name, cells.Task("ppo", settings, 4096, None, "none"))
+        with pytest.raises(ValueError, match=f"^study task '{name}' is scored by .* a gymnax environment the task"):
+            cells.check_cell(name, cells.cell_config(name, "fp32", 1, 0, 4096))

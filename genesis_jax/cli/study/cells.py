@@ -125,10 +125,11 @@ def check_cell(task: str, config) -> None:
     algorithm.close()
     # What the report reads of a cell: an acting algorithm's episode returns, or the world model's eval
     # loss by epoch against its data's noise floor; another's cells trained, then failed to be scored.
-    if spec.score == "return":
+    if spec.score == "return":  # normalised from the random policy's return in the gymnax env the task names
+        acts = algorithm.spec is not None and "episodes" in algorithm.metrics
         scorable, scored_by = (
-            algorithm.spec is not None and "episodes" in algorithm.metrics,
-            "the episode returns of an algorithm that acts",
+            acts and "env" in spec.settings and algorithm.spec.backend == "gymnax",
+            "the episode returns of an algorithm that acts in a gymnax environment the task's settings name",
         )
     else:
         needs = ("loss_fn", "data", "noise_floor")
