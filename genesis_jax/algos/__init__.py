@@ -30,6 +30,8 @@ PLUGINS = "genesis_jax.algorithms"  # the entry-point group of algorithms other 
 def register(name: str, module: str, help: str) -> None:
     """Registers the algorithm of `module` (its `ALGORITHM`, or "module:Class") as `name`, from
     another package: a name another module holds is refused (a dict entry would replace ppo silently)."""
+    if not importlib.metadata.EntryPoint.pattern.match(module):  # read as an entry point's value, by `_load`
+        raise ValueError(f"algorithm {name!r}: {module!r} is no 'package.module' or 'package.module:Class'")
     held = REGISTRY.get(name, (module,))[0]
     if held != module:
         raise ValueError(f"algorithm name {name!r} is taken by {held}: give {module}'s algorithm another name")

@@ -245,6 +245,8 @@ def test_another_package_registers_by_entry_point_and_a_taken_name_is_refused(mo
     algos.register("toy", "tests.algos.toy_algorithm", "again")  # the same module twice: harmless
     with pytest.raises(ValueError, match="^algorithm name 'ppo' is taken by genesis_jax.algos.ppo.train: give"):
         algos.register("ppo", "my_package.toy", "a toy")
+    with pytest.raises(ValueError, match="^algorithm 'plug': 'my_pkg.toy:Toy extra' is no 'package.module' or"):
+        algos.register("plug", "my_pkg.toy:Toy extra", "a toy")  # an AttributeError's traceback, loaded
 
 
 @pytest.mark.parametrize("score", ["return", "loss"])
