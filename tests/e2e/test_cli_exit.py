@@ -56,6 +56,7 @@ def test_a_command_inside_a_program_leaves_its_logging_and_compile_cache(tmp_pat
     # every program it compiled after in the user's cache folder.
     import logging
 
+    import absl.logging  # noqa: F401  (before getLogger("absl"), as the command does: absl's logger is its own)
     import jax
 
     from genesis_jax.cli import main
