@@ -25,20 +25,24 @@ def cache_dir(environ=os.environ) -> pathlib.Path | None:
 
 
 def enable_compile_cache(enabled: bool = True) -> pathlib.Path | None:
-    """Turns the cache on (before the first compile) where `cache_dir` says; returns the folder,
-    or None when it stays off. A folder that cannot be made leaves it off, without a word: a
-    cache only saves time."""
+    """Turns the cache on where `cache_dir` says; returns the folder, or None when it stays off.
+    A folder that cannot be made leaves it off, without a word: a cache only saves time."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
     folder = cache_dir() if enabled else None
     if folder is None:
         jax.config.update("jax_enable_compilation_cache", False)
-        return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    # Every program: a run's init compiles in about a second, and loading it costs less.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    else:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+        jax.config.update("jax_enable_compilation_cache", True)  # a program calling the command may have it off
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        # Every program: a run's init compiles in about a second, and loading it costs less.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX sets its cache up at a process's first compile: one made before (a program calling the
+    # command) kept the cache it had, or none, whatever these options say now.
+    compilation_cache.reset_cache()
     return folder

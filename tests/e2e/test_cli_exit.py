@@ -107,3 +107,22 @@ def test_absls_logger_stays_absls_own_after_a_command():
     script = "import logging\nfrom genesis_jax.cli import main\nmain(['eval', '/no/such/run'])\n"
     done = run_python(["-c", script + "print(type(logging.getLogger('absl')).__name__)"])
     assert done.returncode == 0 and done.stdout.split()[-1] == "ABSLLogger", done.stderr
+
+
+@pytest.mark.slow  # a fresh process: JAX sets its persistent cache up once a process
+def test_a_command_inside_a_program_that_compiled_first_caches_in_its_own_folder(tmp_path):
+    # JAX had set its cache up at the program's first compile (in the program's folder), and the
+    # command's programs went there; a program with the cache off kept it off for the command too.
+    env = {k: v for k, v in cpu_env().items() if k != "JAX_COMPILATION_CACHE_DIR"} | {"XDG_CACHE_HOME": str(tmp_path)}
+    script = (
+        "import pathlib, jax, jax.numpy as jnp\n"
+        f"jax.config.update('jax_compilation_cache_dir', {str(tmp_path / 'own')!r})\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)\n"
+        "jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()  # the program's own, first\n"
+        "from genesis_jax.cli import main\n"
+        "assert main(['demo', '--steps', '2']) == 0\n"
+        f"print(len(list((pathlib.Path({str(tmp_path)!r}) / 'genesis-jax' / 'xla').iterdir())))\n"
+    )
+    done = run_python(["-c", script], env=env)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 0  # the command's programs, cached where it says
