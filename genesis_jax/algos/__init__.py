@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import warnings
 
 # name: the `genesis-jax train` help line; its module: genesis_jax.algos.<name, "_" for "-">.train
 _HELP = {
@@ -43,8 +44,6 @@ def _register_plugins(entry_points) -> None:
     `NAME = "module"` or `"module:Class"`): `genesis-jax train NAME` without editing this file.
     One that clashes is left out with a warning, as `loadable` leaves out one that fails to
     load: a bad plugin never stops the other commands."""
-    import warnings
-
     for point in entry_points:
         try:
             register(point.name, point.value, f"{point.value} (installed)")
@@ -66,8 +65,6 @@ def loadable() -> dict:
     """Every registered algorithm's class by name, for the tools that go through them all
     (bench, study, eval): another package's that fails to load is left out with a warning,
     so that it stops only its own commands (a built-in's failure raises)."""
-    import warnings
-
     classes = {}
     for name, (module, _) in REGISTRY.items():
         try:

@@ -708,10 +708,8 @@ def _run(argv: list[str]) -> int:
         worker = not _primary()
         logging.basicConfig(level=logging.ERROR if worker else logging.INFO, format="%(name)s: %(message)s")  # stderr
         # Orbax logs each save's steps at INFO through absl (dozens of lines a checkpoint), JAX the
-        # backends it did not find: their warnings and errors still show (process 0's). absl first,
-        # so that its logger is absl's own (absl-py: a requirement of optax's).
-        import absl.logging  # noqa: F401
-
+        # backends it did not find: their warnings and errors still show (process 0's). absl's
+        # logger is absl's own: `_settings_kept` imported absl.logging first.
         for noisy in ("absl", "jax"):
             logging.getLogger(noisy).setLevel(logging.ERROR if worker else logging.WARNING)
         from genesis_jax.run.compile_cache import enable_compile_cache
@@ -740,7 +738,8 @@ def _settings_kept():
     run inside another program (`main(argv)`: a test, a notebook) left it logging every
     library's INFO lines and keeping every program it compiled after in the user's cache folder.
     (JAX loads here: every command past this point loads it anyway.)"""
-    import absl.logging  # noqa: F401  (before getLogger("absl"): absl's logger must be its own class)
+    # Before getLogger("absl"): absl's logger must be its own class (absl-py: a requirement of optax's).
+    import absl.logging  # noqa: F401
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 

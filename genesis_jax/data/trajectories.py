@@ -292,11 +292,11 @@ def check_collect_args(env_id: str, num_sequences, length, seed, spec=None) -> N
             raise ValueError(f"{name} must be a positive integer (below 2^31-1: JAX's int32 shapes), got {value!r}")
     if not (_integer(seed) and 0 <= seed <= SEED_MAX):
         raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (2^32-1), got {seed!r}")
-    if spec is not None and len(spec.obs_shape) != 1:  # the dataset's obs are [sequences, steps + 1, features]
-        raise ValueError(
-            f"a dataset holds vector observations (the world model's); {env_id}'s are {list(spec.obs_shape)}"
-        )
     if spec is not None:
+        if len(spec.obs_shape) != 1:  # the dataset's obs are [sequences, steps + 1, features]
+            raise ValueError(
+                f"a dataset holds vector observations (the world model's); {env_id}'s are {list(spec.obs_shape)}"
+            )
         size = dataset_bytes(num_sequences, length, math.prod(spec.obs_shape), spec.action_dim, spec.continuous)
         check_fits_in_memory(f"collecting {num_sequences} sequences x {length} steps of {env_id}", size)
 

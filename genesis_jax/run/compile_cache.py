@@ -31,17 +31,16 @@ def enable_compile_cache(enabled: bool = True) -> pathlib.Path | None:
     from jax.experimental.compilation_cache import compilation_cache
 
     folder = cache_dir() if enabled else None
-    if folder is None:
-        jax.config.update("jax_enable_compilation_cache", False)
-    else:
+    if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             return None
-        jax.config.update("jax_enable_compilation_cache", True)  # a program calling the command may have it off
         jax.config.update("jax_compilation_cache_dir", str(folder))
         # Every program: a run's init compiles in about a second, and loading it costs less.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # On or off as asked: a program calling the command may have set it otherwise.
+    jax.config.update("jax_enable_compilation_cache", folder is not None)
     # JAX sets its cache up at a process's first compile: one made before (a program calling the
     # command) kept the cache it had, or none, whatever these options say now.
     compilation_cache.reset_cache()

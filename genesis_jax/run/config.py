@@ -330,8 +330,8 @@ class MixedPrecisionConfig:
         """One line where a loss-scale setting other than its default changes nothing: the run
         scales no loss, or its static scale neither grows nor has a floor. None otherwise."""
         scaling = check_precision(self.precision, self.loss_scaling)
-        unused = {"none": ("init_loss_scale", "growth_interval", "min_loss_scale")}.get(scaling, ())
-        unused = ("growth_interval", "min_loss_scale") if scaling == "static" else unused
+        growth = ("growth_interval", "min_loss_scale")  # a dynamic scale's alone
+        unused = {"none": ("init_loss_scale", *growth), "static": growth}.get(scaling, ())
         given = [f"--{f.replace('_', '-')}" for f in unused if getattr(self, f) != getattr(type(self), f)]
         if not given:
             return None

@@ -127,17 +127,12 @@ def check_cell(task: str, config) -> None:
     # loss by epoch against its data's noise floor; another's cells trained, then failed to be scored.
     if spec.score == "return":  # normalised from the random policy's return in the gymnax env the task names
         acts = algorithm.spec is not None and "episodes" in algorithm.metrics
-        scorable, scored_by = (
-            acts and "env" in spec.settings and algorithm.spec.backend == "gymnax",
-            "the episode returns of an algorithm that acts in a gymnax environment the task's settings name",
-        )
+        scorable = acts and "env" in spec.settings and algorithm.spec.backend == "gymnax"
+        scored_by = "the episode returns of an algorithm that acts in a gymnax environment the task's settings name"
     else:
-        needs = ("loss_fn", "data", "noise_floor")
-        scorable = algorithm.row_key == "epoch" and "eval_loss" in algorithm.metrics
-        scorable, scored_by = (
-            scorable and all(hasattr(algorithm, a) for a in needs),
-            "the world model's eval loss by epoch, against a noise floor",
-        )
+        reports = algorithm.row_key == "epoch" and "eval_loss" in algorithm.metrics
+        scorable = reports and all(hasattr(algorithm, a) for a in ("loss_fn", "data", "noise_floor"))
+        scored_by = "the world model's eval loss by epoch, against a noise floor"
     if not scorable:
         raise ValueError(
             f"study task {task!r} is scored by {scored_by}, which {spec.algo} does not report: "
