@@ -29,7 +29,9 @@ def conv2d(x, kernel, stride: int, padding: str, as_patches: bool | None = None)
 class Conv(Dense):
     """Square-kernel convolution plus bias, computed in `dtype` (params in `param_dtype`),
     its output in `dtype` as with flax's `nn.Conv(dtype=...)`, whose `kernel` and `bias`
-    it shares (`Dense`'s fields, then the window's).
+    it shares (`Dense`'s fields, then the window's). The bias is added in float32 and the sum
+    rounded to `dtype` once, so the bias gradient, a sum over batch and positions, accumulates
+    in float32 (added in `dtype`, its gradient would sum in `dtype`).
 
     >>> import jax, jax.numpy as jnp
     >>> layer = Conv(8, dtype=jnp.float16, kernel_size=3)
@@ -45,4 +47,5 @@ class Conv(Dense):
     @nn.compact
     def __call__(self, x):
         kernel, bias = self._weights(x, (self.kernel_size, self.kernel_size))
-        return conv2d(jnp.asarray(x, self.dtype), kernel, self.stride, self.padding) + bias.astype(self.dtype)
+        out = conv2d(jnp.asarray(x, self.dtype), kernel, self.stride, self.padding)
+        return (out.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)

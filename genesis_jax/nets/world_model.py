@@ -6,6 +6,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from genesis_jax.nets.dense import Dense
+
+
+class HiddenDense(Dense):
+    """A hidden layer as flax's `nn.Dense(dtype=...)` gives it, its output in `dtype` (the
+    activations the backward pass keeps stay half precision), with `Dense`'s bias added in
+    float32 before the rounding: the bias gradient, a sum over the batch, accumulates in
+    float32 (flax's sums it in `dtype`)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return super().__call__(x).astype(self.dtype)
+
 
 class WorldModel(nn.Module):
     """Predicts (next observation, reward, termination logit) from (observation, action).
@@ -13,7 +26,8 @@ class WorldModel(nn.Module):
     The dynamics core is a stack of `depth` residual MLP blocks or a GRU cell acting on a
     latent of size `width`; `unroll` applies it open-loop over a sequence of actions, so
     errors (and half-precision rounding) accumulate as they would in imagination.
-    Hidden layers run in `dtype`; the three predictions are float32.
+    Hidden layers run in `dtype`; the three predictions are float32 (heads' matmuls in `dtype`,
+    their bias in float32); every bias gradient sums in float32.
     """
 
     obs_dim: int
@@ -27,14 +41,16 @@ class WorldModel(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        dense = lambda n, name: nn.Dense(n, dtype=self.dtype, param_dtype=self.param_dtype, name=name)  # noqa: E731
+        dense = lambda n, name, layer=HiddenDense: layer(n, self.dtype, self.param_dtype, name=name)  # noqa: E731
         self.encoder = [dense(self.width, "enc_0"), dense(self.width, "enc_1")]
         self.action_embed = dense(self.width, "action_embed")
         if self.core == "gru":
             self.cell = nn.GRUCell(self.width, dtype=self.dtype, param_dtype=self.param_dtype, name="gru")
         else:
             self.blocks = [tuple(dense(self.width, f"block_{i}_{part}") for part in "ab") for i in range(self.depth)]
-        self.heads = (dense(self.obs_dim, "obs_head"), dense(1, "reward_head"), dense(1, "term_head"))
+        self.heads = tuple(
+            dense(n, name, Dense) for n, name in ((self.obs_dim, "obs_head"), (1, "reward_head"), (1, "term_head"))
+        )
 
     def encode(self, obs):
         return self.encoder[1](nn.silu(self.encoder[0](obs.astype(jnp.float32))))

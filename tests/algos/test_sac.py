@@ -198,3 +198,18 @@ def test_collect_repeats_a_trained_agents_actions_or_refuses_an_environment_that
         .err.strip()
         .endswith("repeats each action 4 times, which gymnasium environments do: collect with --env-backend gymnasium")
     )
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp16-full"])
+def test_the_temperature_and_every_exp_log_and_sum_of_the_losses_are_float32(precision):
+    """alpha = exp(log alpha) and the temperature loss's exp in float32, also where log alpha is a
+    float16 parameter (fp16-full): read from the update's jaxpr (`amp.dtype_report`), nothing runs.
+    (fp16-full's float16 squares and powers are Adam's, on its float16 moments.)"""
+    from genesis_jax.amp import dtype_report
+
+    algo = SAC(SACConfig(**SAC.presets.tiny, precision=precision))
+    state = jax.eval_shape(algo.init, jax.random.PRNGKey(0))
+    report = dtype_report(algo.update, state, algo.data)
+    half = [op for op in report.ops if op.op in ("exp", "log", "log1p", "logistic") and op.inputs[0] == "float16"]
+    assert not half, half
+    assert set(report.dtypes("reduction")) <= {"float32", "int32", "bool"}, report.dtypes("reduction")

@@ -268,3 +268,23 @@ def test_a_random_policy_refuses_infinite_action_bounds_in_one_line():
 
     with pytest.raises(ValueError, match=r"^a random policy draws .* bounds; ProbeUnbounded-v0 has infinite ones$"):
         trajectories.collect_dataset("ProbeUnbounded-v0", 2, 3)  # NaN actions, collected as data
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_every_sum_and_the_loss_in_float32_hidden_activations_in_half_precision(precision):
+    """The hidden layers' outputs stay half precision (the saved activations' halving), but their
+    bias gradients, sums over the batch, accumulate in float32, as every reduction does; the loss
+    is float32. Read from the loss's gradient's jaxpr (`amp.dtype_report`); nothing runs."""
+    from genesis_jax.algos.world_model.train import make_loss_fn
+    from genesis_jax.amp import dtype_report, get_precision
+    from genesis_jax.nets.world_model import WorldModel
+
+    half = jnp.dtype(get_precision(precision).compute_dtype).name
+    model = WorldModel(obs_dim=5, action_dim=2, width=16, depth=1, dtype=get_precision(precision).compute_dtype)
+    batch = {"obs": jnp.ones((8, 5)), "action": jnp.ones((8, 2, 2)), "next_obs": jnp.zeros((8, 2, 5))}
+    batch |= {"reward": jnp.zeros((8, 2)), "terminated": jnp.zeros((8, 2))}
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch["obs"], batch["action"][:, 0])
+    report = dtype_report(jax.value_and_grad(lambda p: make_loss_fn(model)(p, batch)[0]), params)
+    assert set(report.dtypes("matmul")) == {half}
+    assert set(report.dtypes("reduction")) <= {"float32", "int32"}, report
+    assert report.outputs[0] == "float32"

@@ -127,3 +127,21 @@ def test_an_image_smaller_than_the_cnns_kernel_is_no_cnns_input():
     with pytest.raises(ValueError, match=r"^network 'cnn' needs images of at least 3 x 3, got shape \(2, 3, 50\)$"):
         check_network("cnn", (2, 3, 50))
     check_network("cnn", (3, 3, 5))  # one 3 x 3 window: taken
+
+
+@pytest.mark.parametrize("dtype", (jnp.bfloat16, jnp.float16), ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("network", ["cnn", "impala"])
+def test_convolution_bias_gradients_sum_in_float32(network, dtype):
+    """A convolution's output stays in `dtype`, but its bias is added in float32: the bias
+    gradient, a sum over batch and positions, accumulates in float32 (in `dtype` it was)."""
+    from genesis_jax.amp import dtype_report
+
+    obs_shape = TORSOS[network]
+    net = ActorCritic(action_dim=3, network=network, obs_shape=obs_shape, dtype=dtype, width=16, depth=1)
+    obs = jnp.ones((4, *obs_shape))
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), obs)
+    loss = lambda p: jnp.sum(net.apply(p, obs)[1])  # noqa: E731
+    report = dtype_report(jax.grad(loss), params)
+    assert report.dtypes("conv") or report.dtypes("matmul").get(jnp.dtype(dtype).name)  # it does compute in dtype
+    half = [op for op in report.ops if op.kind == "reduction" and jnp.dtype(op.inputs[0]).itemsize < 4]
+    assert not half, half

@@ -131,7 +131,8 @@ class SAC(Algorithm):
 
     def gradient_step(self, state: SACState, batch: Transition, key):
         """Critic, actor (on the critics as just updated, as CleanRL), temperature; one scaler."""
-        c, alpha = self.config, jnp.exp(state.alpha.params)
+        # exp in float32: log(alpha) is a float16 parameter under fp16-full, whose exp flushes below 6e-8
+        c, alpha = self.config, jnp.exp(state.alpha.params.astype(jnp.float32))
         next_noise, noise = jax.random.normal(key, (2, *batch.action.shape))
         next_action, next_logp = self.policy(state.actor.params, batch.next_obs, next_noise)
         next_q = jnp.min(self.q(state.target, batch.next_obs, next_action), axis=0)
@@ -148,7 +149,7 @@ class SAC(Algorithm):
         critic, cm = self.train_step(state.critic, critic_loss, batch)  # the faults and the hook: the critics' only
         actor, am = train_step(state.actor, actor_loss, batch.obs, has_aux=True)
         logp = jax.lax.stop_gradient(am["aux"])
-        alpha_loss = lambda log_alpha: -jnp.exp(log_alpha) * (logp + self.target_entropy)  # noqa: E731
+        alpha_loss = lambda log_alpha: -jnp.exp(log_alpha.astype(jnp.float32)) * (logp + self.target_entropy)  # noqa: E731
         temperature, tm = train_step(state.alpha, alpha_loss)
         critic, actor, temperature = update_scaler(critic, actor, temperature)  # one backoff for the three
         # The skips as each state counted them (strict mode also skips finite gradients whose update is not).
