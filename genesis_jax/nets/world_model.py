@@ -20,6 +20,29 @@ class HiddenDense(Dense):
         return super().__call__(x).astype(self.dtype)
 
 
+class GRUCell(nn.Module):
+    """flax's `nn.GRUCell` (the same parameters, names and initialisers, the same arithmetic),
+    its input layers' and `hn`'s bias added in float32 as `HiddenDense` adds them: flax's
+    cell builds `nn.Dense(dtype=...)` layers, whose bias gradients sum in `dtype`."""
+
+    features: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, h, x):
+        orthogonal = nn.initializers.orthogonal()  # flax's recurrent_kernel_init
+        given = lambda name: HiddenDense(self.features, self.dtype, self.param_dtype, name=name)(x)  # noqa: E731
+        hidden = lambda name: nn.Dense(  # noqa: E731  (no bias: flax's hr and hz have none)
+            self.features, False, self.dtype, self.param_dtype, kernel_init=orthogonal, name=name
+        )(h)
+        hn = HiddenDense(self.features, self.dtype, self.param_dtype, kernel_init=orthogonal, name="hn")(h)
+        r, z = nn.sigmoid(given("ir") + hidden("hr")), nn.sigmoid(given("iz") + hidden("hz"))
+        n = nn.tanh(given("in") + r * hn)
+        new = (1.0 - z) * n + z * h
+        return new, new
+
+
 class WorldModel(nn.Module):
     """Predicts (next observation, reward, termination logit) from (observation, action).
 
@@ -45,7 +68,7 @@ class WorldModel(nn.Module):
         self.encoder = [dense(self.width, "enc_0"), dense(self.width, "enc_1")]
         self.action_embed = dense(self.width, "action_embed")
         if self.core == "gru":
-            self.cell = nn.GRUCell(self.width, dtype=self.dtype, param_dtype=self.param_dtype, name="gru")
+            self.cell = GRUCell(self.width, self.dtype, self.param_dtype, name="gru")
         else:
             self.blocks = [tuple(dense(self.width, f"block_{i}_{part}") for part in "ab") for i in range(self.depth)]
         self.heads = tuple(

@@ -270,8 +270,9 @@ def test_a_random_policy_refuses_infinite_action_bounds_in_one_line():
         trajectories.collect_dataset("ProbeUnbounded-v0", 2, 3)  # NaN actions, collected as data
 
 
+@pytest.mark.parametrize("core", ["mlp", "gru"])  # the gru: flax's GRUCell summed its bias gradients in half
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_every_sum_and_the_loss_in_float32_hidden_activations_in_half_precision(precision):
+def test_every_sum_and_the_loss_in_float32_hidden_activations_in_half_precision(precision, core):
     """The hidden layers' outputs stay half precision (the saved activations' halving), but their
     bias gradients, sums over the batch, accumulate in float32, as every reduction does; the loss
     is float32. Read from the loss's gradient's jaxpr (`amp.dtype_report`); nothing runs."""
@@ -280,7 +281,8 @@ def test_every_sum_and_the_loss_in_float32_hidden_activations_in_half_precision(
     from genesis_jax.nets.world_model import WorldModel
 
     half = jnp.dtype(get_precision(precision).compute_dtype).name
-    model = WorldModel(obs_dim=5, action_dim=2, width=16, depth=1, dtype=get_precision(precision).compute_dtype)
+    compute = get_precision(precision).compute_dtype
+    model = WorldModel(obs_dim=5, action_dim=2, width=16, depth=1, core=core, dtype=compute)
     batch = {"obs": jnp.ones((8, 5)), "action": jnp.ones((8, 2, 2)), "next_obs": jnp.zeros((8, 2, 5))}
     batch |= {"reward": jnp.zeros((8, 2)), "terminated": jnp.zeros((8, 2))}
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch["obs"], batch["action"][:, 0])
@@ -288,3 +290,17 @@ def test_every_sum_and_the_loss_in_float32_hidden_activations_in_half_precision(
     assert set(report.dtypes("matmul")) == {half}
     assert set(report.dtypes("reduction")) <= {"float32", "int32"}, report
     assert report.outputs[0] == "float32"
+
+
+def test_the_gru_core_is_flaxs_cell_in_parameters_and_values():
+    # Its own cell (bias gradients in float32) keeps flax's names, shapes, inits and float32 arithmetic:
+    # a run of the gru core written before resumes into it.
+    import flax.linen as nn
+
+    from genesis_jax.nets.world_model import GRUCell
+
+    h, x = jax.random.normal(jax.random.PRNGKey(1), (4, 16)), jax.random.normal(jax.random.PRNGKey(2), (4, 16))
+    ours, flax_params = GRUCell(16).init(jax.random.PRNGKey(0), h, x), nn.GRUCell(16).init(jax.random.PRNGKey(0), h, x)
+    assert jax.tree.structure(ours) == jax.tree.structure(flax_params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(flax_params)))
+    np.testing.assert_allclose(GRUCell(16).apply(ours, h, x)[0], nn.GRUCell(16).apply(ours, h, x)[0], rtol=1e-6)
