@@ -74,8 +74,7 @@ class DQNConfig(DQNFields, Config):
             raise ValueError(
                 f"total-steps {self.total_steps} is less than one row (steps-per-row {self.steps_per_row})"
             )
-        run = self.steps_run
-        ran = "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
+        run, ran = self.steps_run, self.whole_rows_note
         if not self.learning_starts < run:  # at or past the end: not one gradient step
             raise ValueError(
                 f"learning-starts must lie in [0, {run}){ran} for any gradient step to be taken, "
@@ -104,8 +103,7 @@ class DQNConfig(DQNFields, Config):
         """A new run's (`DQN.setup`; a recorded run loads as it ran): the first gradient step also
         waits for a batch in the buffer, so a larger batch-size took none, and a target update
         before that step left the target network as initialised, unsaid."""
-        run = self.steps_run
-        ran = "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
+        run, ran = self.steps_run, self.whole_rows_note
         if self.batch_size > run:
             raise ValueError(
                 f"batch-size {self.batch_size} is more transitions than the run collects ({run}){ran}: the buffer "
@@ -123,6 +121,12 @@ class DQNConfig(DQNFields, Config):
     def steps_run(self) -> int:
         """The environment steps (one seed's) the run takes: whole rows."""
         return self.total_steps // self.steps_per_row * self.steps_per_row
+
+    @property
+    def whole_rows_note(self) -> str:
+        """What a refusal adds where total-steps is not whole rows: " (total-steps N runs M: whole rows)"."""
+        run = self.steps_run
+        return "" if run == self.total_steps else f" (total-steps {self.total_steps} runs {run}: whole rows)"
 
     @property
     def epsilon_follows_budget(self) -> bool:
