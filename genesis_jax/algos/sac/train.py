@@ -64,6 +64,12 @@ TINY = dict(num_envs=8, steps_per_row=8, batch_size=8, learning_starts=8, total_
 TINY |= dict(hidden=(16,), eval_episodes=0)
 
 
+def temperature_of(log_alpha):
+    """alpha from its learned log, in float32: log(alpha) is a float16 parameter under fp16-full,
+    whose exp flushes to 0 below 6e-8."""
+    return jnp.exp(log_alpha.astype(jnp.float32))
+
+
 class SAC(Algorithm):
     name, config_class, row_key = "sac", SACConfig, "row"  # a metrics row: `steps_per_row` environment steps
     metrics = {**{k: "sum" for k in COUNTS}, **{k: "nanmean" for k in LOSSES}, "episodes": "episodes per seed"}
@@ -131,8 +137,7 @@ class SAC(Algorithm):
 
     def gradient_step(self, state: SACState, batch: Transition, key):
         """Critic, actor (on the critics as just updated, as CleanRL), temperature; one scaler."""
-        # exp in float32: log(alpha) is a float16 parameter under fp16-full, whose exp flushes below 6e-8
-        c, alpha = self.config, jnp.exp(state.alpha.params.astype(jnp.float32))
+        c, alpha = self.config, temperature_of(state.alpha.params)
         next_noise, noise = jax.random.normal(key, (2, *batch.action.shape))
         next_action, next_logp = self.policy(state.actor.params, batch.next_obs, next_noise)
         next_q = jnp.min(self.q(state.target, batch.next_obs, next_action), axis=0)
@@ -149,7 +154,7 @@ class SAC(Algorithm):
         critic, cm = self.train_step(state.critic, critic_loss, batch)  # the faults and the hook: the critics' only
         actor, am = train_step(state.actor, actor_loss, batch.obs, has_aux=True)
         logp = jax.lax.stop_gradient(am["aux"])
-        alpha_loss = lambda log_alpha: -jnp.exp(log_alpha.astype(jnp.float32)) * (logp + self.target_entropy)  # noqa: E731
+        alpha_loss = lambda log_alpha: -temperature_of(log_alpha) * (logp + self.target_entropy)  # noqa: E731
         temperature, tm = train_step(state.alpha, alpha_loss)
         critic, actor, temperature = update_scaler(critic, actor, temperature)  # one backoff for the three
         # The skips as each state counted them (strict mode also skips finite gradients whose update is not).
