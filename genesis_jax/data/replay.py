@@ -61,12 +61,9 @@ def _leaf(x, storage_dtype, sample_dtype):
     """
     dtype = jnp.dtype(jnp.asarray(x).dtype)
     floating = jnp.issubdtype(dtype, jnp.floating)
-    if dtype in (jnp.bool_, jnp.uint8):
-        stored = jnp.dtype(jnp.uint8)
-    elif floating or jnp.issubdtype(dtype, jnp.integer):
-        stored = jnp.dtype(storage_dtype if floating else jnp.int32)
-    else:
+    if not (dtype == jnp.bool_ or floating or jnp.issubdtype(dtype, jnp.integer)):
         raise ValueError(f"a replay buffer stores bool, integer and float leaves, not {dtype}")
+    stored = jnp.dtype(jnp.uint8 if dtype in (jnp.bool_, jnp.uint8) else storage_dtype if floating else jnp.int32)
     sampled = dtype if sample_dtype is None else jnp.dtype(sample_dtype) if floating or dtype == jnp.bool_ else stored
     return _Leaf(tuple(jnp.shape(x)), dtype, stored, sampled)
 

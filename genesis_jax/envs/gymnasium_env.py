@@ -32,18 +32,6 @@ class ActionRepeat(gym.Wrapper):
         return obs, total, terminated, truncated, info
 
 
-class DiscreteFromZero(gym.ActionWrapper):
-    """A Discrete action space that starts at `start` != 0 seen from 0, as the networks number
-    their actions: action a is the environment's start + a."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.start, self.action_space = env.action_space.start, gym.spaces.Discrete(env.action_space.n)
-
-    def action(self, action):
-        return self.start + action
-
-
 class EpisodicLife(gym.Wrapper):
     """A lost life ends the episode for the learner; the game itself resets only when it is
     really over (SB3's `EpisodicLifeEnv`)."""
@@ -107,8 +95,9 @@ def make_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None
     if render_mode is not None:  # gym.make passes even None on: an env without the argument would fail
         raw["render_mode"] = render_mode
     env = gym.make(env_id, **raw)
-    if isinstance(env.action_space, gym.spaces.Discrete) and env.action_space.start != 0:
-        env = DiscreteFromZero(env)
+    if isinstance(space := env.action_space, gym.spaces.Discrete) and space.start != 0:
+        # seen from 0, as the networks number their actions: action a is the environment's start + a
+        env = gym.wrappers.TransformAction(env, lambda action: space.start + action, gym.spaces.Discrete(space.n))
     env = gym.wrappers.RecordEpisodeStatistics(env) if episode_stats else env
     if atari:
         return atari_preprocessing(env)

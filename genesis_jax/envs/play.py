@@ -179,10 +179,7 @@ def play_gymnasium(spec: EnvSpec, act: Callable, args, episodes: int, seed: int,
                 frames.append(np.asarray(env.render(), np.uint8))
             batch = np.asarray(obs, dtype).reshape(1, *spec.obs_shape)
             action = np.asarray(act(args, jax.random.fold_in(base_key, steps), batch))[0]
-            if spec.continuous:
-                action = in_action_space(action, spec, space, space.shape)
-            else:
-                action = int(action)
+            action = in_action_space(action, spec, space, space.shape) if spec.continuous else int(action)
             obs, _, terminated, truncated, info = env.step(action)
             steps += 1
             if "episode" in info:  # the game's own end (for Atari: its last life)

@@ -50,10 +50,8 @@ class ActorCritic(nn.Module):
 
     def setup(self):
         # (the actor's torso, the critic's): one shared by both for the image networks
-        if self.network in IMAGE_NETWORKS:
-            self.torsos = (self._torso("torso"),) * 2
-        else:
-            self.torsos = (self._torso("actor"), self._torso("critic"))
+        shared = self.network in IMAGE_NETWORKS
+        self.torsos = (self._torso("torso"),) * 2 if shared else (self._torso("actor"), self._torso("critic"))
         # float32 by the precision rules (the names end in "head"), not by their own dtype.
         orthogonal = nn.initializers.orthogonal
         self.critic_head = Dense(1, self.dtype, self.param_dtype, orthogonal(1.0), name="critic_head")

@@ -37,9 +37,8 @@ def sample(key, pi_params):
 
 def mode(pi_params):
     """The most likely actions (a greedy policy's): the categorical's argmax, the Gaussian's mean."""
-    if len(pi_params) == 1:
-        return jnp.argmax(pi_params[0].astype(jnp.float32), axis=-1)
-    return pi_params[0].astype(jnp.float32)
+    first = pi_params[0].astype(jnp.float32)
+    return jnp.argmax(first, axis=-1) if len(pi_params) == 1 else first
 
 
 def log_prob(pi_params, action):

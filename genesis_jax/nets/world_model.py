@@ -71,9 +71,8 @@ class WorldModel(nn.Module):
             self.cell = GRUCell(self.width, self.dtype, self.param_dtype, name="gru")
         else:
             self.blocks = [tuple(dense(self.width, f"block_{i}_{part}") for part in "ab") for i in range(self.depth)]
-        self.heads = tuple(
-            dense(n, name, Dense) for n, name in ((self.obs_dim, "obs_head"), (1, "reward_head"), (1, "term_head"))
-        )
+        heads = ((self.obs_dim, "obs_head"), (1, "reward_head"), (1, "term_head"))
+        self.heads = tuple(dense(n, name, Dense) for n, name in heads)
 
     def encode(self, obs):
         return self.encoder[1](nn.silu(self.encoder[0](obs.astype(jnp.float32))))
