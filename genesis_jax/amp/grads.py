@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import jmp
 from flax import nnx
 
-from genesis_jax.amp._checks import flag, optional_callable, refuse_unless
+from genesis_jax.amp._checks import config_number, flag, optional_callable, refuse_unless
 from genesis_jax.amp.jaxpr import cast_per_op, refuse_mismatched_compute
 from genesis_jax.amp.loss_scale import LossScale, NoOpLossScale, check_scaler
 from genesis_jax.amp.optim import find_skip_state, global_norm
@@ -293,8 +293,7 @@ def scaled_value_and_grad(
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     ok = axis_name is None or (names and all(isinstance(n, str) for n in names))
     refuse_unless(ok, "axis_name", axis_name, "None, an axis name or a tuple of axis names")
-    ok = isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate >= 1
-    refuse_unless(ok, "accumulate", accumulate, "an integer >= 1", ValueError)
+    accumulate = config_number("accumulate", accumulate, "an integer >= 1", lambda k: k >= 1, integer=True)
     optional_callable("grad_transform", grad_transform)
     ok = isinstance(argnums, int) and not isinstance(argnums, bool) and argnums >= 0
     refuse_unless(ok, "argnums", argnums, "a non-negative int (one differentiated argument)")

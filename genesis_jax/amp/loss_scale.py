@@ -231,8 +231,7 @@ LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 
 
 def _scale_text(scale) -> str:
-    values = np.unique(np.asarray(scale))
-    return f"{values[0]:g}" if values.size == 1 else "/".join(f"{v:g}" for v in values)
+    return "/".join(f"{v:g}" for v in np.unique(np.asarray(scale)))  # one value per seed, each once
 
 
 def _dynamic_rules(s, read) -> list:

@@ -132,7 +132,7 @@ def check_precision(name: str, loss_scaling: str | None = None) -> str:
 _FP16_FULL_REGISTRY: dict = {}
 
 
-def _warn_fp16_full(name: str = "fp16-full") -> None:
+def _warn_fp16_full(name: str) -> None:
     text = f"precision {name!r} stores parameters and optimizer moments in float16; it is less stable than 'fp16'"
     line, registry = _warn_fp16_full.__code__.co_firstlineno, _FP16_FULL_REGISTRY
     warnings.warn_explicit(f"{text} (float32 master weights)", UserWarning, __file__, line, __name__, registry)
@@ -182,18 +182,16 @@ def get_precision(name: str, loss_scaling: str | None = None) -> Precision:
         logger.info("precision 'auto' chose %s on backend %s", key, jax.default_backend())
     if key in _NAMED_POLICIES:
         policy = jmp.get_policy(_NAMED_POLICIES[key])
-        if key == "fp16-full":
-            _warn_fp16_full()
     elif "=" in key:  # "params=float32, compute=float16": spaces say nothing in a policy string
         try:
             policy = jmp.get_policy(key)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"unknown precision {name!r} ({err}); accepted: {_ACCEPTED}") from None
         _check_policy_dtypes(name, policy)
-        if jnp.dtype(policy.param_dtype) == jnp.float16:  # fp16-full spelled out
-            _warn_fp16_full(key)
     else:
         raise ValueError(f"unknown precision {name!r}; accepted: {_ACCEPTED}")
+    if jnp.dtype(policy.param_dtype) == jnp.float16:  # fp16-full, by name or spelled out
+        _warn_fp16_full(key)
     if loss_scaling is None:  # float16 needs loss scaling: its range ends at 6e-8, bfloat16's at float32's
         # float16 params too: their gradients are float16 whatever the compute
         half = jnp.dtype(jnp.float16) in (jnp.dtype(policy.compute_dtype), jnp.dtype(policy.param_dtype))
