@@ -176,11 +176,9 @@ def split_visible_devices(visible: str | None, num_gpus: int, num_processes: int
 
 def count_gpus() -> int:
     """NVIDIA GPUs on this machine, counted with `nvidia-smi -L` (0 without it): no JAX in the launcher."""
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    try:  # a failed listing (CalledProcessError) is a SubprocessError too
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
-        return 0
-    if listing.returncode != 0:
         return 0
     return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
 
