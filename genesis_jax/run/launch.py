@@ -158,10 +158,7 @@ def split_visible_devices(visible: str | None, num_gpus: int, num_processes: int
     >>> split_visible_devices(None, 0, 2)
     [None, None]
     """
-    if visible is None:
-        ids = [str(i) for i in range(num_gpus)]
-    else:
-        ids = [part.strip() for part in visible.split(",") if part.strip()]
+    ids = [str(i) for i in range(num_gpus)] if visible is None else [p.strip() for p in visible.split(",") if p.strip()]
     if num_processes == 1 or not ids:
         return [None] * num_processes
     if len(ids) % num_processes:
