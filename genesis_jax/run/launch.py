@@ -355,12 +355,11 @@ def _supervise(procs, logs, grace_seconds: float, out: str | None) -> int:
         tail = _tail(logs[first].name)
         if tail:
             print(f"process {first}'s last output:\n{tail}", file=sys.stderr)
-    if status in (EXIT_BAD_INPUT, EXIT_DIVERGED):
-        print(message, file=sys.stderr, flush=True)
-        return status
-    resume = "continue with the same command and --resume" if _has_checkpoint(out) else "run the command again"
-    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        print(f"{message} (stopped by a signal; {resume})", file=sys.stderr, flush=True)
-        return status
-    print(f"{message}. To go on, {resume}", file=sys.stderr, flush=True)
-    return EXIT_SYSTEM
+    if status not in (EXIT_BAD_INPUT, EXIT_DIVERGED):  # those the process's own message explains
+        resume = "continue with the same command and --resume" if _has_checkpoint(out) else "run the command again"
+        if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            message += f" (stopped by a signal; {resume})"
+        else:
+            message, status = f"{message}. To go on, {resume}", EXIT_SYSTEM
+    print(message, file=sys.stderr, flush=True)
+    return status
