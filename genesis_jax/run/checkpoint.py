@@ -604,19 +604,17 @@ class CheckpointStore:
         with self._readable(step):
             state = self._manager.restore(step, args=args)["state"]
         where = f"checkpoint at step {step} in {self.directory}"
-        if "digest" in meta:
-            if not matches_digest(state, meta["digest"], meta["spec"]):
+        if "digest" not in meta:
+            if not allow_unverified:
                 raise CheckpointMismatchError(
-                    f"{where} is corrupted: its content does not match the checksum saved with it"
-                    + self._older_ones(step)
+                    f"{where} has no checksum, so its content cannot be verified (genesis-jax writes one with every "
+                    "checkpoint); restore it anyway with --allow-unverified-checkpoint (Python: allow_unverified=True)"
                 )
-        elif not allow_unverified:
-            raise CheckpointMismatchError(
-                f"{where} has no checksum, so its content cannot be verified (genesis-jax writes one with every "
-                "checkpoint); restore it anyway with --allow-unverified-checkpoint (Python: allow_unverified=True)"
-            )
-        else:
             logger.warning("%s has no checksum: restored unverified", where)
+        elif not matches_digest(state, meta["digest"], meta["spec"]):
+            raise CheckpointMismatchError(
+                f"{where} is corrupted: its content does not match the checksum saved with it" + self._older_ones(step)
+            )
         return state
 
     def restore_raw(self, step: int | None = None, allow_unverified: bool = False) -> tuple[dict, dict]:
@@ -670,13 +668,11 @@ class CheckpointStore:
         # The target's shardings, not the saved ones: a checkpoint written on N devices restores onto however
         # many; a host array's (numpy: `load`'s zeros) is the default device's, or Orbax takes the saved one.
         one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(
-                np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", one_device)
-            ),
-            as_saved,
-        )
-        restored = self.read_state(step, meta, abstract, allow_unverified=allow_unverified)
+
+        def abstract(x):
+            return jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=getattr(x, "sharding", one_device))
+
+        restored = self.read_state(step, meta, jax.tree.map(abstract, as_saved), allow_unverified=allow_unverified)
         if legacy:
             restored = from_format_2(restored, target_dict)
         if fresh_scaler:

@@ -158,10 +158,7 @@ def split_visible_devices(visible: str | None, num_gpus: int, num_processes: int
     >>> split_visible_devices(None, 0, 2)
     [None, None]
     """
-    if visible is None:
-        ids = [str(i) for i in range(num_gpus)]
-    else:
-        ids = [part.strip() for part in visible.split(",") if part.strip()]
+    ids = [str(i) for i in range(num_gpus)] if visible is None else [p.strip() for p in visible.split(",") if p.strip()]
     if num_processes == 1 or not ids:
         return [None] * num_processes
     if len(ids) % num_processes:
@@ -176,11 +173,9 @@ def split_visible_devices(visible: str | None, num_gpus: int, num_processes: int
 
 def count_gpus() -> int:
     """NVIDIA GPUs on this machine, counted with `nvidia-smi -L` (0 without it): no JAX in the launcher."""
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    try:  # a failed listing (CalledProcessError) is a SubprocessError too
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
-        return 0
-    if listing.returncode != 0:
         return 0
     return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
 
@@ -360,12 +355,11 @@ def _supervise(procs, logs, grace_seconds: float, out: str | None) -> int:
         tail = _tail(logs[first].name)
         if tail:
             print(f"process {first}'s last output:\n{tail}", file=sys.stderr)
-    if status in (EXIT_BAD_INPUT, EXIT_DIVERGED):
-        print(message, file=sys.stderr, flush=True)
-        return status
-    resume = "continue with the same command and --resume" if _has_checkpoint(out) else "run the command again"
-    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        print(f"{message} (stopped by a signal; {resume})", file=sys.stderr, flush=True)
-        return status
-    print(f"{message}. To go on, {resume}", file=sys.stderr, flush=True)
-    return EXIT_SYSTEM
+    if status not in (EXIT_BAD_INPUT, EXIT_DIVERGED):  # those the process's own message explains
+        resume = "continue with the same command and --resume" if _has_checkpoint(out) else "run the command again"
+        if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            message += f" (stopped by a signal; {resume})"
+        else:
+            message, status = f"{message}. To go on, {resume}", EXIT_SYSTEM
+    print(message, file=sys.stderr, flush=True)
+    return status

@@ -249,8 +249,8 @@ def make_mesh(num_devices: int) -> Mesh:
     devices = jax.devices()[:num_devices]
     missing = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
     if missing:  # they would wait for ever for a computation they have no part in
-        first = {p: min(i for i, d in enumerate(jax.devices()) if d.process_index == p) for p in missing}
-        least = 1 + max(first.values())
+        # the fewest devices that give every process one: up to the first device of the last process to get one
+        least = 1 + max(min(i for i, d in enumerate(jax.devices()) if d.process_index == p) for p in missing)
         raise ValueError(
             f"devices {num_devices} are the first {num_devices} of the {available} of {jax.process_count()} processes, "
             f"and process(es) {', '.join(map(str, missing))} would hold none: give devices from {least} to {available}"

@@ -36,8 +36,7 @@ def plot_curves(
     ax1.set_title(title)
     ax2.plot(xs, [r["loss_scale"] for r in rows], color="tab:orange")
     ax2.set_yscale("log", base=2)
-    ax2.set_ylabel("loss scale")
-    ax2.set_xlabel(x_key)
+    ax2.set(ylabel="loss scale", xlabel=x_key)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

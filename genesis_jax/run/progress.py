@@ -21,8 +21,7 @@ def progress_bar(total: int, initial: int = 0, enabled: bool = True, unit: str =
         return ReportLines(total, initial, unit)
     from tqdm.auto import tqdm
 
-    scaled = total >= 1000
-    return tqdm(total=total, initial=initial, unit=unit, unit_scale=scaled, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, initial=initial, unit=unit, unit_scale=total >= 1000, dynamic_ncols=True, file=sys.stderr)
 
 
 class NoBar:

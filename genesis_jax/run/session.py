@@ -590,9 +590,7 @@ class Session:
 
     def steps_per_second(self, steps_per_row: int) -> float:
         """Steps per second of `run` so far (waiting for compiled chunks; host work overlapped)."""
-        if not self.run_seconds:
-            return float("nan")
-        return self.rows_run * steps_per_row / self.run_seconds
+        return self.rows_run * steps_per_row / self.run_seconds if self.run_seconds else float("nan")
 
     def elapsed(self) -> float:
         """Seconds since the session was made (the run's wall-clock time so far)."""

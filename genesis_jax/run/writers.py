@@ -131,7 +131,6 @@ class WandbWriter:
         self.step_key = step_key
         id_file = pathlib.Path(dir) / "wandb" / "run-id"  # written by this run's first session
         run_id = id_file.read_text().strip() if id_file.is_file() else None
-        resume = "allow" if run_id else None
         try:
             self._run = wandb.init(
                 project=project,
@@ -141,7 +140,7 @@ class WandbWriter:
                 name=name,
                 reinit=True,
                 id=run_id,
-                resume=resume,
+                resume="allow" if run_id else None,
             )
         except (wandb.errors.UsageError, wandb.errors.CommError) as err:  # no key, a wrong one: one line
             raise ValueError(
