@@ -542,7 +542,7 @@ def _run_study(args) -> int:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     check_flags(args)  # a flag the command would ignore
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]
-    skip = ([] if args.plan else ["pilot_seeds"]) + (["executor"] if args.executor == "inline" else [])
+    skip = ["executor"] if args.executor == "inline" else []  # (--pilot-seeds is refused without --plan)
     command = _command_line(args, skip)
     chosen = preset(args.preset) if args.preset else {"tasks": ["CartPole-v1"], "num_seeds": 8, "total_steps": None}
     tasks = words(args.tasks) if args.tasks is not None else chosen["tasks"]
@@ -553,24 +553,19 @@ def _run_study(args) -> int:
     options = dict(tasks=tasks, precisions=words(args.precisions), seed=args.seed, total_steps=total_steps)
     options.update(progress=not args.no_progress, command=command, dry_run=args.dry_run, reps=args.reps)
     if args.plan:
-        study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
         pilot_seeds = plan.PILOT_SEEDS if args.pilot_seeds is None else args.pilot_seeds
-        path = run_plan(
-            args.out, pilot_seeds=pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
-        )
-        if path is not None:  # None: --dry-run
-            print(path.read_text())
-        return 0
-    from genesis_jax.cli.study.cluster import parse_options
+        study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
+        options.update(pilot_seeds=pilot_seeds, study_command=study_command, num_seeds=args.num_seeds)
+        path = run_plan(args.out, **options)
+    else:
+        from genesis_jax.cli.study.cluster import parse_options
 
-    num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
-    options.update(cost=not args.no_cost, confirmatory=args.confirmatory, report_only=args.report_only)
-    executor_options = parse_options(args.executor_options)
-    path = run_study(
-        args.out, num_seeds=num_seeds, executor=args.executor, executor_options=executor_options, **options
-    )
+        num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
+        options.update(cost=not args.no_cost, confirmatory=args.confirmatory, report_only=args.report_only)
+        options.update(executor=args.executor, executor_options=parse_options(args.executor_options))
+        path = run_study(args.out, num_seeds=num_seeds, **options)
     if path is not None:  # None: --dry-run
-        print(f"wrote {path}, stats.json and the plots beside it")
+        print(path.read_text() if args.plan else f"wrote {path}, stats.json and the plots beside it")
     return 0
 
 
