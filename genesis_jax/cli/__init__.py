@@ -423,10 +423,8 @@ def output_dtype_notice(precision) -> str | None:
     import jax.numpy as jnp
 
     output = jnp.dtype(precision.policy.output_dtype)
-    if output == jnp.float32:
-        return None
     unused = "the trainers' heads and losses are float32 whatever it says"
-    return f"note: {precision.name} asks for output={output.name}; {unused}"
+    return None if output == jnp.float32 else f"note: {precision.name} asks for output={output.name}; {unused}"
 
 
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
@@ -507,13 +505,10 @@ def _command_line(args, skip=()) -> str:
 def _run_bench(args) -> int:
     from genesis_jax.cli.bench import run_benchmark
 
+    precisions = [p.strip() for p in args.precisions.split(",")]
+    only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
     run_benchmark(
-        args.out,
-        quick=args.quick,
-        seeds=args.seeds,
-        precisions=[p.strip() for p in args.precisions.split(",")],
-        only=None if args.workloads is None else [w.strip() for w in args.workloads.split(",")],
-        command=_command_line(args),
+        args.out, quick=args.quick, seeds=args.seeds, precisions=precisions, only=only, command=_command_line(args)
     )
     print(f"wrote {args.out}/results.csv, results.md, precision.png")
     print((pathlib.Path(args.out) / "results.md").read_text())
