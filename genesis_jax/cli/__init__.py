@@ -681,15 +681,12 @@ def _run(argv: list[str]) -> int:
         args = _parse(argv)  # a ValueError: GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
     except SystemExit as exit_:  # --help (0), or a parse error already printed in one line (2)
         return exit_.code or 0
-    parallel = args.parts["parallel"] if args.command == "train" else None
-    if parallel is not None and parallel.coordinator_address is not None:
+    if args.command == "train":
         # First of all: JAX must join the other processes before anything touches a device.
         # The others not coming in time is a ConnectionError: an OSError, a system failure (`_said`).
-        from genesis_jax.run.parallel import initialize_distributed
+        from genesis_jax.run.parallel import start_distributed
 
-        initialize_distributed(
-            parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
-        )
+        start_distributed(args.parts["parallel"])  # a no-op without --coordinator-address
     if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
         return _run_launch(args)
     with _settings_kept():
