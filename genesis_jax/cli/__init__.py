@@ -423,10 +423,8 @@ def output_dtype_notice(precision) -> str | None:
     import jax.numpy as jnp
 
     output = jnp.dtype(precision.policy.output_dtype)
-    if output == jnp.float32:
-        return None
     unused = "the trainers' heads and losses are float32 whatever it says"
-    return f"note: {precision.name} asks for output={output.name}; {unused}"
+    return None if output == jnp.float32 else f"note: {precision.name} asks for output={output.name}; {unused}"
 
 
 def _run_train(workload: str, parts: dict, run: RunOptions) -> int:
@@ -507,13 +505,10 @@ def _command_line(args, skip=()) -> str:
 def _run_bench(args) -> int:
     from genesis_jax.cli.bench import run_benchmark
 
+    precisions = [p.strip() for p in args.precisions.split(",")]
+    only = None if args.workloads is None else [w.strip() for w in args.workloads.split(",")]
     run_benchmark(
-        args.out,
-        quick=args.quick,
-        seeds=args.seeds,
-        precisions=[p.strip() for p in args.precisions.split(",")],
-        only=None if args.workloads is None else [w.strip() for w in args.workloads.split(",")],
-        command=_command_line(args),
+        args.out, quick=args.quick, seeds=args.seeds, precisions=precisions, only=only, command=_command_line(args)
     )
     print(f"wrote {args.out}/results.csv, results.md, precision.png")
     print((pathlib.Path(args.out) / "results.md").read_text())
@@ -542,7 +537,7 @@ def _run_study(args) -> int:
         raise ImportError(f"genesis-jax study needs rliable: pip install 'genesis-jax[study]' ({err})") from err
     check_flags(args)  # a flag the command would ignore
     words = lambda text: [w.strip() for w in text.split(",") if w.strip()]
-    skip = ([] if args.plan else ["pilot_seeds"]) + (["executor"] if args.executor == "inline" else [])
+    skip = ["executor"] if args.executor == "inline" else []  # (--pilot-seeds is refused without --plan)
     command = _command_line(args, skip)
     chosen = preset(args.preset) if args.preset else {"tasks": ["CartPole-v1"], "num_seeds": 8, "total_steps": None}
     tasks = words(args.tasks) if args.tasks is not None else chosen["tasks"]
@@ -553,24 +548,19 @@ def _run_study(args) -> int:
     options = dict(tasks=tasks, precisions=words(args.precisions), seed=args.seed, total_steps=total_steps)
     options.update(progress=not args.no_progress, command=command, dry_run=args.dry_run, reps=args.reps)
     if args.plan:
-        study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
         pilot_seeds = plan.PILOT_SEEDS if args.pilot_seeds is None else args.pilot_seeds
-        path = run_plan(
-            args.out, pilot_seeds=pilot_seeds, study_command=study_command, **options, num_seeds=args.num_seeds
-        )
-        if path is not None:  # None: --dry-run
-            print(path.read_text())
-        return 0
-    from genesis_jax.cli.study.cluster import parse_options
+        study_command = _command_line(args, [*skip, "plan", "pilot_seeds"])
+        options.update(pilot_seeds=pilot_seeds, study_command=study_command, num_seeds=args.num_seeds)
+        path = run_plan(args.out, **options)
+    else:
+        from genesis_jax.cli.study.cluster import parse_options
 
-    num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
-    options.update(cost=not args.no_cost, confirmatory=args.confirmatory, report_only=args.report_only)
-    executor_options = parse_options(args.executor_options)
-    path = run_study(
-        args.out, num_seeds=num_seeds, executor=args.executor, executor_options=executor_options, **options
-    )
+        num_seeds = args.num_seeds if args.num_seeds is not None else chosen["num_seeds"]
+        options.update(cost=not args.no_cost, confirmatory=args.confirmatory, report_only=args.report_only)
+        options.update(executor=args.executor, executor_options=parse_options(args.executor_options))
+        path = run_study(args.out, num_seeds=num_seeds, **options)
     if path is not None:  # None: --dry-run
-        print(f"wrote {path}, stats.json and the plots beside it")
+        print(path.read_text() if args.plan else f"wrote {path}, stats.json and the plots beside it")
     return 0
 
 
@@ -691,15 +681,12 @@ def _run(argv: list[str]) -> int:
         args = _parse(argv)  # a ValueError: GENESIS_PRECISION / ENABLE_FP16_TRAINING not understood
     except SystemExit as exit_:  # --help (0), or a parse error already printed in one line (2)
         return exit_.code or 0
-    parallel = args.parts["parallel"] if args.command == "train" else None
-    if parallel is not None and parallel.coordinator_address is not None:
+    if args.command == "train":
         # First of all: JAX must join the other processes before anything touches a device.
         # The others not coming in time is a ConnectionError: an OSError, a system failure (`_said`).
-        from genesis_jax.run.parallel import initialize_distributed
+        from genesis_jax.run.parallel import start_distributed
 
-        initialize_distributed(
-            parallel.coordinator_address, parallel.num_processes, parallel.process_id, parallel.heartbeat_timeout
-        )
+        start_distributed(args.parts["parallel"])  # a no-op without --coordinator-address
     if args.command == "launch":  # before JAX loads: the launcher's checks answer at once
         return _run_launch(args)
     with _settings_kept():

@@ -288,8 +288,8 @@ def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, onl
     chosen = [w for w in every if only is None or w.name in only]
     if only is not None and len(chosen) != len(set(only)):
         raise ValueError(f"unknown workload in {sorted(only)}; known: {', '.join(w.name for w in every)}")
-    held = [name for name in ("metrics.jsonl", "checkpoints") if (pathlib.Path(out_dir) / name).exists()]
-    if held:  # a run's directory: its plot and files are not the benchmark's to mix with
+    # a run's directory: its plot and files are not the benchmark's to mix with
+    if held := [name for name in ("metrics.jsonl", "checkpoints") if (pathlib.Path(out_dir) / name).exists()]:
         raise ValueError(f"{out_dir} holds a training run ({held[0]}): give the benchmark its own --out")
     started = time.perf_counter()
     rows, traces, ran = [], {}, {}
