@@ -242,9 +242,7 @@ def check_flags(args) -> None:
         study_only = {"--report-only": args.report_only, "--confirmatory": args.confirmatory, "--no-cost": args.no_cost}
         study_only |= {"--executor": args.executor != "inline", "--executor-options": args.executor_options is not None}
         if given := [flag for flag, on in study_only.items() if on]:
-            raise ValueError(
-                f"--plan runs only the pilot: {given[0]} is the study's; give it to the command plan.md prints"
-            )
+            raise ValueError(f"--plan runs only the pilot: {given[0]} is the study's; give it to plan.md's command")
     elif args.pilot_seeds is not None:
         raise ValueError("--pilot-seeds is the pilot's: add --plan, or drop it")
 
