@@ -138,10 +138,9 @@ def train_cells(out: pathlib.Path, plan: dict, progress: bool, command, stop=Non
         if summaries[path] is not None:
             _log(f"{task} {precision}: finished before, kept")
             continue
-        field, cost_run = TASKS[task].budget_field, "the cost run (for the report: N seeds against 1): "
-        seeds = count(config.num_seeds, "seed")
+        field, seeds = TASKS[task].budget_field, count(config.num_seeds, "seed")
         what = f"{task} {precision}: {seeds} x {getattr(config, field)} {field.replace('total_', '')}"
-        cost_run = cost_run if path.relative_to(out).parts[0] == "cost" else ""
+        cost_run = "the cost run (for the report: N seeds against 1): " if out / "cost" in path.parents else ""
         _log(f"{cost_run}{what}{' (a job)' if executor is not None else ''}")
         cells.record_planned(out, path, config)
         if before_cell is not None:
@@ -242,9 +241,7 @@ def check_flags(args) -> None:
         study_only = {"--report-only": args.report_only, "--confirmatory": args.confirmatory, "--no-cost": args.no_cost}
         study_only |= {"--executor": args.executor != "inline", "--executor-options": args.executor_options is not None}
         if given := [flag for flag, on in study_only.items() if on]:
-            raise ValueError(
-                f"--plan runs only the pilot: {given[0]} is the study's; give it to the command plan.md prints"
-            )
+            raise ValueError(f"--plan runs only the pilot: {given[0]} is the study's; give it to plan.md's command")
     elif args.pilot_seeds is not None:
         raise ValueError("--pilot-seeds is the pilot's: add --plan, or drop it")
 

@@ -84,8 +84,8 @@ def budgets(tasks, total_steps) -> dict[str, int]:
     """Environment steps per seed of each task: `total_steps` for all, a {task: steps}
     mapping, or None (each task's default)."""
     chosen = total_steps if isinstance(total_steps, dict) else {t: total_steps for t in tasks}
-    units = {TASKS[task].budget_field for task in tasks}
-    if isinstance(total_steps, int) and len(units) > 1:  # one N as environment steps and as epochs: a mistake
+    # one N as environment steps and as epochs: a mistake
+    if isinstance(total_steps, int) and len({TASKS[task].budget_field for task in tasks}) > 1:
         other = next(task for task in tasks if TASKS[task].budget_field != "total_steps")
         raise ValueError(
             f"total-steps {total_steps} for every task, but {other} counts its budget in "

@@ -112,8 +112,7 @@ def estimate(out: pathlib.Path, task: str, planned: list) -> tuple[str, float | 
     steps, seeds = getattr(planned[0][2], field), planned[0][2].num_seeds
     todo = [(p, c) for path, p, c in planned if cells.read_summary(path) is None]
     kept = f", {len(planned) - len(todo)} finished before (kept)" if len(todo) < len(planned) else ""
-    what = f"{count(len(planned), 'cell')} x {count(seeds, 'seed')} x {steps}"
-    what += f" {field.replace('total_', '')}{kept}"
+    what = f"{count(len(planned), 'cell')} x {count(seeds, 'seed')} x {steps} {field.replace('total_', '')}{kept}"
     if not todo:
         return what, 0.0
     # this --out's pilot cells of the task, where they ran these steps
@@ -166,12 +165,11 @@ def task_rows() -> list[tuple[str, ...]]:
     rows = []
     for task, spec in TASKS.items():
         unit, figure = spec.budget_field.replace("total_", ""), COSTS.get(task)
-        if figure is None:  # a task registered outside the package: no figure to scale
-            rows.append((task, spec.algo, f"{spec.total_steps} {unit}", "-", "-", "not measured (--plan measures it)"))
-            continue
-        seed = duration(seed_seconds(task, spec.total_steps))
-        source = f"{figure.source}, at {figure.steps} {unit}"
-        rows.append((task, spec.algo, f"{spec.total_steps} {unit}", duration(figure.compile_seconds), seed, source))
+        cost = ("-", "-", "not measured (--plan measures it)")  # a task registered outside the package: no figure
+        if figure is not None:
+            seed = duration(seed_seconds(task, spec.total_steps))
+            cost = (duration(figure.compile_seconds), seed, f"{figure.source}, at {figure.steps} {unit}")
+        rows.append((task, spec.algo, f"{spec.total_steps} {unit}", *cost))
     return rows
 
 

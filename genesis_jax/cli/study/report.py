@@ -45,12 +45,6 @@ def learned_flags(normalised: dict, per_task: dict, tasks: list[str], random: li
     return flags
 
 
-def judged(scores: dict[str, np.ndarray], reps: int, seed: int, learnt: dict, lower_is_better=False) -> dict:
-    """A score's verdicts: per statistic ("by_statistic") and combined ("equivalence")."""
-    by_statistic = stats.judge(scores, BASELINE, reps, seed, learnt=learnt, lower_is_better=lower_is_better)
-    return {"by_statistic": by_statistic, "equivalence": stats.equivalence(by_statistic)}
-
-
 def speed(rows: dict, tasks: list[str], random: list, reference: list, thresholds: dict, seeds: int) -> dict:
     """Each seed's time to its task's threshold (`cells.threshold_times`) as a share of the
     budget ("share", [seeds, tasks] per precision), and per precision and task the seeds
@@ -95,10 +89,14 @@ def time_verdict(verdict: str, reached: int, base_reached: int, seeds: int, wind
     return verdict
 
 
-def _score(scores: dict, reps: int, seed: int, learned: dict, lower_is_better=False, **more) -> dict:
-    """A score's part of the analysis: its matrices, per-task estimates, `more`, verdicts and learned flags."""
-    more = {"normalised": scores, "per_task": stats.per_task(scores, reps, seed), **more}
-    return {**more, **judged(scores, reps, seed, learned, lower_is_better), "learned": learned}
+def _score(scores: dict, reps: int, seed: int, learned: dict, lower_is_better=False, per_task=None, **more) -> dict:
+    """A score's part of the analysis: its matrices, per-task estimates (`per_task`, default the
+    scores'), `more`, its verdicts per statistic ("by_statistic") and combined ("equivalence")
+    and the learned flags they were judged with."""
+    per_task = stats.per_task(scores, reps, seed) if per_task is None else per_task
+    by_statistic = stats.judge(scores, BASELINE, reps, seed, learnt=learned, lower_is_better=lower_is_better)
+    more = {"normalised": scores, "per_task": per_task, **more, "by_statistic": by_statistic}
+    return {**more, "equivalence": stats.equivalence(by_statistic), "learned": learned}
 
 
 def analyse(raw, tasks, randoms, reps, seed=0, auc=None, known=None, rows=None, thresholds=None, sources=None) -> dict:
@@ -108,16 +106,16 @@ def analyse(raw, tasks, randoms, reps, seed=0, auc=None, known=None, rows=None, 
     same random and reference returns and judged with the final return's learned flags;
     given `rows` ({precision: {task: metric rows}}), the time to `thresholds` ({task:
     normalised score}, default `stats.THRESHOLD`) under "speed", as a share of the budget
-    (lower is faster). Each score is judged on the paired IQM, mean and CVaR (`judged`)."""
+    (lower is faster). Each score is judged on the paired IQM, mean and CVaR (`_score`)."""
     refs = references(raw, tasks, known, sources)
     random, reference = [randoms[t] for t in tasks], [r for r, _ in refs]
     normalise = lambda scores: {p: stats.normalise(m, random, reference) for p, m in scores.items()}
     normalised, per_task = normalise(raw), stats.per_task(raw, reps, seed)
     learned = learned_flags(normalised, per_task, tasks, random)
-    out = dict(tasks=tasks, references=refs, random=random, normalised=normalised, per_task=per_task)
-    out.update(aggregate=stats.aggregate(normalised, reps, seed))
-    out.update(improvement=stats.probability_of_improvement(normalised, BASELINE, reps, seed))
-    out.update(**judged(normalised, reps, seed, learned), learned=learned)
+    aggregate = stats.aggregate(normalised, reps, seed)
+    improvement = stats.probability_of_improvement(normalised, BASELINE, reps, seed)
+    final = _score(normalised, reps, seed, learned, per_task=per_task, aggregate=aggregate, improvement=improvement)
+    out = dict(tasks=tasks, references=refs, random=random, **final)
     out.update(failures={p: [stats.failure_rate(m[:, i]) for i in range(len(tasks))] for p, m in normalised.items()})
     out.update(profiles=stats.performance_profiles(normalised, np.linspace(0.0, 1.2, 49), reps, seed))
     if auc is not None:  # "auc": normalised like the final score, judged with its learned flags
@@ -241,11 +239,6 @@ SCORES = (("", "final"), ("auc", "AUC"), ("speed", "time to threshold"))
 NAMES = {"IQM": "IQM", "Mean": "mean", "CVaR": f"CVaR{stats.TAIL:.0%}".replace("%", "")}
 
 
-def _parts(analysis: dict):
-    """(key, name, part) of each score the analysis judged."""
-    return [(key, name, analysis[key] if key else analysis) for key, name in SCORES if not key or key in analysis]
-
-
 def _verdict_cell(analysis: dict, precision: str, task: int, planned: int | None = None) -> str:
     """A verdict and its IQM difference; "did not learn" names the precisions that did not;
     a "not shown" from fewer seeds than the plan asked for says so; where the statistics do
@@ -323,7 +316,9 @@ def write_report(out, analysis, summaries, curve_files, plot_files, header, cost
     plots, the `header` and `cost` lines. `planned`: the seeds per cell the plan asked for,
     per task; `sections`: (title, lines) added before the cost."""
     tasks, precisions, planned = analysis["tasks"], list(analysis["aggregate"]), planned or {}
-    others, parts, auc = [p for p in precisions if p != BASELINE], _parts(analysis), analysis.get("auc")
+    others, auc = [p for p in precisions if p != BASELINE], analysis.get("auc")
+    # (key, name, part) of each score the analysis judged
+    parts = [(key, name, analysis[key] if key else analysis) for key, name in SCORES if not key or key in analysis]
     lines = ["# Precision study", "", *header, ""]
     add = lambda title, *body: lines.extend([f"## {title}", "", *body, ""])
     final = lambda task: "final return" if TASKS[task].score == "return" else "final eval loss"

@@ -146,10 +146,8 @@ def _rliable(seed: int, function, *args, **options):
 
 def _estimates(score_dict, func, reps: int, seed: int) -> dict[str, list[Estimate]]:
     """rliable's stratified-bootstrap interval estimates, as one `Estimate` per output of `func`."""
-    random_state = np.random.RandomState(seed)
-    points, intervals = _rliable(
-        seed, rly.get_interval_estimates, score_dict, func, reps=reps, random_state=random_state
-    )
+    state = np.random.RandomState(seed)
+    points, intervals = _rliable(seed, rly.get_interval_estimates, score_dict, func, reps=reps, random_state=state)
     return {key: [Estimate(*map(float, e)) for e in zip(points[key], *intervals[key])] for key in score_dict}
 
 
