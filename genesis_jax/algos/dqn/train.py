@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import base
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, mean_of_applied
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.dqn.config import DQNConfig, minatar
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.amp import TrainState
@@ -134,8 +134,8 @@ class DQN(EpsilonGreedy, Algorithm):
         keys = jax.random.split(key, self.config.steps_per_row // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
         return s, {
-            "loss": mean_of_applied(loss, learned),
-            "q": mean_of_applied(q, learned),
+            "loss": jnp.mean(loss, where=learned),  # NaN (null in metrics.jsonl) where no step learned
+            "q": jnp.mean(q, where=learned),
             "epsilon": self.config.epsilon(s.steps),
             "episodes": episodes.sum(),
             "return_sum": return_sum.sum(),

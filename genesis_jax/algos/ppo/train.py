@@ -20,7 +20,7 @@ import numpy as np
 from flax import struct
 
 from genesis_jax.algos import base, onpolicy
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, mean_of_applied
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.ppo.config import PPOConfig
 from genesis_jax.algos.ppo.loss import Minibatch, Transition, compute_gae, finish_rollout, mismatch_metrics, ppo_loss
 from genesis_jax.amp import TrainState
@@ -181,7 +181,7 @@ class PPO(Algorithm):
         train_state, (scalars, log_pi, log_mu) = c.epochs(step, train_state, data, key)
         per_step = dict(zip(SCALARS, jnp.moveaxis(scalars, -1, 0)))
         finite = per_step.pop("grads_finite") > 0
-        metrics = {k: mean_of_applied(per_step.pop(k), finite) for k in ("loss", "grad_norm")}
+        metrics = {k: jnp.mean(per_step.pop(k), where=finite) for k in ("loss", "grad_norm")}
         metrics |= {k: jnp.mean(v) for k, v in per_step.items()}
         # The mismatch on the update's first minibatch: the only one the learner evaluates
         # before any parameter change, so it costs no extra forward pass.

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import onpolicy
-from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, mean_of_applied, minatar_tasks
+from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.run.parallel import constrain
@@ -95,7 +95,7 @@ class PQN(EpsilonGreedy, Algorithm):
 
         ts, (loss, q, finite) = c.epochs(learn, s.train_state, flat, shuffle_key)
         # The loss of the steps applied, as PPO's: a skipped step's (its loss what made it skip) is not the row's.
-        metrics = {"loss": mean_of_applied(loss, finite), "q": q.mean(), "episodes": ended.sum()}
+        metrics = {"loss": jnp.mean(loss, where=finite), "q": q.mean(), "episodes": ended.sum()}
         metrics["return_sum"] = return_sum.sum()
         return s.replace(train_state=ts), {**metrics, "epsilon": c.epsilon(s.steps)}
 
