@@ -44,12 +44,6 @@ def td_targets(q_next_target, q_next_online, reward, terminated, gamma: float):
     return (reward + gamma * (1.0 - terminated) * next_q).astype(jnp.float32)
 
 
-def td_loss(q, target, huber_delta: float | None):
-    """float32 mean Huber loss (None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
-    error = q.astype(jnp.float32) - target
-    return jnp.mean(jnp.square(error) if huber_delta is None else optax.huber_loss(error, delta=huber_delta))
-
-
 def minatar_settings(game: str) -> dict:
     """`minatar`'s settings for `game`: the fields it sets apart from DQN's defaults, its budget left out."""
     defaults, chosen = DQNConfig().to_dict(), minatar(f"{game}-MinAtar").to_dict()
@@ -101,10 +95,10 @@ class DQN(EpsilonGreedy, Algorithm):
         transition = dict(obs=obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
         return s.replace(buffer=self.replay.add(s.buffer, transition)), ended
 
-    def loss_fn(self, params, batch):
-        obs, action, target = batch
-        q = self.q_taken(params, obs, action)
-        return td_loss(q, target, self.config.huber_delta), jnp.mean(q)
+    def td_loss(self, q, target):
+        """float32 mean Huber loss (huber-delta None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
+        error, delta = q.astype(jnp.float32) - target, self.config.huber_delta
+        return jnp.mean(jnp.square(error) if delta is None else optax.huber_loss(error, delta=delta))
 
     def learn(self, train_state: TrainState, s: DQNState, key):
         """One gradient step, the TD target in float32 outside the gradient; `s` only read (not copied by cond)."""

@@ -28,7 +28,7 @@ from genesis_jax.envs.episodes import running_returns
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.torsos import check_network, default_network
-from genesis_jax.run.parallel import constrain, replicated, sharded
+from genesis_jax.run.parallel import constrain, sharded
 
 _BIG = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
 _GYMNASIUM, _RESMLP1024 = {"env": "CartPole-v1", "env_backend": "gymnasium"}, {"network": "resmlp", "width": 1024}
@@ -201,10 +201,11 @@ class PPO(Algorithm):
     def shardings(self, runner, mesh):
         """The environments (their states, observations, returns) split over the mesh, the
         train state and the PRNG key replicated."""
-        split, same = sharded(mesh), replicated(mesh)
-        states = dict(train_state=jax.tree.map(lambda _: same, runner.train_state), rng=same)
-        return runner.replace(
-            env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split, **states
+        split = sharded(mesh)
+        return (
+            super()
+            .shardings(runner, mesh)
+            .replace(env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split)
         )
 
     def summary(self, rows: list[dict], runner) -> dict:

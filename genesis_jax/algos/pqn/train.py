@@ -65,10 +65,8 @@ class PQN(EpsilonGreedy, Algorithm):
         grad_steps = c.num_updates * c.update_epochs * c.num_minibatches
         return QState(**self.q_fields(key, optax.linear_schedule(c.lr, 0.0, grad_steps) if c.anneal_lr else c.lr))
 
-    def loss_fn(self, params, batch):
-        obs, action, target = batch
-        q = self.q_taken(params, obs, action)
-        return 0.5 * jnp.mean(jnp.square(q - target)), jnp.mean(q)
+    def td_loss(self, q, target):
+        return 0.5 * jnp.mean(jnp.square(q - target))
 
     def targets(self, params, reward, terminated, truncated, final_obs):
         """The rollout's Q(lambda) targets [num_steps, num_envs]: the rewards scaled by
