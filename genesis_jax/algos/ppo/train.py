@@ -201,12 +201,8 @@ class PPO(Algorithm):
     def shardings(self, runner, mesh):
         """The environments (their states, observations, returns) split over the mesh, the
         train state and the PRNG key replicated."""
-        split = sharded(mesh)
-        return (
-            super()
-            .shardings(runner, mesh)
-            .replace(env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split)
-        )
+        split, same = sharded(mesh), super().shardings(runner, mesh)  # same: every leaf replicated
+        return same.replace(env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split)
 
     def summary(self, rows: list[dict], runner) -> dict:
         over_rows = lambda reduce, key: float(reduce([r[key] for r in rows])) if rows else float("nan")
