@@ -104,10 +104,8 @@ def check_declarations(name: str, algorithm) -> None:
     if not issubclass(algorithm, Algorithm):
         fail("it must subclass genesis_jax.algos.base.Algorithm")
     # The template's own raise NotImplementedError, with no message, once the run is compiling.
-    for hook, signature in (
-        ("init", "init(self, key) -> state"),
-        ("update", "update(self, state, data) -> (state, metrics)"),
-    ):
+    for signature in ("init(self, key) -> state", "update(self, state, data) -> (state, metrics)"):
+        hook = signature.split("(")[0]
         if getattr(algorithm, hook) is getattr(Algorithm, hook):
             fail(f"fill in `{signature}`")
 

@@ -95,13 +95,6 @@ class RunResult:
             raise AttributeError(name) from None
 
 
-def mean_of_applied(x, applied) -> jax.Array:
-    """The mean of `x` over the updates applied (`applied`: a bool per update); NaN where none was
-    (a null in metrics.jsonl: no update had that loss), not 0."""
-    count = jnp.sum(applied)
-    return jnp.where(count > 0, jnp.sum(jnp.where(applied, x, 0.0)) / jnp.maximum(count, 1), jnp.nan)
-
-
 def chunk_size(total: int, requested: int | None, target_chunks: int = 25) -> int:
     """Rows per compiled chunk: a divisor of `total` (one compilation serves the whole
     run) near total / target_chunks, or the `requested` one."""

@@ -138,8 +138,7 @@ def _status(reader: RunDirectory, row: int, newest: int, total: int, key: str) -
 
 def _config(algorithm, meta: dict, row: int, directory: str):
     fields = {f.name for f in dataclasses.fields(algorithm.config_class) if f.init}
-    values = {k: v for k, v in (meta.get("config") or {}).items() if k in fields}
-    values.update({k: v for k, v in _ONE_PROCESS.items() if k in fields})
+    values = {k: v for k, v in {**(meta.get("config") or {}), **_ONE_PROCESS}.items() if k in fields}
     try:
         return algorithm.config_class(**values)
     except (TypeError, ValueError) as err:

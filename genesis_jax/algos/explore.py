@@ -96,7 +96,8 @@ class QState(struct.PyTreeNode):
 
 class EpsilonGreedy:
     """What DQN and PQN share as algorithms that act by argmax Q (a mixin, listed before
-    `Algorithm`). It reads `config` (with `EpsilonGreedyFields`) and a `QState`."""
+    `Algorithm`). It reads `config` (with `EpsilonGreedyFields`), a `QState` and the algorithm's
+    `td_loss(q, target)`, its loss of the Q-values of the actions taken."""
 
     def setup_q(self, **net) -> None:
         """`spec` (a discrete-action environment, else refused naming SAC) and `net`, the
@@ -145,9 +146,12 @@ class EpsilonGreedy:
         s = s.replace(env_state=env_state, obs=obs, episode_return=episode_return, steps=s.steps + self.config.num_envs)
         return s, (transition, ended)
 
-    def q_taken(self, params, obs, action):
-        """Q(obs, action) [batch] of the actions taken."""
-        return jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]
+    def loss_fn(self, params, batch):
+        """(`td_loss(q, target)`, the mean Q) of Q(obs, action) [batch] of the actions taken, on the
+        minibatch (obs, action, target): the `train_step` loss of both algorithms."""
+        obs, action, target = batch
+        q = jnp.take_along_axis(self.net.apply(params, obs), action[:, None], -1)[:, 0]
+        return self.td_loss(q, target), jnp.mean(q)
 
     def act(self, s, greedy: bool = True):
         """`act(key, obs) -> actions`: argmax Q (greedy: as `eval_return` plays), or

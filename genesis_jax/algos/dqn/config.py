@@ -80,12 +80,7 @@ class DQNConfig(DQNFields, Config):
                 f"learning-starts must lie in [0, {run}){ran} for any gradient step to be taken, "
                 f"got {self.learning_starts}"
             )
-        interval = self.target_update_interval  # updates at its multiples: the first after learning starts
-        if (self.learning_starts // interval + 1) * interval > run:  # the target would stay as initialised
-            raise ValueError(
-                f"target-update-interval {interval} puts no target update between learning-starts "
-                f"{self.learning_starts} and the end ({run}){ran}: the target network would never learn"
-            )
+        self.refuse_no_target_update(self.learning_starts + 1, f"learning-starts {self.learning_starts}")
         self.validate_parallel("batch-size", self.batch_size)
         if self.epsilon_steps is not None:
             if self.epsilon_fraction != type(self).epsilon_fraction:  # one would be ignored without a word
@@ -109,12 +104,19 @@ class DQNConfig(DQNFields, Config):
                 f"batch-size {self.batch_size} is more transitions than the run collects ({run}){ran}: the buffer "
                 "would never hold a batch, and no gradient step would be taken"
             )
-        first, interval = max(self.learning_starts + 1, self.batch_size), self.target_update_interval
-        if -(-first // interval) * interval > run:  # no multiple of the interval from the first gradient step on
+        first = max(self.learning_starts + 1, self.batch_size)
+        self.refuse_no_target_update(
+            first, f"the first gradient step (once the buffer holds batch-size {self.batch_size})"
+        )
+
+    def refuse_no_target_update(self, first: int, after: str) -> None:
+        """Refuses a target-update-interval with no multiple from environment step `first` (the
+        first gradient step's) to the end of the run: the target would stay as initialised."""
+        interval, run = self.target_update_interval, self.steps_run  # updates at the interval's multiples
+        if -(-first // interval) * interval > run:
             raise ValueError(
-                f"target-update-interval {interval} puts no target update between the first gradient step (once "
-                f"the buffer holds batch-size {self.batch_size}) and the end ({run}){ran}: the target network would "
-                "never learn"
+                f"target-update-interval {interval} puts no target update between {after} and the end "
+                f"({run}){self.whole_rows_note}: the target network would never learn"
             )
 
     @property

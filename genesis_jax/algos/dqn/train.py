@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import base
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, mean_of_applied
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.dqn.config import DQNConfig, minatar
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.amp import TrainState
@@ -42,12 +42,6 @@ def td_targets(q_next_target, q_next_online, reward, terminated, gamma: float):
     target's Q as `q_next_online` for plain DQN's max."""
     next_q = jnp.take_along_axis(q_next_target, jnp.argmax(q_next_online, -1)[:, None], -1)[:, 0]
     return (reward + gamma * (1.0 - terminated) * next_q).astype(jnp.float32)
-
-
-def td_loss(q, target, huber_delta: float | None):
-    """float32 mean Huber loss (None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
-    error = q.astype(jnp.float32) - target
-    return jnp.mean(jnp.square(error) if huber_delta is None else optax.huber_loss(error, delta=huber_delta))
 
 
 def minatar_settings(game: str) -> dict:
@@ -101,10 +95,10 @@ class DQN(EpsilonGreedy, Algorithm):
         transition = dict(obs=obs, action=action, reward=reward, terminated=terminated, next_obs=final_obs)
         return s.replace(buffer=self.replay.add(s.buffer, transition)), ended
 
-    def loss_fn(self, params, batch):
-        obs, action, target = batch
-        q = self.q_taken(params, obs, action)
-        return td_loss(q, target, self.config.huber_delta), jnp.mean(q)
+    def td_loss(self, q, target):
+        """float32 mean Huber loss (huber-delta None: the squared error, as CleanRL's and PureJaxRL's DQN)."""
+        error, delta = q.astype(jnp.float32) - target, self.config.huber_delta
+        return jnp.mean(jnp.square(error) if delta is None else optax.huber_loss(error, delta=delta))
 
     def learn(self, train_state: TrainState, s: DQNState, key):
         """One gradient step, the TD target in float32 outside the gradient; `s` only read (not copied by cond)."""
@@ -134,8 +128,8 @@ class DQN(EpsilonGreedy, Algorithm):
         keys = jax.random.split(key, self.config.steps_per_row // self.config.train_frequency)
         s, (learned, loss, q, episodes, return_sum) = jax.lax.scan(self.iteration, s.replace(rng=rng), keys)
         return s, {
-            "loss": mean_of_applied(loss, learned),
-            "q": mean_of_applied(q, learned),
+            "loss": jnp.mean(loss, where=learned),  # NaN (null in metrics.jsonl) where no step learned
+            "q": jnp.mean(q, where=learned),
             "epsilon": self.config.epsilon(s.steps),
             "episodes": episodes.sum(),
             "return_sum": return_sum.sum(),

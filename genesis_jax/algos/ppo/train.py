@@ -20,7 +20,7 @@ import numpy as np
 from flax import struct
 
 from genesis_jax.algos import base, onpolicy
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, mean_of_applied
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets
 from genesis_jax.algos.ppo.config import PPOConfig
 from genesis_jax.algos.ppo.loss import Minibatch, Transition, compute_gae, finish_rollout, mismatch_metrics, ppo_loss
 from genesis_jax.amp import TrainState
@@ -28,7 +28,7 @@ from genesis_jax.envs.episodes import running_returns
 from genesis_jax.nets import distributions
 from genesis_jax.nets.actor_critic import ActorCritic
 from genesis_jax.nets.torsos import check_network, default_network
-from genesis_jax.run.parallel import constrain, replicated, sharded
+from genesis_jax.run.parallel import constrain, sharded
 
 _BIG = {"num_envs": 512, "num_steps": 128, "num_minibatches": 8, "total_steps": 2**21, "lr": 5e-4}
 _GYMNASIUM, _RESMLP1024 = {"env": "CartPole-v1", "env_backend": "gymnasium"}, {"network": "resmlp", "width": 1024}
@@ -181,7 +181,7 @@ class PPO(Algorithm):
         train_state, (scalars, log_pi, log_mu) = c.epochs(step, train_state, data, key)
         per_step = dict(zip(SCALARS, jnp.moveaxis(scalars, -1, 0)))
         finite = per_step.pop("grads_finite") > 0
-        metrics = {k: mean_of_applied(per_step.pop(k), finite) for k in ("loss", "grad_norm")}
+        metrics = {k: jnp.mean(per_step.pop(k), where=finite) for k in ("loss", "grad_norm")}
         metrics |= {k: jnp.mean(v) for k, v in per_step.items()}
         # The mismatch on the update's first minibatch: the only one the learner evaluates
         # before any parameter change, so it costs no extra forward pass.
@@ -201,11 +201,8 @@ class PPO(Algorithm):
     def shardings(self, runner, mesh):
         """The environments (their states, observations, returns) split over the mesh, the
         train state and the PRNG key replicated."""
-        split, same = sharded(mesh), replicated(mesh)
-        states = dict(train_state=jax.tree.map(lambda _: same, runner.train_state), rng=same)
-        return runner.replace(
-            env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split, **states
-        )
+        split, same = sharded(mesh), super().shardings(runner, mesh)  # same: every leaf replicated
+        return same.replace(env_state=jax.tree.map(lambda _: split, runner.env_state), obs=split, episode_return=split)
 
     def summary(self, rows: list[dict], runner) -> dict:
         over_rows = lambda reduce, key: float(reduce([r[key] for r in rows])) if rows else float("nan")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from genesis_jax.algos import onpolicy
-from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, mean_of_applied, minatar_tasks
+from genesis_jax.algos.base import CARTPOLE, Algorithm, BenchWorkload, Presets, minatar_tasks
 from genesis_jax.algos.explore import EpsilonGreedy, QState
 from genesis_jax.algos.pqn.config import PQNConfig
 from genesis_jax.run.parallel import constrain
@@ -65,10 +65,8 @@ class PQN(EpsilonGreedy, Algorithm):
         grad_steps = c.num_updates * c.update_epochs * c.num_minibatches
         return QState(**self.q_fields(key, optax.linear_schedule(c.lr, 0.0, grad_steps) if c.anneal_lr else c.lr))
 
-    def loss_fn(self, params, batch):
-        obs, action, target = batch
-        q = self.q_taken(params, obs, action)
-        return 0.5 * jnp.mean(jnp.square(q - target)), jnp.mean(q)
+    def td_loss(self, q, target):
+        return 0.5 * jnp.mean(jnp.square(q - target))
 
     def targets(self, params, reward, terminated, truncated, final_obs):
         """The rollout's Q(lambda) targets [num_steps, num_envs]: the rewards scaled by
@@ -95,7 +93,7 @@ class PQN(EpsilonGreedy, Algorithm):
 
         ts, (loss, q, finite) = c.epochs(learn, s.train_state, flat, shuffle_key)
         # The loss of the steps applied, as PPO's: a skipped step's (its loss what made it skip) is not the row's.
-        metrics = {"loss": mean_of_applied(loss, finite), "q": q.mean(), "episodes": ended.sum()}
+        metrics = {"loss": jnp.mean(loss, where=finite), "q": q.mean(), "episodes": ended.sum()}
         metrics["return_sum"] = return_sum.sum()
         return s.replace(train_state=ts), {**metrics, "epsilon": c.epsilon(s.steps)}
 

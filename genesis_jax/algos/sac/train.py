@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Presets, StudyTask, mean_of_applied
+from genesis_jax.algos.base import GYMNAX_README, Algorithm, BenchWorkload, Presets, StudyTask
 from genesis_jax.algos.sac.config import SACConfig
 from genesis_jax.amp import TrainState, train_step, update_scaler
 from genesis_jax.data.replay import empty_like, grow
@@ -191,7 +191,7 @@ class SAC(Algorithm):
         """A metrics row: counts summed, losses averaged over the iterations that learned (then over seeds)."""
         state, m = jax.lax.scan(self.env_iteration, state, None, self.config.steps_per_row // self.config.num_envs)
         counts = {k: jnp.sum(m[k]) for k in COUNTS + ("return_sum",)}
-        return state, counts | {k: mean_of_applied(m[k], m["updates"] > 0) for k in LOSSES}
+        return state, counts | {k: jnp.mean(m[k], where=m["updates"] > 0) for k in LOSSES}
 
     def summary(self, rows: list[dict], state: SACState) -> dict:
         """Each optimizer's skips (the template's skipped_updates, total_updates and overflow_rate sum all three)."""

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, StudyTask, mean_of_applied
+from genesis_jax.algos.base import Algorithm, BenchWorkload, Presets, StudyTask
 from genesis_jax.algos.world_model import data as wm_data
 from genesis_jax.algos.world_model.config import WorldModelConfig
 from genesis_jax.amp import TrainState
@@ -190,7 +190,7 @@ class WorldModelTrainer(Algorithm):
         ts, metrics = jax.lax.scan(lambda s, b: self.train_step(s, self.train_loss_fn, b), state.train_state, batches)
         finite = metrics["grads_finite"]
         return WorldModelState(ts, rng), {
-            "train_loss": mean_of_applied(metrics["loss"], finite) / config.loss_weight,  # unweighted
+            "train_loss": jnp.mean(metrics["loss"], where=finite) / config.loss_weight,  # unweighted; NaN: none applied
             "eval_loss": self.loss_fn(ts.params, eval_set)[0],
             "steps_per_second": jnp.int32(self.batches_per_epoch),  # optimizer steps, "rate": per second
             **underflow,
@@ -201,24 +201,20 @@ class WorldModelTrainer(Algorithm):
         ts = jax.tree.map(lambda x: x[0], seeds) if self.num_seeds > 1 else seeds  # the probes take one seed's
         batch0 = jax.tree.map(lambda x: x[: c.batch_size], self.data[0])
         step = lambda s, b: self.train_step(s, self.train_loss_fn, b)
-        summary = {
+        return {
             "data": self.dataset["meta"]["source"],
-            "width": c.width,
-            "depth": c.depth,
-            "batch_size": c.batch_size,
-            "horizon": c.horizon,
+            **{k: getattr(c, k) for k in ("width", "depth", "batch_size", "horizon")},
             "final_train_loss": last["train_loss"],
             "eval_loss": last["eval_loss"],
             "eval_loss_per_seed": last.get("eval_loss_per_seed", [last["eval_loss"]]),
             "noise_floor": self.noise_floor,
             "epochs": len(rows),
+            "applied_updates": int(np.sum(np.asarray(seeds.step)) - np.sum(np.asarray(seeds.skipped))),
+            "steps_per_second": self.session.steps_per_second(self.batches_per_epoch * self.num_seeds),
+            "activation_bytes": activation_bytes(self.loss_fn, ts.params, batch0),
+            "flops_per_step": probes.matmul_flops(step, ts, batch0),  # one optimizer step, for the achieved FLOP/s
+            "param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params))),
         }
-        summary["applied_updates"] = int(np.sum(np.asarray(seeds.step)) - np.sum(np.asarray(seeds.skipped)))
-        summary["steps_per_second"] = self.session.steps_per_second(self.batches_per_epoch * self.num_seeds)
-        summary["activation_bytes"] = activation_bytes(self.loss_fn, ts.params, batch0)
-        summary["flops_per_step"] = probes.matmul_flops(step, ts, batch0)  # one optimizer step, for the achieved FLOP/s
-        summary["param_bytes"] = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params)))
-        return summary
 
 
 ALGORITHM = WorldModelTrainer
