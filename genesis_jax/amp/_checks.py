@@ -25,6 +25,11 @@ def refuse_unless(ok, name: str, value, accepted: str, error: type = TypeError) 
         raise error(f"{name} must be {accepted}, got {value!r}")
 
 
+def is_int(value) -> bool:
+    """Whether `value` is an integer, Python's or numpy's (a bool is none)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def number(name, value, accepted, ok=lambda x: True, *, integer=False, type_error=TypeError):
     """`value` as the int, or the float32 (inf where it overflows, 0 where it underflows), it is
     used as, refused unless it is such a number (Python, numpy or a 0-d array; a bool is
@@ -32,8 +37,7 @@ def number(name, value, accepted, ok=lambda x: True, *, integer=False, type_erro
     if isinstance(value, jax.core.Tracer):
         return None
     x = value.item() if isinstance(value, (np.ndarray, jax.Array)) and value.shape == () else value
-    is_int = isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-    refuse_unless(is_int or (isinstance(x, (float, np.floating)) and not integer), name, value, accepted, type_error)
+    refuse_unless(is_int(x) or (isinstance(x, (float, np.floating)) and not integer), name, value, accepted, type_error)
     with np.errstate(over="ignore", under="ignore"):
         x = int(x) if integer else float(np.float32(x))
     refuse_unless(ok(x), name, value, accepted, ValueError)

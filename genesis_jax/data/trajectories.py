@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from genesis_jax.amp._checks import is_int
 from genesis_jax.amp.loss_scale import INT32_MAX
 from genesis_jax.envs.video import check_new_path, written_whole
 
@@ -279,18 +280,14 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def check_collect_args(env_id: str, num_sequences, length, seed, spec=None) -> None:
     """Refuses, before anything is collected, sizes that are not positive integers, a seed a
     PRNG key does not hold, and (given the environment's `spec`) a dataset that would not fit
     in the host memory available now (`check_fits_in_memory`)."""
     for name, value in (("num-sequences", num_sequences), ("sequence-length", length)):
-        if not (_integer(value) and 1 <= value < INT32_MAX):
+        if not (is_int(value) and 1 <= value < INT32_MAX):
             raise ValueError(f"{name} must be a positive integer (below 2^31-1: JAX's int32 shapes), got {value!r}")
-    if not (_integer(seed) and 0 <= seed <= SEED_MAX):
+    if not (is_int(seed) and 0 <= seed <= SEED_MAX):
         raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (2^32-1), got {seed!r}")
     if spec is not None:
         if len(spec.obs_shape) != 1:  # the dataset's obs are [sequences, steps + 1, features]

@@ -33,6 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import serialization
 
+from genesis_jax.amp._checks import is_int
 from genesis_jax.amp.loss_scale import NoOpLossScale, any_fixed_scale
 from genesis_jax.amp.restore import Rule, key_name, restore_rules
 from genesis_jax.amp.state import TrainState
@@ -326,7 +327,7 @@ def _meta_integer(meta: dict, key: str, step: int, directory: str, good, must: s
     """The integer a checkpoint's meta records under `key` (`default` where it records none),
     refused in one sentence saying what it `must` be where it is not an integer or not `good`."""
     value = meta.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not good(value):
+    if not is_int(value) or not good(value):  # meta is JSON: its integers are Python ints
         raise CheckpointMismatchError(
             f"checkpoint at step {step} in {directory} records {key} {value!r} in its meta, {must}: "
             "the checkpoint was altered; restore an intact copy, or start a new run"

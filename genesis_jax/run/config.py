@@ -18,7 +18,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import optax
 
-from genesis_jax.amp._checks import refuse_unless
+from genesis_jax.amp._checks import is_int, refuse_unless
 from genesis_jax.amp.guard import DivergenceGuard
 from genesis_jax.amp.loss_scale import INT32_MAX, check_loss_scale_args
 from genesis_jax.amp.policy import Precision, check_precision, get_precision, recorded_spelling
@@ -102,10 +102,6 @@ def _field_table(cls) -> tuple[tuple[str, Any, Bounds | None], ...]:
     return tuple((f.name, hints[f.name], bounds.get(f.name)) for f in dataclasses.fields(cls) if f.init)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _checked(value, kind, bounds: Bounds | None):
     """(the value as a plain Python value, None) if it is of `kind`, else (None, what is accepted)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
@@ -120,7 +116,7 @@ def _checked(value, kind, bounds: Bounds | None):
             return value, None
         return None, "one of " + ", ".join(map(str, args))
     if origin is tuple:  # tuple[int, ...]; bounds, where given, hold for each entry of a non-empty one
-        if not isinstance(value, (tuple, list)) or not all(map(_is_int, value)):
+        if not isinstance(value, (tuple, list)) or not all(map(is_int, value)):
             return None, "a sequence of integers"
         if bounds is not None and not (value and all(map(bounds.holds, value))):
             return None, f"a non-empty sequence, each {bounds.text}"
@@ -134,9 +130,9 @@ def _checked(value, kind, bounds: Bounds | None):
     if kind is int:
         bounds = bounds or _INT32
         accepted = bounds.text if "integer" in bounds.text else f"an integer {bounds.text}"  # 1e4 is no int
-        return (int(value), None) if _is_int(value) and bounds.holds(value) else (None, accepted)
+        return (int(value), None) if is_int(value) and bounds.holds(value) else (None, accepted)
     if kind is float:
-        number = isinstance(value, (float, np.floating)) or _is_int(value)
+        number = isinstance(value, (float, np.floating)) or is_int(value)
         if not number or not abs(value) <= FLOAT32_MAX:
             return None, "a finite number" + (f" {bounds.text}" if bounds else "")
         return (float(value), None) if bounds is None or bounds.holds(value) else (None, bounds.text)

@@ -35,6 +35,13 @@ def _dumps(value, **kwargs) -> str:
     return json.dumps(jsonable(value), allow_nan=False, default=str, **kwargs)
 
 
+def write_atomically(path: pathlib.Path, data: str | bytes) -> None:
+    """Writes `data` to `path` atomically: into a new file beside it, then renamed over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
 def check_config_changes(meta: dict, config, allow: bool, inputs: dict | None = None) -> list[str]:
     """The changes of `config` against the resumed checkpoint's (`meta["config"]`), beyond
     `config.RESUMABLE_FIELDS`, and of the run's `inputs` (a dataset's identity) against those
@@ -257,9 +264,7 @@ class RunDirectory:
             kept += bool(line.strip())
         if end == len(data):
             return
-        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
-        tmp.write_bytes(data[:end])
-        os.replace(tmp, self.metrics_file)
+        write_atomically(self.metrics_file, data[:end])
 
     def read_summary(self) -> dict | None:
         """summary.json as a dict; None where there is none; {} where it cannot be read."""
@@ -291,6 +296,4 @@ class RunDirectory:
         )
 
     def write_summary(self, summary: dict, config: dict) -> None:
-        tmp = self.path / "summary.json.tmp"
-        tmp.write_text(_dumps({**summary, "config": config}, indent=2) + "\n")
-        os.replace(tmp, self.path / "summary.json")
+        write_atomically(self.path / "summary.json", _dumps({**summary, "config": config}, indent=2) + "\n")

@@ -18,7 +18,7 @@ import numpy as np
 
 from genesis_jax.algos import get_algorithm, loadable
 from genesis_jax.run.progress import count
-from genesis_jax.run.run_dir import jsonable
+from genesis_jax.run.run_dir import jsonable, write_atomically
 from genesis_jax.run.signals import DivergenceError
 
 
@@ -154,9 +154,7 @@ def load_json(path: pathlib.Path, default=None):
 
 def add_json(path: pathlib.Path, key: str, value, sort_keys: bool = False) -> None:
     """Adds `key`: `value` to the JSON object in `path` (atomically: a new file, then renamed)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**load_json(path, {}), key: value}, indent=1, sort_keys=sort_keys) + "\n")
-    tmp.replace(path)
+    write_atomically(path, json.dumps({**load_json(path, {}), key: value}, indent=1, sort_keys=sort_keys) + "\n")
 
 
 def read_summary(path: pathlib.Path) -> dict | None:
