@@ -31,14 +31,15 @@ def slices(monkeypatch):
 @pytest.mark.long  # subprocess studies: minutes on 2 busy cores
 def test_order_then_run_archive_and_unpack(slices, tmp_path):
     study, bench = tmp_path / "study-gpu", tmp_path / "bench"
-    pending = slices.pending_slices(study, bench)
+    benchmarks = tmp_path / "benchmarks"  # no planned study: the repository's own are not this test's
+    pending = slices.pending_slices(study, bench, benchmarks)
     assert pending == [("bench", "big-a"), ("bench", "big-b"), ("task", "wm:synthetic", slices.PRECISIONS)]
 
     (bench / "run-1").mkdir(parents=True)
     (bench / "run-1" / "results.csv").write_text("workload,precision\nbig-a,fp32\nbig-b,fp32\n")  # came back
-    done = slices.run(600.0, tmp_path / "out", study, bench, num_seeds=2)
+    done = slices.run(600.0, tmp_path / "out", study, bench, num_seeds=2, benchmarks=benchmarks)
     assert done == [("task", "wm:synthetic", slices.PRECISIONS)]
-    assert slices.pending_slices(study, bench) == []
+    assert slices.pending_slices(study, bench, benchmarks) == []
 
     names = slices.unpack(tmp_path / "out" / "slices.tar.gz", root=tmp_path / "repo")
     cells = [f"benchmarks/study-gpu/cells/wm:synthetic/{p}/summary.json" for p in slices.PRECISIONS]
