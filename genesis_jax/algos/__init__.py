@@ -76,6 +76,25 @@ def loadable() -> dict:
     return classes
 
 
+def named_presets(field: str, keep=None) -> dict:
+    """Every loadable algorithm's `Presets.<field>` by name: "bench", its `BenchWorkload`s
+    that `keep(workload)` keeps, each with its `kind`; "study", its `StudyTask`s, each with its
+    `algo` and `budget_field`. A name given twice (by two algorithms, say) is refused."""
+    found, owners = {}, {}
+    for algo, algorithm in loadable().items():
+        if field == "bench":
+            named = [(w.name, dataclasses.replace(w, kind=algo)) for w in algorithm.presets.bench if keep(w)]
+        else:
+            ours = {"algo": algo, "budget_field": algorithm.budget_field}
+            named = [(name, dataclasses.replace(t, **ours)) for name, t in algorithm.presets.study.items()]
+        for name, preset in named:
+            if name in owners:
+                what = "bench workload" if field == "bench" else "study task"
+                raise ValueError(f"{what} {name!r} is named by {owners[name]} and {algo}")
+            found[name], owners[name] = preset, algo
+    return found
+
+
 @functools.cache
 def _load(name: str, module: str):
     # An entry point's "module:Class" (as importlib.metadata reads it: "module:Outer.Inner [extra]"

@@ -31,6 +31,7 @@ import numpy as np
 from genesis_jax.algos import REGISTRY, get_algorithm, loadable
 from genesis_jax.envs.play import MAX_EPISODES
 from genesis_jax.envs.spec import EnvSpec
+from genesis_jax.envs.video import check_video_path, write_video
 from genesis_jax.run.checkpoint import CheckpointMismatchError, CheckpointStore
 from genesis_jax.run.run_dir import RunDirectory, RunDirectoryError
 from genesis_jax.run.session import renamed_attribute
@@ -305,7 +306,18 @@ class Evaluation:
 
 def _integer_in(name: str, value, least: int, most: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise ValueError(f"{name} must be an integer from {least} to {most}, got {value!r}")
+        what = f"a positive integer (at most {most})" if least == 1 else f"an integer from {least} to {most}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def check_eval_options(episodes: int, seed: int, video: str | None, video_frames: int) -> None:
+    """Refuses, in one line, options `evaluate` cannot play with: `genesis-jax eval` asks
+    before it reads a checkpoint."""
+    _integer_in("episodes", episodes, 1, MAX_EPISODES)
+    _integer_in("seed", seed, 0, 2**32 - 1)
+    _integer_in("video-frames", video_frames, 1, 10**6)
+    if video is not None:
+        check_video_path(video)
 
 
 def evaluate(
@@ -318,16 +330,12 @@ def evaluate(
     renderers; gymnasium's rgb_array); elsewhere it is refused, in one line, before anything plays."""
     from genesis_jax.envs.play import check_renders, play_gymnasium, play_gymnax
     from genesis_jax.envs.registry import resolve_env
-    from genesis_jax.envs.video import check_video_path, write_video
 
-    _integer_in("episodes", episodes, 1, MAX_EPISODES)
-    _integer_in("seed", seed, 0, 2**32 - 1)
+    check_eval_options(episodes, seed, video, video_frames)
     spec = policy.spec
     if spec.backend == "envpool":  # its Atari preprocessing is the gymnasium path's (envs.envpool_env)
         spec = dataclasses.replace(resolve_env(spec.env_id, "gymnasium"), obs_shape=spec.obs_shape)
     if video is not None:
-        _integer_in("video-frames", video_frames, 1, 10**6)
-        check_video_path(video)
         check_renders(spec)
     frames = 0 if video is None else video_frames
     if spec.backend == "gymnax":

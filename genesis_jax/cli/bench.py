@@ -33,36 +33,21 @@ import timeit
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm, loadable
-from genesis_jax.algos.base import ActingFields
+from genesis_jax.algos import get_algorithm, named_presets
+from genesis_jax.algos.base import ActingFields, BenchWorkload
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    kind: str  # a registered algorithm: ppo | world-model | ...
-    settings: dict  # PPOConfig / WorldModelConfig fields besides precision and seed
-    vmap_seeds: bool = False  # PPO on gymnax: all seeds in one compiled run
-    seconds: float | None = None  # total steps sized to about this long a run (host-environment PPO)
+Workload = BenchWorkload  # a workload as `workloads` reads it: its `kind` set
 
 
 def workloads(quick: bool) -> list[Workload]:
     """Every registered algorithm's workloads (`Presets.bench`): tiny budgets for
     --quick (CPU, CI); GPU-sized ones otherwise, the large networks where half precision can
     pay, few enough to finish in minutes on one GPU."""
-    chosen = [
-        Workload(w.name, name, w.settings, w.vmap_seeds, w.seconds)
-        for name, algorithm in loadable().items()
-        for w in algorithm.presets.bench
-        if w.quick == quick
-    ]
-    names = [w.name for w in chosen]
-    if repeated := next((n for i, n in enumerate(names) if n in names[:i]), None):
-        raise ValueError(f"bench workload {repeated!r} is named by more than one algorithm")
-    return chosen
+    return list(named_presets("bench", lambda w: w.quick == quick).values())
 
 
 def _train_or_stop(algorithm, config):

@@ -46,16 +46,9 @@ def add_eval_parser(sub) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from genesis_jax.algos.evaluate import evaluate, load
+    from genesis_jax.algos.evaluate import check_eval_options, evaluate, load
 
-    # The options are checked before a checkpoint is read (evaluate checks them again, for Python callers).
-    for name in ("episodes", "video_frames"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.video is not None:
-        from genesis_jax.envs.video import check_video_path
-
-        check_video_path(args.video)
+    check_eval_options(args.episodes, args.seed, args.video, args.video_frames)
     options = dict(seed_index=args.seed_index, step=args.step, allow_unverified=args.allow_unverified_checkpoint)
     policy = load(args.run_dir, greedy=not args.stochastic, **options)
     result = evaluate(policy, args.episodes, args.seed, args.video, args.video_frames)

@@ -61,7 +61,7 @@ def test_seeds_under_vmap_keep_their_own_counts():
 def test_bench_rows_for_free(registered):
     from genesis_jax.cli.bench import Workload, _run
 
-    (row,) = _run(Workload("toy-small", "toy", {"total_steps": 32}), "fp16", [0])
+    (row,) = _run(Workload("toy-small", {"total_steps": 32}, kind="toy"), "fp16", [0])
     assert row["accuracy"] < 1.0 and row["total_steps"] == 32 and len(row["scale_trace"]) == 32
 
 
@@ -254,13 +254,13 @@ def test_a_study_task_the_study_cannot_score_is_refused_before_its_cells_train(s
     # The toy's cells trained, then the report failed with a KeyError ('epochs') on their summaries.
     from genesis_jax.cli.study import cells
 
-    monkeypatch.setitem(cells.TASKS, "toy:fit", cells.Task("toy", {}, 32, None, "none", score=score))
+    monkeypatch.setitem(cells.TASKS, "toy:fit", cells.Task({}, 32, None, "none", score=score, algo="toy"))
     with pytest.raises(ValueError, match=r"^study task 'toy:fit' is scored by .*, which toy does not report: leave"):
         cells.check_cell("toy:fit", cells.cell_config("toy:fit", "fp32", 1, 0, 32))
     cells.check_cell("pqn:CartPole-v1", cells.cell_config("pqn:CartPole-v1", "fp32", 1, 0, 4096))  # one that acts
     # ... and one that acts where no random return is measured: a gymnasium env, or none the task names
     envs = {"ppo:probe": {"env": "tests.support.custom_envs:Probe-v0", "num_envs": 2}, "ppo:default": {}}
     for name, settings in envs.items():
-        monkeypatch.setitem(cells.TASKS, name, cells.Task("ppo", settings, 4096, None, "none"))
+        monkeypatch.setitem(cells.TASKS, name, cells.Task(settings, 4096, None, "none", algo="ppo"))
         with pytest.raises(ValueError, match=f"^study task '{name}' is scored by .* a gymnax environment the task"):
             cells.check_cell(name, cells.cell_config(name, "fp32", 1, 0, 4096))

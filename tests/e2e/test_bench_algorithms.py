@@ -40,8 +40,8 @@ def test_the_full_bench_has_dqn_and_sac_rows_whose_configs_are_valid():
 @pytest.mark.parametrize(
     "workload, steps",
     [
-        (Workload("dqn-tiny", "dqn", {**TINY_DQN, "total_steps": 300}, vmap_seeds=True), 300),
-        (Workload("sac-tiny", "sac", {**TINY_SAC, "total_steps": 32, "hidden": (16, 16)}, vmap_seeds=True), 32),
+        (Workload("dqn-tiny", {**TINY_DQN, "total_steps": 300}, vmap_seeds=True, kind="dqn"), 300),
+        (Workload("sac-tiny", {**TINY_SAC, "total_steps": 32, "hidden": (16, 16)}, vmap_seeds=True, kind="sac"), 32),
     ],
 )
 def test_dqn_and_sac_give_one_bench_row_per_seed(workload, steps):

@@ -146,7 +146,9 @@ def test_no_verdict_from_runs_at_the_random_floor_or_from_too_few_seeds():
 
 def world_model_task(monkeypatch):
     """A task of an algorithm whose budget is epochs, not environment steps."""
-    monkeypatch.setitem(cells.TASKS, "wm:synthetic", cells.Task("world-model", {"data": "synthetic"}, 100, None, "-"))
+    monkeypatch.setitem(
+        cells.TASKS, "wm:synthetic", cells.Task({"data": "synthetic"}, 100, None, "-", algo="world-model")
+    )
 
 
 def test_one_budget_for_tasks_counted_in_steps_and_in_epochs_is_refused(tmp_path, capsys):

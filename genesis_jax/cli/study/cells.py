@@ -16,37 +16,14 @@ import pathlib
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm, loadable
+from genesis_jax.algos import get_algorithm, named_presets
+from genesis_jax.algos.base import StudyTask
 from genesis_jax.run.progress import count
 from genesis_jax.run.run_dir import jsonable, write_atomically
 from genesis_jax.run.signals import DivergenceError
 
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One task of a study: an algorithm's settings, its budget and its reference return."""
-
-    algo: str
-    settings: dict
-    total_steps: int  # the default budget, in `budget_field`'s unit
-    reference: float | None  # None: the study's own fp32 IQM (said so in the report), or a loss task's floor
-    reference_source: str
-    budget_field: str = "total_steps"  # the config field the budget sets (environment steps, or epochs)
-    score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
-
-
-def _registered_tasks() -> dict[str, Task]:
-    """Every registered algorithm's study tasks (`Presets.study`)."""
-    tasks = {}
-    for name, algorithm in loadable().items():
-        for task, t in algorithm.presets.study.items():
-            if task in tasks:
-                raise ValueError(f"study task {task!r} is named by {tasks[task].algo} and {name}")
-            tasks[task] = Task(name, budget_field=algorithm.budget_field, **dataclasses.asdict(t))
-    return tasks
-
-
-TASKS = _registered_tasks()
+Task = StudyTask  # a task as `named_presets` reads it: its `algo` and `budget_field` set
+TASKS: dict[str, Task] = named_presets("study")  # every registered algorithm's (`Presets.study`)
 
 # What each precision of a study means as config fields; fp16-unscaled shows what scaling buys.
 PRECISIONS = {name: {"precision": name} for name in ("fp32", "bf16", "fp16")}
