@@ -712,7 +712,9 @@ class Algorithm:
         start_distributed(config)  # before anything touches a device
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint-every must be >= 0, got {checkpoint_every}")
-        algo = cls(config, grad_transform, recorded=bool(run_options.get("resume")))  # bad input fails here
+        # A resume is built as the run recorded it; one allowed to change settings is checked as a new run is.
+        recorded = bool(run_options.get("resume")) and not run_options.get("allow_config_change")
+        algo = cls(config, grad_transform, recorded=recorded)  # bad input fails here
         try:
             return algo._train(out_dir, checkpoint_every, run_options)
         finally:

@@ -155,6 +155,16 @@ def test_cli_bad_input_one_line_exit_2(argv, words, capsys):
     assert words in err and len(err.splitlines()) == 1
 
 
+def test_a_resume_allowed_to_change_settings_is_refused_minibatches_of_one(tmp_path, capsys):
+    # a resume is built as its run ran (a setting refused since still resumes); a changed one is a new choice
+    out, run = tmp_path / "run", ["train", "ppo", "--num-envs", "1", "--num-steps", "8", "--update-epochs", "1"]
+    assert main([*run, "--num-minibatches", "2", "--total-steps", "16", "--out", str(out), "--no-progress"]) == 0
+    more = [*run, "--total-steps", "32", "--out", str(out), "--resume", "--allow-config-change", "--no-progress"]
+    assert main([*more, "--num-minibatches", "8"]) == 2
+    assert "is 1 transition each" in capsys.readouterr().err
+    assert main([*more, "--num-minibatches", "2"]) == 0  # the run itself resumes
+
+
 @pytest.mark.slow  # the gymnax_run fixture, a 61,440-step learning run: 20-25 s on 2 cores
 def test_cli_refuses_existing_run_and_exits_2_in_a_real_process(gymnax_run):
     _, out = gymnax_run
