@@ -324,14 +324,17 @@ class MixedPrecisionConfig:
 
     def unused_scaling_note(self) -> str | None:
         """One line where a loss-scale setting other than its default changes nothing: the run
-        scales no loss, or its static scale neither grows nor has a floor. None otherwise."""
-        scaling = check_precision(self.precision, self.loss_scaling)
+        scales no loss, or its static scale neither grows nor has a floor. None otherwise. Asked
+        when the run starts, so 'auto' is what it picks on this backend."""
+        precision = self.train_precision()
+        scaling = precision.loss_scaling
         growth = ("growth_interval", "min_loss_scale")  # a dynamic scale's alone
         unused = {"none": ("init_loss_scale", *growth), "static": growth}.get(scaling, ())
         given = [f"--{f.replace('_', '-')}" for f in unused if getattr(self, f) != getattr(type(self), f)]
         if not given:
             return None
-        why = f"{self.precision}{' with loss-scaling none' * (self.loss_scaling == 'none')} scales no loss"
+        name = f"auto ({precision.name} here)" if self.precision == "auto" else self.precision
+        why = f"{name}{' with loss-scaling none' * (self.loss_scaling == 'none')} scales no loss"
         why = "a static loss scale neither grows nor has a floor" if scaling == "static" else why
         return f"note: {', '.join(given)} change{'s' * (len(given) == 1)} nothing here: {why}"
 

@@ -340,6 +340,11 @@ def test_a_budget_of_whole_rows_gets_no_note(tmp_path):
             {"precision": "fp16", "loss_scaling": "static", "init_loss_scale": 8.0, "min_loss_scale": 1.0},
             "--min-loss-scale changes nothing here: a static loss scale neither grows nor has a floor",
         ),
+        # auto: what it picks here (the CLI resolves it first; the Python API asks the config)
+        (
+            {"precision": "auto", "init_loss_scale": 8.0},
+            "--init-loss-scale changes nothing here: auto (fp32 here) scales no loss",
+        ),
         ({"precision": "fp16", "growth_interval": 5, "min_loss_scale": 1.0}, None),  # dynamic: every one applies
         ({"precision": "fp32"}, None),  # the defaults: nothing given, nothing said
     ],
