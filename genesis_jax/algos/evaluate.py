@@ -304,9 +304,10 @@ class Evaluation:
         }
 
 
-def _integer_in(name: str, value, least: int, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        what = f"a positive integer (at most {most})" if least == 1 else f"an integer from {least} to {most}"
+def _integer_in(name: str, value, least: int, most: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= (most or value):
+        at_most = "" if most is None else f" (at most {most})"
+        what = f"a positive integer{at_most}" if least == 1 else f"an integer from {least} to {most}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
@@ -315,7 +316,8 @@ def check_eval_options(episodes: int, seed: int, video: str | None, video_frames
     before it reads a checkpoint."""
     _integer_in("episodes", episodes, 1, MAX_EPISODES)
     _integer_in("seed", seed, 0, 2**32 - 1)
-    _integer_in("video-frames", video_frames, 1, 10**6)
+    # At most a million frames where a video records them; without one they bound nothing.
+    _integer_in("video-frames", video_frames, 1, 10**6 if video is not None else None)
     if video is not None:
         check_video_path(video)
 

@@ -287,6 +287,7 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
 
     for options, words in (
         (["--episodes", "0"], "episodes must be a positive integer"),
+        (["--video-frames", "0"], "video-frames must be a positive integer, got 0"),  # a video or not
         (["--seed-index", "1"], "seed-index must be from 0 to 0"),
         (["--step", "3"], "has no checkpoint at 3"),
         (["--video", str(tmp_path / "x.avi")], "must end in .gif or .mp4"),
@@ -298,6 +299,14 @@ def test_a_corrupted_checkpoint_is_refused_as_resume_refuses_it_and_a_stopped_ru
             genesis_jax.load(run, step=step)
     with pytest.raises(ValueError, match="has no checkpoint at 7; it has 4"):  # a numpy integer is one
         genesis_jax.load(run, step=np.int64(7))
+
+
+def test_video_frames_are_bounded_where_a_video_records_them():
+    from genesis_jax.algos.evaluate import check_eval_options
+
+    check_eval_options(1, 0, None, 2_000_000)  # no video: the frames bound nothing (as before 0.4.4)
+    with pytest.raises(ValueError, match=r"video-frames must be a positive integer \(at most 1000000\), got 2000000"):
+        check_eval_options(1, 0, "run.gif", 2_000_000)
 
 
 def alter_keeping_the_checksum(checkpoints: pathlib.Path) -> None:
