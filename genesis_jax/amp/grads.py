@@ -293,6 +293,8 @@ def scaled_value_and_grad(
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     ok = axis_name is None or (names and all(isinstance(n, str) for n in names))
     refuse_unless(ok, "axis_name", axis_name, "None, an axis name or a tuple of axis names")
+    traced = isinstance(accumulate, jax.core.Tracer)  # a number of micro-batches shapes the program: never traced
+    refuse_unless(not traced, "accumulate", accumulate, "an integer >= 1", ValueError)
     accumulate = config_number("accumulate", accumulate, "an integer >= 1", lambda k: k >= 1, integer=True)
     optional_callable("grad_transform", grad_transform)
     ok = isinstance(argnums, int) and not isinstance(argnums, bool) and argnums >= 0

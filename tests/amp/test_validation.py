@@ -246,6 +246,13 @@ BAD = [
         "accumulate",
         "2.5",
     ),
+    (  # a number of micro-batches shapes the program: a traced one was taken as unchecked
+        "value_and_grad accumulate traced",
+        lambda: jax.jit(lambda k: amp.scaled_value_and_grad(jnp.sum, accumulate=k) and k)(2),
+        ValueError,
+        "accumulate",
+        "Tracer",
+    ),
     (
         "value_and_grad has_aux",
         lambda: amp.scaled_value_and_grad(jnp.sum, has_aux="yes"),
