@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import gymnasium as gym
 import jax
@@ -96,8 +97,10 @@ def make_env(env_id: str, action_repeat: int = 1, render_mode: str | None = None
         raw["render_mode"] = render_mode
     env = gym.make(env_id, **raw)
     if isinstance(space := env.action_space, gym.spaces.Discrete) and space.start != 0:
-        # seen from 0, as the networks number their actions: action a is the environment's start + a
-        env = gym.wrappers.TransformAction(env, lambda action: space.start + action, gym.spaces.Discrete(space.n))
+        # seen from 0, as the networks number their actions: action a is the environment's start + a (a
+        # partial, not a lambda: the wrapper's spec records it, and a spec must pickle to reach a subprocess)
+        shift = functools.partial(operator.add, space.start)
+        env = gym.wrappers.TransformAction(env, shift, gym.spaces.Discrete(space.n))
     env = gym.wrappers.RecordEpisodeStatistics(env) if episode_stats else env
     if atari:
         return atari_preprocessing(env)

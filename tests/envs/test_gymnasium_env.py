@@ -1,6 +1,8 @@
 """A user's own gymnasium environments (tests/support/custom_envs.py): made as gymnasium makes
 them, named from the command line as `module:EnvId`, their actions in their own spaces."""
 
+import pickle
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,8 @@ def test_discrete_actions_that_start_at_one_reach_the_environment_in_its_space()
     env.step(np.array([0, 1, 2]))  # the networks' actions 0..2 are the environment's 1..3
     assert [e.unwrapped.actions for e in env.envs.envs] == [[1], [2], [3]]
     env.close()
+    made = make_env("ProbeFromOne-v0")  # its spec records the action shift: it still pickles (to a subprocess)
+    assert pickle.loads(pickle.dumps(made.spec)).additional_wrappers[0].kwargs["func"](0) == 1
 
 
 def test_continuous_actions_reach_the_environment_in_its_space_dtype_and_bounds():
