@@ -76,22 +76,35 @@ def loadable() -> dict:
     return classes
 
 
-def named_presets(field: str, keep=None) -> dict:
-    """Every loadable algorithm's `Presets.<field>` by name: "bench", its `BenchWorkload`s
-    that `keep(workload)` keeps, each with its `kind`; "study", its `StudyTask`s, each with its
-    `algo` and `budget_field`. A name given twice (by two algorithms, say) is refused."""
+def bench_workloads(quick: bool) -> dict:
+    """Every loadable algorithm's `BenchWorkload`s of `bench --quick` (or of the full bench) by
+    name, each with its `kind`; a name two algorithms give is refused."""
+    named = [
+        (algo, w.name, dataclasses.replace(w, kind=algo))
+        for algo, algorithm in loadable().items()
+        for w in algorithm.presets.bench
+        if w.quick == quick
+    ]
+    return _by_name("bench workload", named)
+
+
+def study_tasks() -> dict:
+    """Every loadable algorithm's `StudyTask`s by name, each with its `algo` and `budget_field`;
+    a name two algorithms give is refused."""
+    named = [
+        (algo, name, dataclasses.replace(task, algo=algo, budget_field=algorithm.budget_field))
+        for algo, algorithm in loadable().items()
+        for name, task in algorithm.presets.study.items()
+    ]
+    return _by_name("study task", named)
+
+
+def _by_name(what: str, named: list) -> dict:
     found, owners = {}, {}
-    for algo, algorithm in loadable().items():
-        if field == "bench":
-            named = [(w.name, dataclasses.replace(w, kind=algo)) for w in algorithm.presets.bench if keep(w)]
-        else:
-            ours = {"algo": algo, "budget_field": algorithm.budget_field}
-            named = [(name, dataclasses.replace(t, **ours)) for name, t in algorithm.presets.study.items()]
-        for name, preset in named:
-            if name in owners:
-                what = "bench workload" if field == "bench" else "study task"
-                raise ValueError(f"{what} {name!r} is named by {owners[name]} and {algo}")
-            found[name], owners[name] = preset, algo
+    for algo, name, preset in named:
+        if name in owners:
+            raise ValueError(f"{what} {name!r} is named by {owners[name]} and {algo}")
+        found[name], owners[name] = preset, algo
     return found
 
 

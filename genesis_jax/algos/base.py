@@ -168,7 +168,7 @@ class BenchWorkload:
     quick: bool = False  # in `bench --quick` (CPU-sized); else in the full (GPU-sized) run
     vmap_seeds: bool = False  # all seeds in one compiled run (JAX environments)
     seconds: float | None = None  # total steps sized to about this long a run (host environments)
-    kind: str = ""  # the algorithm that declares it: set as `named_presets` reads it
+    kind: str = dataclasses.field(default="", kw_only=True)  # the algorithm that declares it: set as it is read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,9 +180,9 @@ class StudyTask:
     reference: float | None  # None: the study's own fp32 IQM (said so in the report), or a loss task's floor
     reference_source: str
     score: str = "return"  # "return" (higher is better) or "loss" (an eval loss: scored as log10, lower is better)
-    # set as `named_presets` reads it: the algorithm that declares it, and the config field the budget sets
-    algo: str = ""
-    budget_field: str = "total_steps"
+    # set as `study_tasks` reads it: the algorithm that declares it, and the config field the budget sets
+    algo: str = dataclasses.field(default="", kw_only=True)
+    budget_field: str = dataclasses.field(default="total_steps", kw_only=True)
 
 
 # What the algorithms' study tasks cite as their reference returns, and the MinAtar games they cover.

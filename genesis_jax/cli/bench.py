@@ -33,21 +33,18 @@ import timeit
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm, named_presets
+from genesis_jax.algos import bench_workloads, get_algorithm
 from genesis_jax.algos.base import ActingFields, BenchWorkload
 from genesis_jax.run import plots, probes
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp16-full")
 
 
-Workload = BenchWorkload  # a workload as `workloads` reads it: its `kind` set
-
-
-def workloads(quick: bool) -> list[Workload]:
+def workloads(quick: bool) -> list[BenchWorkload]:
     """Every registered algorithm's workloads (`Presets.bench`): tiny budgets for
     --quick (CPU, CI); GPU-sized ones otherwise, the large networks where half precision can
     pay, few enough to finish in minutes on one GPU."""
-    return list(named_presets("bench", lambda w: w.quick == quick).values())
+    return list(bench_workloads(quick).values())
 
 
 def _train_or_stop(algorithm, config):
@@ -89,7 +86,7 @@ def _record(algorithm, summary: dict, metrics: list[dict], seed_index: int | Non
     }
 
 
-def _run(w: Workload, precision: str, seeds: list[int]) -> list[dict]:
+def _run(w: BenchWorkload, precision: str, seeds: list[int]) -> list[dict]:
     """A workload's rows, one per seed, through the algorithm template: any registered algorithm."""
     algorithm = get_algorithm(w.kind)
     settings = dict(w.settings)
@@ -110,7 +107,7 @@ def _mean_std(values):
     return (float(np.mean(values)), float(np.std(values))) if values else (None, None)
 
 
-def summarise_cell(workload: Workload, precision: str, seed_runs: list[dict], matmul_flops=None) -> dict:
+def summarise_cell(workload: BenchWorkload, precision: str, seed_runs: list[dict], matmul_flops=None) -> dict:
     """One results row from the runs of one workload x precision; `matmul_flops`, the
     device's measured rate on a large matmul in this precision's compute dtype, puts the
     world model's achieved rate in proportion."""

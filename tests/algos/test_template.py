@@ -12,7 +12,7 @@ import pytest
 
 from genesis_jax import algos
 from genesis_jax.algos import REGISTRY, base, get_algorithm
-from genesis_jax.algos.base import ActingFields, Presets, chunk_size, metric_columns
+from genesis_jax.algos.base import ActingFields, BenchWorkload, Presets, StudyTask, chunk_size, metric_columns
 from genesis_jax.cli import main
 from genesis_jax.envs.play import MAX_EPISODES
 from tests.algos.toy_algorithm import Toy, ToyConfig
@@ -59,9 +59,9 @@ def test_seeds_under_vmap_keep_their_own_counts():
 
 
 def test_bench_rows_for_free(registered):
-    from genesis_jax.cli.bench import Workload, _run
+    from genesis_jax.cli.bench import _run
 
-    (row,) = _run(Workload("toy-small", {"total_steps": 32}, kind="toy"), "fp16", [0])
+    (row,) = _run(BenchWorkload("toy-small", {"total_steps": 32}, kind="toy"), "fp16", [0])
     assert row["accuracy"] < 1.0 and row["total_steps"] == 32 and len(row["scale_trace"]) == 32
 
 
@@ -254,13 +254,13 @@ def test_a_study_task_the_study_cannot_score_is_refused_before_its_cells_train(s
     # The toy's cells trained, then the report failed with a KeyError ('epochs') on their summaries.
     from genesis_jax.cli.study import cells
 
-    monkeypatch.setitem(cells.TASKS, "toy:fit", cells.Task({}, 32, None, "none", score=score, algo="toy"))
+    monkeypatch.setitem(cells.TASKS, "toy:fit", StudyTask({}, 32, None, "none", score=score, algo="toy"))
     with pytest.raises(ValueError, match=r"^study task 'toy:fit' is scored by .*, which toy does not report: leave"):
         cells.check_cell("toy:fit", cells.cell_config("toy:fit", "fp32", 1, 0, 32))
     cells.check_cell("pqn:CartPole-v1", cells.cell_config("pqn:CartPole-v1", "fp32", 1, 0, 4096))  # one that acts
     # ... and one that acts where no random return is measured: a gymnasium env, or none the task names
     envs = {"ppo:probe": {"env": "tests.support.custom_envs:Probe-v0", "num_envs": 2}, "ppo:default": {}}
     for name, settings in envs.items():
-        monkeypatch.setitem(cells.TASKS, name, cells.Task(settings, 4096, None, "none", algo="ppo"))
+        monkeypatch.setitem(cells.TASKS, name, StudyTask(settings, 4096, None, "none", algo="ppo"))
         with pytest.raises(ValueError, match=f"^study task '{name}' is scored by .* a gymnax environment the task"):
             cells.check_cell(name, cells.cell_config(name, "fp32", 1, 0, 4096))

@@ -4,7 +4,8 @@ its own algorithm, and DQN's and SAC's runs give rows through the same template 
 import pytest
 
 from genesis_jax.algos import get_algorithm
-from genesis_jax.cli.bench import Workload, _run, _steps_for_seconds, workloads
+from genesis_jax.algos.base import BenchWorkload
+from genesis_jax.cli.bench import _run, _steps_for_seconds, workloads
 
 TINY_DQN = {
     "steps_per_row": 100,
@@ -40,8 +41,11 @@ def test_the_full_bench_has_dqn_and_sac_rows_whose_configs_are_valid():
 @pytest.mark.parametrize(
     "workload, steps",
     [
-        (Workload("dqn-tiny", {**TINY_DQN, "total_steps": 300}, vmap_seeds=True, kind="dqn"), 300),
-        (Workload("sac-tiny", {**TINY_SAC, "total_steps": 32, "hidden": (16, 16)}, vmap_seeds=True, kind="sac"), 32),
+        (BenchWorkload("dqn-tiny", {**TINY_DQN, "total_steps": 300}, vmap_seeds=True, kind="dqn"), 300),
+        (
+            BenchWorkload("sac-tiny", {**TINY_SAC, "total_steps": 32, "hidden": (16, 16)}, vmap_seeds=True, kind="sac"),
+            32,
+        ),
     ],
 )
 def test_dqn_and_sac_give_one_bench_row_per_seed(workload, steps):

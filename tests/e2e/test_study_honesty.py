@@ -14,6 +14,7 @@ import signal
 import numpy as np
 import pytest
 
+from genesis_jax.algos.base import StudyTask
 from genesis_jax.cli import main
 from genesis_jax.cli.study import cells, report, stats
 from genesis_jax.run.signals import TrainingInterrupted
@@ -147,7 +148,7 @@ def test_no_verdict_from_runs_at_the_random_floor_or_from_too_few_seeds():
 def world_model_task(monkeypatch):
     """A task of an algorithm whose budget is epochs, not environment steps."""
     monkeypatch.setitem(
-        cells.TASKS, "wm:synthetic", cells.Task({"data": "synthetic"}, 100, None, "-", algo="world-model")
+        cells.TASKS, "wm:synthetic", StudyTask({"data": "synthetic"}, 100, None, "-", algo="world-model")
     )
 
 

@@ -16,14 +16,13 @@ import pathlib
 
 import numpy as np
 
-from genesis_jax.algos import get_algorithm, named_presets
+from genesis_jax.algos import get_algorithm, study_tasks
 from genesis_jax.algos.base import StudyTask
 from genesis_jax.run.progress import count
 from genesis_jax.run.run_dir import jsonable, write_atomically
 from genesis_jax.run.signals import DivergenceError
 
-Task = StudyTask  # a task as `named_presets` reads it: its `algo` and `budget_field` set
-TASKS: dict[str, Task] = named_presets("study")  # every registered algorithm's (`Presets.study`)
+TASKS: dict[str, StudyTask] = study_tasks()  # every registered algorithm's (`Presets.study`)
 
 # What each precision of a study means as config fields; fp16-unscaled shows what scaling buys.
 PRECISIONS = {name: {"precision": name} for name in ("fp32", "bf16", "fp16")}
