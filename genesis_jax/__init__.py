@@ -17,7 +17,7 @@ nothing else from the package.
 
 import importlib
 
-__version__ = "0.4.3"
+__version__ = "0.4.4"
 
 _EXPORTS = {
     "DynamicLossScale": "genesis_jax.amp",
