@@ -304,3 +304,25 @@ def test_the_gru_core_is_flaxs_cell_in_parameters_and_values():
     assert jax.tree.structure(ours) == jax.tree.structure(flax_params)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(flax_params)))
     np.testing.assert_allclose(GRUCell(16).apply(ours, h, x)[0], nn.GRUCell(16).apply(ours, h, x)[0], rtol=1e-6)
+
+
+def test_a_multistep_loss_stops_at_the_episode_end_a_window_crosses():
+    """A window over an episode end (a step whose next_obs is not the next observation: a
+    reset) was trained, open loop, on the next episode's targets, which nothing predicts from
+    the window's start. Its later steps are now left out of the loss, and only they."""
+    from genesis_jax.algos.world_model.train import make_loss_fn, windows
+    from genesis_jax.nets.world_model import WorldModel
+
+    data = trajectories.collect_dataset("CartPole-v1", 4, 60, seed=0)
+    samples = windows(data, 3)
+    resets = np.argwhere(~samples["valid"])
+    assert len(resets) and samples["valid"][:, 0].all()  # a window's first step is always its own
+    np.testing.assert_array_equal(windows(data, 1)["valid"], True)
+    model = WorldModel(obs_dim=4, action_dim=2, discrete_actions=True, width=8, depth=1)
+    batch = jax.tree.map(jnp.asarray, samples)
+    params = model.init(jax.random.PRNGKey(0), batch["obs"][:1], batch["action"][:1], method=WorldModel.unroll)
+    loss = lambda b: float(make_loss_fn(model)(params, b)[0])  # noqa: E731
+    other_episode = {**batch, "reward": batch["reward"].at[tuple(resets.T)].add(1e3)}
+    assert loss(other_episode) == loss(batch)
+    own_episode = {**batch, "reward": batch["reward"].at[0, 0].add(1e3)}
+    assert loss(own_episode) > loss(batch) + 1
