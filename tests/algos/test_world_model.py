@@ -190,9 +190,7 @@ def test_multistep_gru_and_collected_data(tmp_path):
     data = trajectories.load_dataset(path)
     assert data["obs"].shape == (32, 17, 4) and data["meta"]["discrete_actions"]
     s = train(
-        WorldModelConfig(
-            data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3, sequence_length=16
-        ),
+        WorldModelConfig(data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3),
         progress=False,
     ).summary
     assert np.isfinite(s["eval_loss"]) and s["noise_floor"] is None
@@ -223,6 +221,10 @@ def test_config_refuses_what_it_would_ignore_and_leaves_a_npz_s_length_to_the_da
     with pytest.raises(ValueError, match="horizon 35 is longer than the sequences \\(32\\)"):
         WorldModelConfig(horizon=35)
     assert WorldModelConfig(data="runs/cartpole-40-steps.npz", horizon=35).horizon == 35
+    # ...nor are its sizes: a .npz run took --num-sequences 4 and trained on all 2048 of its own.
+    for size in ({"num_sequences": 4}, {"sequence_length": 5}):
+        with pytest.raises(ValueError, match="^--num-sequences and --sequence-length size generated data; d.npz has"):
+            WorldModelConfig(data="d.npz", **size)
 
 
 def test_collecting_repeats_each_action_as_the_agent_was_trained_to():
