@@ -59,7 +59,8 @@ def collect_dataset(
     on host environments, each action repeated `action_repeat` times (a trained agent's own).
 
     Sequences run on across episode ends; `next_obs` holds each step's pre-reset observation,
-    so every one-step target is right (a multi-step window may span an episode end).
+    so every one-step target is right, and an episode end shows where it differs from the next `obs` (the
+    world model's multi-step windows stop there).
     """
     from genesis_jax.envs.registry import resolve_env
 
@@ -118,7 +119,11 @@ def load_dataset(path: str) -> dict:
             missing = [k for k in DATASET_KEYS if k not in f.files]
             if missing:  # a foreign file: not a dataset at all
                 raise ValueError(f"it has no {', '.join(missing)}")
-            data = {k: json.loads(str(f[k])) if k == "meta" else f[k] for k in f.files}
+            try:
+                meta = json.loads(str(f["meta"]))
+            except ValueError:  # np.savez(meta={...}) pickles the dict, which is not loaded
+                raise ValueError("its meta is not a dict's JSON text (write meta=json.dumps(meta))") from None
+            data = {k: meta if k == "meta" else f[k] for k in f.files}
     except Exception as err:  # numpy and zipfile raise many kinds for a damaged file
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise ValueError(f"{path} is not a dataset written by genesis-jax collect: {detail}") from None

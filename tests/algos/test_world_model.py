@@ -190,9 +190,7 @@ def test_multistep_gru_and_collected_data(tmp_path):
     data = trajectories.load_dataset(path)
     assert data["obs"].shape == (32, 17, 4) and data["meta"]["discrete_actions"]
     s = train(
-        WorldModelConfig(
-            data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3, sequence_length=16
-        ),
+        WorldModelConfig(data=path, precision="bf16", epochs=2, batch_size=64, core="gru", horizon=3),
         progress=False,
     ).summary
     assert np.isfinite(s["eval_loss"]) and s["noise_floor"] is None
@@ -223,6 +221,10 @@ def test_config_refuses_what_it_would_ignore_and_leaves_a_npz_s_length_to_the_da
     with pytest.raises(ValueError, match="horizon 35 is longer than the sequences \\(32\\)"):
         WorldModelConfig(horizon=35)
     assert WorldModelConfig(data="runs/cartpole-40-steps.npz", horizon=35).horizon == 35
+    # ...nor are its sizes: a .npz run took --num-sequences 4 and trained on all 2048 of its own.
+    for size in ({"num_sequences": 4}, {"sequence_length": 5}):
+        with pytest.raises(ValueError, match="^--num-sequences and --sequence-length size generated data; d.npz has"):
+            WorldModelConfig(data="d.npz", **size)
 
 
 def test_collecting_repeats_each_action_as_the_agent_was_trained_to():
@@ -304,3 +306,25 @@ def test_the_gru_core_is_flaxs_cell_in_parameters_and_values():
     assert jax.tree.structure(ours) == jax.tree.structure(flax_params)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(flax_params)))
     np.testing.assert_allclose(GRUCell(16).apply(ours, h, x)[0], nn.GRUCell(16).apply(ours, h, x)[0], rtol=1e-6)
+
+
+def test_a_multistep_loss_stops_at_the_episode_end_a_window_crosses():
+    """A window over an episode end (a step whose next_obs is not the next observation: a
+    reset) was trained, open loop, on the next episode's targets, which nothing predicts from
+    the window's start. Its later steps are now left out of the loss, and only they."""
+    from genesis_jax.algos.world_model.train import make_loss_fn, windows
+    from genesis_jax.nets.world_model import WorldModel
+
+    data = trajectories.collect_dataset("CartPole-v1", 4, 60, seed=0)
+    samples = windows(data, 3)
+    resets = np.argwhere(~samples["valid"])
+    assert len(resets) and samples["valid"][:, 0].all()  # a window's first step is always its own
+    np.testing.assert_array_equal(windows(data, 1)["valid"], True)
+    model = WorldModel(obs_dim=4, action_dim=2, discrete_actions=True, width=8, depth=1)
+    batch = jax.tree.map(jnp.asarray, samples)
+    params = model.init(jax.random.PRNGKey(0), batch["obs"][:1], batch["action"][:1], method=WorldModel.unroll)
+    loss = lambda b: float(make_loss_fn(model)(params, b)[0])  # noqa: E731
+    other_episode = {**batch, "reward": batch["reward"].at[tuple(resets.T)].add(1e3)}
+    assert loss(other_episode) == loss(batch)
+    own_episode = {**batch, "reward": batch["reward"].at[0, 0].add(1e3)}
+    assert loss(own_episode) > loss(batch) + 1

@@ -148,6 +148,16 @@ def test_a_malformed_dataset_is_refused_in_one_line_naming_the_file_and_key(tmp_
     assert digest(path) == before
 
 
+@pytest.mark.parametrize("meta", [{"source": "x", "discrete_actions": True, "action_dim": 3}, "x"])
+def test_a_meta_that_is_not_json_text_is_refused_saying_how_to_write_it(tmp_path, meta):
+    """np.savez(meta={...}), as a user writes a dict, pickles it: numpy's refusal to load an
+    object array, or a JSON parser's 'Expecting value', said nothing of what meta must be."""
+    path = tmp_path / "hand.npz"
+    np.savez(path, meta=meta, **{k: v for k, v in discrete_dataset().items() if k != "meta"})
+    with pytest.raises(ValueError, match=r"hand\.npz .*meta is not a dict's JSON text \(write meta=json\.dumps"):
+        trajectories.load_dataset(str(path))
+
+
 def test_the_valid_datasets_pass_and_load_unchanged(tmp_path):
     """The control for the cases above: the datasets they break are accepted as they are."""
     for name, data in (("discrete", discrete_dataset()), ("synthetic", wm_data.synthetic_dataset(8, 5))):

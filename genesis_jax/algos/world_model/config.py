@@ -67,5 +67,8 @@ class WorldModelConfig(WorldModelFields, Config):
         self.validate_parallel("batch-size", self.batch_size)
         if self.core == "gru" and self.depth not in (WorldModelFields.depth, 1):  # it builds one cell, whatever asked
             raise ValueError(f"depth {self.depth} is the MLP core's blocks: the GRU core is one cell; drop --depth")
+        sizes = (self.num_sequences, self.sequence_length)
+        if self.data.endswith(".npz") and sizes != (WorldModelFields.num_sequences, WorldModelFields.sequence_length):
+            raise ValueError(f"--num-sequences and --sequence-length size generated data; {self.data} has its own")
         if self.horizon > self.sequence_length and not self.data.endswith(".npz"):  # a .npz's: checked on its data
             raise ValueError(f"horizon {self.horizon} is longer than the sequences ({self.sequence_length})")

@@ -66,20 +66,26 @@ def load_data(config: WorldModelConfig, precision) -> dict:
 
 def windows(data: dict, horizon: int) -> dict:
     """Training samples: open-loop windows of `horizon` steps (one-step transitions for 1),
-    sequence by sequence; a known per-step noise floor comes along as `floor`."""
+    sequence by sequence; a known per-step noise floor comes along as `floor`. `valid` marks
+    each window's steps up to its episode's end: a step whose `next_obs` is not the following
+    observation ended its episode (the environment reset), and the window's later steps are
+    another episode's, which no open-loop prediction from its start can reach."""
     n, length = data["reward"].shape
     if horizon > length:
         raise ValueError(f"horizon {horizon} is longer than the data's sequences ({length} steps)")
     next_obs = data["next_obs"] if "next_obs" in data else data["obs"][:, 1:]
+    ended = ~np.isclose(next_obs, data["obs"][:, 1:], rtol=1e-5, atol=1e-6).all(-1)  # pre-reset != reset obs
     starts = np.arange(length - horizon + 1)
     take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])
     samples = {k: take(data[k]) for k in ("action", "reward", "terminated", "floor") if k in data}
-    return {"obs": data["obs"][:, starts].reshape(n * len(starts), -1), "next_obs": take(next_obs), **samples}
+    valid = np.cumsum(take(ended), 1) - take(ended) == 0  # no episode ended before the step
+    obs = data["obs"][:, starts].reshape(n * len(starts), -1)
+    return {"obs": obs, "next_obs": take(next_obs), "valid": valid, **samples}
 
 
 def make_loss_fn(model: WorldModel, weight: float = 1.0):
-    """Float32 loss: obs MSE (mean over dims) + reward MSE + termination BCE, averaged over steps,
-    times `weight` (the terms in the aux dict stay unweighted)."""
+    """Float32 loss: obs MSE (mean over dims) + reward MSE + termination BCE, averaged over the
+    batch's `valid` steps (all where it has none), times `weight` (the aux dict's terms unweighted)."""
 
     def loss_fn(params, batch):
         pred_obs, pred_reward, term_logit = model.apply(params, batch["obs"], batch["action"], method=WorldModel.unroll)
@@ -87,7 +93,8 @@ def make_loss_fn(model: WorldModel, weight: float = 1.0):
         reward_mse = jnp.square(pred_reward - batch["reward"])
         bce = optax.sigmoid_binary_cross_entropy(term_logit, batch["terminated"])
         terms = {"obs_mse": obs_mse, "reward_mse": reward_mse, "bce": bce}  # per sample; the aux holds their means
-        return weight * jnp.mean(obs_mse + reward_mse + bce), {k: jnp.mean(v) for k, v in terms.items()}
+        mean = lambda x: jnp.mean(x, where=batch.get("valid"))  # noqa: E731
+        return weight * mean(obs_mse + reward_mse + bce), {k: mean(v) for k, v in terms.items()}
 
     return loss_fn
 
