@@ -488,6 +488,19 @@ def test_a_process_that_finds_no_coordinator_ends_in_one_line():
     assert "checkpoint" not in proc.stdout + proc.stderr
 
 
+def test_auto_outside_a_cluster_is_bad_input_not_a_300_s_timeout(monkeypatch):
+    """Before: exit 4, "could not join the other processes ... within 300 s", after one second."""
+    import jax
+
+    def no_cluster(**_):
+        raise ValueError("coordinator_address should be defined.")  # JAX's, when it detects no cluster
+
+    monkeypatch.setattr(jax.distributed, "initialize", no_cluster)
+    monkeypatch.setattr(jax.config, "update", lambda *_: None)
+    with pytest.raises(ValueError, match=r"^coordinator-address auto: coordinator_address should be defined. \(no "):
+        parallel.initialize_distributed("auto", None, None)
+
+
 def test_the_watch_needs_a_launcher(monkeypatch):
     monkeypatch.delenv(LAUNCHER_PID_ENV, raising=False)
     assert launcher.exit_with_launcher() is False
