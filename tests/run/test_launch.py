@@ -232,6 +232,13 @@ def test_a_data_axis_that_leaves_a_process_without_a_device_is_refused_not_waite
         "none: give devices from 3 to 4" in genesis_lines(proc.stderr)  # fmt: skip
 
 
+@pytest.mark.parametrize("command", [[], ["eval", "runs/x"], ["train"], ["train", "--out", "runs/x"]])
+def test_launch_needs_a_train_command_with_its_workload(command):
+    """Before, `launch -- train` started every process, and each said "invalid choice: '127.0.0.1:PORT'"."""
+    with pytest.raises(ValueError, match=r"^launch runs a 'train WORKLOAD \.\.\.' command, got "):
+        launcher.process_commands(command, 2, 1234)
+
+
 def test_the_launcher_names_the_process_that_failed_on_its_own():
     # process 1 stopped only because process 0 failed: process 0 is named, though 1 ended first
     assert launcher._origin(fake_processes(2, EXIT_PEER), [1]) == 0
