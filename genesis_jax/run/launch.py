@@ -109,8 +109,8 @@ def free_port() -> int:
 
 def process_commands(command: list[str], processes: int, port: int) -> list[list[str]]:
     """The argv of every process: the command plus its place in the group."""
-    if not command or command[0] != "train":
-        raise ValueError(f"launch runs a 'train ...' command, got {' '.join(command) or 'nothing'!r}")
+    if len(command) < 2 or command[0] != "train" or command[1].startswith("-"):
+        raise ValueError(f"launch runs a 'train WORKLOAD ...' command, got {' '.join(command) or 'nothing'!r}")
     if any(a.startswith(("--coordinator-address", "--num-processes", "--process-id")) for a in command):
         raise ValueError("launch sets --coordinator-address, --num-processes and --process-id itself; leave them out")
     base = [sys.executable, "-m", "genesis_jax.cli", *command]

@@ -111,6 +111,11 @@ def initialize_distributed(
             jax.distributed.initialize(
                 **given, heartbeat_timeout_seconds=heartbeat_timeout, initialization_timeout=initialization_timeout
             )
+        except ValueError as err:  # `auto` on no cluster JAX knows: it read no address, count or index
+            raise ValueError(
+                f"coordinator-address {coordinator_address}: {first_line(err)} (no SLURM, Open MPI, Kubernetes... "
+                "cluster found); give host:port with --num-processes and --process-id"
+            ) from None
         except Exception as err:  # the runtime's own error (DEADLINE_EXCEEDED, UNAVAILABLE...), in one line
             raise ConnectionError(
                 f"could not join the other processes through the coordinator at {coordinator_address} "

@@ -232,6 +232,13 @@ def test_a_data_axis_that_leaves_a_process_without_a_device_is_refused_not_waite
         "none: give devices from 3 to 4" in genesis_lines(proc.stderr)  # fmt: skip
 
 
+@pytest.mark.parametrize("command", [[], ["eval", "runs/x"], ["train"], ["train", "--out", "runs/x"]])
+def test_launch_needs_a_train_command_with_its_workload(command):
+    """Before, `launch -- train` started every process, and each said "invalid choice: '127.0.0.1:PORT'"."""
+    with pytest.raises(ValueError, match=r"^launch runs a 'train WORKLOAD \.\.\.' command, got "):
+        launcher.process_commands(command, 2, 1234)
+
+
 def test_the_launcher_names_the_process_that_failed_on_its_own():
     # process 1 stopped only because process 0 failed: process 0 is named, though 1 ended first
     assert launcher._origin(fake_processes(2, EXIT_PEER), [1]) == 0
@@ -486,6 +493,19 @@ def test_a_process_that_finds_no_coordinator_ends_in_one_line():
         f"no coordinator answered at 127.0.0.1:{port} within 3 s; start process 0 there, or check --coordinator-address"
     ]
     assert "checkpoint" not in proc.stdout + proc.stderr
+
+
+def test_auto_outside_a_cluster_is_bad_input_not_a_300_s_timeout(monkeypatch):
+    """Before: exit 4, "could not join the other processes ... within 300 s", after one second."""
+    import jax
+
+    def no_cluster(**_):
+        raise ValueError("coordinator_address should be defined.")  # JAX's, when it detects no cluster
+
+    monkeypatch.setattr(jax.distributed, "initialize", no_cluster)
+    monkeypatch.setattr(jax.config, "update", lambda *_: None)
+    with pytest.raises(ValueError, match=r"^coordinator-address auto: coordinator_address should be defined. \(no "):
+        parallel.initialize_distributed("auto", None, None)
 
 
 def test_the_watch_needs_a_launcher(monkeypatch):
