@@ -13,6 +13,7 @@ import pytest
 
 from genesis_jax.algos import get_algorithm
 from genesis_jax.algos.sac.train import SAC
+from genesis_jax.algos.world_model.config import WorldModelFields
 from genesis_jax.algos.world_model.data import synthetic_dataset
 from genesis_jax.cli import main
 from genesis_jax.data.trajectories import save_dataset
@@ -119,15 +120,13 @@ def test_a_resume_with_another_static_scale_runs_with_it(tmp_path):
                                    progress=False)  # fmt: skip
 
 
-WORLD_MODEL = ["train", "world-model", *tiny_argv("world-model")]
-
-
 @pytest.mark.slow  # a tiny world-model run through the command line, then its resumes: ~10 s
 def test_a_world_model_resume_on_other_data_at_the_same_path_is_refused_or_recorded(tmp_path, capsys):
     data, run = tmp_path / "data.npz", tmp_path / "wm"
     first = synthetic_dataset(32, 8, seed=0)
     save_dataset(first, str(data))
-    argv = [*WORLD_MODEL, "--data", str(data), "--out", str(run)]
+    sizes = {f: getattr(WorldModelFields, f) for f in ("num_sequences", "sequence_length")}  # a .npz has its own
+    argv = ["train", "world-model", *tiny_argv("world-model", **sizes), "--data", str(data), "--out", str(run)]
     assert main(argv) == 0
     # Other sequences under the same name and path: only the digest tells them apart.
     save_dataset({**synthetic_dataset(32, 8, seed=1), "meta": first["meta"]}, str(data))
