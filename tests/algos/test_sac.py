@@ -137,14 +137,20 @@ def test_a_discrete_environment_is_refused_in_one_line_before_anything_compiles(
     assert not out.exists()
 
 
-def test_an_environment_with_infinite_action_bounds_is_refused_before_anything_compiles(monkeypatch):
-    from tests.support import custom_envs  # noqa: F401 (registers ProbeUnbounded-v0)
+def test_an_environment_with_infinite_or_equal_action_bounds_is_refused_before_anything_compiles(monkeypatch):
+    from tests.support import custom_envs  # registers ProbeUnbounded-v0
 
     monkeypatch.setattr(Algorithm, "compile_chunk", lambda *args, **kwargs: pytest.fail("compiled"))
     with pytest.raises(
         ValueError, match=r"^sac squashes its actions into the action bounds; ProbeUnbounded-v0 has infinite"
     ):
         SAC(SACConfig(env="ProbeUnbounded-v0"))  # tanh times an infinite scale: NaN actions
+    gym = pytest.importorskip("gymnasium")
+    space = gym.spaces.Box(np.float32([0, 1]), np.float32([1, 1]))  # the second action fixed: log(0) in its log-prob
+    gym.registry.pop("ProbeFixedAction-v0", None)
+    gym.register("ProbeFixedAction-v0", entry_point=custom_envs.Probe, kwargs={"action_space": space})
+    with pytest.raises(ValueError, match=r"^sac needs each action's low below its high; ProbeFixedAction-v0 has"):
+        SAC(SACConfig(env="ProbeFixedAction-v0"))
 
 
 @pytest.mark.slow  # gymnasium stepped from the compiled loop: 15 s

@@ -83,6 +83,10 @@ class SAC(Algorithm):
             raise ValueError(
                 f"sac squashes its actions into the action bounds; {c.env} has infinite ones: make them finite"
             )
+        if not all(lo < hi for lo, hi in zip(spec.action_low, spec.action_high)):  # log(high - low): -inf, NaN losses
+            raise ValueError(
+                f"sac needs each action's low below its high; {c.env} has {spec.action_low} to {spec.action_high}"
+            )
         self.spec, self.steps_per_row = spec, c.steps_per_row
         dtype = c.train_precision().compute_dtype
         self.actor, self.critic = Net(c.torso, 2 * spec.action_dim, dtype), TwinQ(c.torso, 1, dtype)
