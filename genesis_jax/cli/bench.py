@@ -268,8 +268,9 @@ def run_benchmark(out_dir, quick=False, seeds=(0, 1), precisions=PRECISIONS, onl
         raise ValueError(f"unknown precision {unknown[0]!r} for the benchmark; accepted: {', '.join(PRECISIONS)}")
     every = workloads(quick)
     chosen = [w for w in every if only is None or w.name in only]
-    if only is not None and len(chosen) != len(set(only)):
-        raise ValueError(f"unknown workload in {sorted(only)}; known: {', '.join(w.name for w in every)}")
+    if missing := sorted(set(only or ()) - {w.name for w in chosen}):
+        full = " (it runs without --quick)" if quick and missing[0] in {w.name for w in workloads(False)} else ""
+        raise ValueError(f"unknown workload {missing[0]!r}{full}; known: {', '.join(w.name for w in every)}")
     # a run's directory: its plot and files are not the benchmark's to mix with
     if held := [name for name in ("metrics.jsonl", "checkpoints") if (pathlib.Path(out_dir) / name).exists()]:
         raise ValueError(f"{out_dir} holds a training run ({held[0]}): give the benchmark its own --out")

@@ -168,14 +168,14 @@ def test_a_tiny_run_counts_its_steps_follows_the_schedule_and_evaluates_greedily
 
 
 @pytest.mark.slow  # two tiny runs: ~15 s on 2 cores
-def test_a_rows_loss_is_the_mean_of_the_steps_applied_as_ppos_is():
-    # A row of skipped steps reported their loss (0.916) as PQN's; PPO's is null there.
+def test_a_rows_loss_and_q_are_the_means_of_the_steps_applied_as_ppos_and_dqns_are():
+    # A row of skipped steps reported their loss (0.916) as PQN's, and their Q; PPO's loss and DQN's Q are null there.
     faults = dict(TINY, inject_nonfinite=1.0, max_consecutive_skips=None, guard_min_scale=None)
     rows = train(PQNConfig(**faults), progress=False).metrics
     steps = TINY["update_epochs"] * TINY["num_minibatches"]  # a row's optimizer steps
-    assert all(r["skipped"] == steps for r in rows) and all(r["loss"] is None for r in rows)
+    assert all(r["skipped"] == steps for r in rows) and all(r["loss"] is None and r["q"] is None for r in rows)
     clean = train(PQNConfig(**TINY), progress=False).metrics
-    assert all(r["skipped"] == 0 and np.isfinite(r["loss"]) for r in clean)
+    assert all(r["skipped"] == 0 and np.isfinite(r["loss"]) and np.isfinite(r["q"]) for r in clean)
 
 
 def test_the_first_spellings_still_work_for_a_release_and_resume_their_runs():

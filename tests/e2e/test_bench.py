@@ -107,6 +107,14 @@ def test_a_training_runs_directory_is_refused_as_the_benchmarks_out(tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_an_unknown_workload_is_named_and_a_full_one_asked_of_quick_says_so(tmp_path, capsys):
+    # "unknown workload in ['dqn-cnn-minatar']": a workload of the full benchmark, which --quick leaves out
+    for name, said in [("dqn-cnn-minatar", "'dqn-cnn-minatar' (it runs without --quick)"), ("nope", "'nope';")]:
+        argv = ["bench", "--quick", "--workloads", f"pqn-cartpole,{name}", "--out", str(tmp_path / "b")]
+        assert main(argv) == 2 and f"error: unknown workload {said}" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_the_mismatch_grid_refuses_bad_input_before_any_cell_trains(monkeypatch, tmp_path, capsys):
     # A typo in the second env once failed after the first env's nine cells had trained, writing nothing.
     experiments = pathlib.Path(__file__).resolve().parents[2] / "experiments"

@@ -53,7 +53,7 @@ def lambda_returns(reward, terminated, truncated, next_q, gamma: float, lam: flo
 
 class PQN(EpsilonGreedy, Algorithm):
     name, config_class = "pqn", PQNConfig
-    metrics = {"episodes": "episodes per seed", "loss": "nanmean"}
+    metrics = {"episodes": "episodes per seed", "loss": "nanmean", "q": "nanmean"}
     presets = Presets(tiny=onpolicy.TINY, bench=BENCH, study=STUDY)
 
     def setup(self) -> None:
@@ -92,8 +92,8 @@ class PQN(EpsilonGreedy, Algorithm):
             return ts, (m["loss"], m["aux"], m["grads_finite"])
 
         ts, (loss, q, finite) = c.epochs(learn, s.train_state, flat, shuffle_key)
-        # The loss of the steps applied, as PPO's: a skipped step's (its loss what made it skip) is not the row's.
-        metrics = {"loss": jnp.mean(loss, where=finite), "q": q.mean(), "episodes": ended.sum()}
+        # The loss and Q of the steps applied, as PPO's and DQN's (a skipped step's loss made it skip).
+        metrics = {"loss": jnp.mean(loss, where=finite), "q": jnp.mean(q, where=finite), "episodes": ended.sum()}
         metrics["return_sum"] = return_sum.sum()
         return s.replace(train_state=ts), {**metrics, "epsilon": c.epsilon(s.steps)}
 
