@@ -42,8 +42,9 @@ class DQNFields(EpsilonGreedyFields, ReplayFields, ActingFields):
     activation: Literal["tanh", "relu", "gelu", "silu"] = "relu"
     """mlp: activation."""
     replay_dtype: Literal["float32", "compute"] = "float32"
-    """How the buffer stores float observations: float32, or the compute dtype (fp16/bf16
-    runs: half the memory, rounded once). Frames (MinAtar's 0/1, Atari's pixels) are stored as uint8 either way."""
+    """How the buffer stores float observations and rewards: float32, or the compute dtype (fp16/bf16
+    runs: half the memory, rounded once; float16 holds at most 65504). Frames (MinAtar's 0/1, Atari's pixels) are
+    stored as uint8 either way."""
     steps_per_row: int = 5_000
     """Environment steps per metrics row (the template's step: progress and checkpoints fall on rows)."""
     row_steps: int | None = None
