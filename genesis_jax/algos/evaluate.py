@@ -305,7 +305,7 @@ class Evaluation:
 
 
 def _integer_in(name: str, value, least: int, most: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= (most or value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
         at_most = "" if most is None else f" (at most {most})"
         what = f"a positive integer{at_most}" if least == 1 else f"an integer from {least} to {most}"
         raise ValueError(f"{name} must be {what}, got {value!r}")

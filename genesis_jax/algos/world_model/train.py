@@ -78,7 +78,8 @@ def windows(data: dict, horizon: int) -> dict:
     starts = np.arange(length - horizon + 1)
     take = lambda x: np.stack([x[:, s : s + horizon] for s in starts], 1).reshape((-1, horizon) + x.shape[2:])
     samples = {k: take(data[k]) for k in ("action", "reward", "terminated", "floor") if k in data}
-    valid = np.cumsum(take(ended), 1) - take(ended) == 0  # no episode ended before the step
+    ends = take(ended)  # per window step: its episode ended there
+    valid = np.cumsum(ends, 1) - ends == 0  # no episode ended before the step
     obs = data["obs"][:, starts].reshape(n * len(starts), -1)
     return {"obs": obs, "next_obs": take(next_obs), "valid": valid, **samples}
 
